@@ -1,0 +1,1 @@
+"""Per-framework packages: import `aikit.autolrs.Torch` or `aikit.autolrs.TF`."""

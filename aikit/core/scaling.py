@@ -1,0 +1,53 @@
+"""Learning-rate rules for a batch size that moves.
+
+A rule maps a base LR tuned at ``ref_batch_size`` to the LR for a step of ``batch_size``
+samples: ``linear`` (Goyal et al., 2017; for SGD), ``sqrt`` (Malladi et al., 2022; for Adam
+and RMSprop) or ``constant``. Warmup follows Goyal et al.: over the first ``warmup_steps``
+updates the scale factor rises linearly from 1 (the base LR) to its full value, so a run
+that starts at a large batch does not start at a large LR.
+"""
+
+from __future__ import annotations
+
+import math
+
+from aikit.core.plan import positive_int
+
+RULES = ("linear", "sqrt", "constant")
+ALIASES = {"root": "sqrt", "square_root": "sqrt"}
+
+
+def rule_name(rule: str) -> str:
+    """The canonical name of a rule, or a ValueError listing the rules."""
+    name = ALIASES.get(rule, rule)
+    if name not in RULES:
+        raise ValueError(f"LR rule must be one of {RULES}, got {rule!r}")
+    return name
+
+
+def scale_factor(batch_size: int, ref_batch_size: int, rule: str = "linear") -> float:
+    """How much larger the LR for ``batch_size`` is than the LR tuned at ``ref_batch_size``."""
+    ratio = positive_int(batch_size, "batch_size") / positive_int(ref_batch_size, "ref_batch_size")
+    return {"linear": ratio, "sqrt": math.sqrt(ratio), "constant": 1.0}[rule_name(rule)]
+
+
+def warmup_fraction(step: int, warmup_steps: int) -> float:
+    """Progress through warmup after ``step`` updates (1.0 once warmup is over, or without it)."""
+    if warmup_steps < 0 or step < 0:
+        raise ValueError(f"step and warmup_steps must be >= 0, got step={step}, warmup_steps={warmup_steps}")
+    return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
+
+
+def scaled_lr(
+    base_lr: float,
+    batch_size: int,
+    ref_batch_size: int,
+    rule: str = "linear",
+    step: int = 0,
+    warmup_steps: int = 0,
+) -> float:
+    """The LR for update ``step`` at ``batch_size``: the rule's factor, ramped in by warmup."""
+    if not (isinstance(base_lr, (int, float)) and base_lr >= 0 and math.isfinite(base_lr)):
+        raise ValueError(f"base_lr must be a finite number >= 0, got {base_lr!r}")
+    factor = scale_factor(batch_size, ref_batch_size, rule)
+    return base_lr * (1.0 + (factor - 1.0) * warmup_fraction(step, warmup_steps))

@@ -1,0 +1,174 @@
+"""Which samples every replica processes in every step of a batch-size trace.
+
+An epoch is one pass over a fresh permutation of the data set (seeded by ``seed`` and the
+epoch, identical on every replica). Trace steps are packed into the epoch in order while
+their samples fit; a step never straddles two epochs, so the step that would overflow opens
+the next epoch and the epoch's last few samples (fewer than that step needs) are left out of
+that epoch only. Each step of global batch ``B`` is cut into ``B / minibatch_size`` full
+micro-batches (static shapes), dealt round-robin to the replicas: micro-batch ``j`` goes to
+replica ``j % num_replicas``. A replica dealt fewer micro-batches than another has nothing to
+fill in: it contributes zero weight for the missing ones and still joins the step's single
+all-reduce. Every micro-batch's gradient carries weight ``minibatch_size / B``.
+
+Where the trace ends is the trace's policy (see :mod:`aikit.core.trace`): with ``"error"`` an
+epoch the trace does not cover to its end raises :class:`TraceExhaustedError`; with
+``"stop"`` that last epoch is cut short where the trace ends.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from aikit.core.plan import positive_int
+from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
+
+
+@dataclass(frozen=True)
+class EpochSchedule:
+    """The steps of one epoch: their global batch sizes and the sample order they draw from."""
+
+    epoch: int
+    first_step: int  # index of the epoch's first step in the trace
+    batch_sizes: np.ndarray  # global batch of each step of the epoch
+    order: np.ndarray  # permutation of the data set; steps consume it front to back
+    minibatch_size: int
+    num_replicas: int
+    complete: bool  # False for the last epoch of a 'stop' trace, cut short by the trace's end
+
+    def __len__(self) -> int:
+        return len(self.batch_sizes)
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """Where each step's samples start in ``order``."""
+        return np.concatenate(([0], np.cumsum(self.batch_sizes)[:-1]))
+
+    @cached_property
+    def micro_batches_per_step(self) -> np.ndarray:
+        """Micro-batches of each step over all replicas."""
+        return self.batch_sizes // self.minibatch_size
+
+    def counts(self, replica: int) -> np.ndarray:
+        """Micro-batches each step deals to ``replica`` (0 where it only joins the all-reduce)."""
+        return (self.micro_batches_per_step - replica + self.num_replicas - 1) // self.num_replicas
+
+    @cached_property
+    def micro_steps(self) -> np.ndarray:
+        """Micro-batches of the busiest replica in each step."""
+        return self.counts(0)
+
+    @property
+    def samples(self) -> int:
+        """Samples the epoch uses, over all replicas."""
+        return int(self.batch_sizes.sum())
+
+    def micro_batches(self, step: int, replica: int) -> list[np.ndarray]:
+        """Sample indices of each micro-batch ``replica`` processes in ``step`` of this epoch."""
+        mb, start = self.minibatch_size, int(self.offsets[step])
+        return [
+            self.order[start + j * mb : start + (j + 1) * mb]
+            for j in range(replica, int(self.micro_batches_per_step[step]), self.num_replicas)
+        ]
+
+    def step_indices(self, step: int) -> np.ndarray:
+        """All sample indices of one step over all replicas (the big batch it equals)."""
+        start = int(self.offsets[step])
+        return self.order[start : start + int(self.batch_sizes[step])]
+
+    def weight(self, step: int) -> float:
+        """Weight of one micro-batch's mean-loss gradient in the update of ``step``."""
+        return self.minibatch_size / int(self.batch_sizes[step])
+
+
+class Schedule:
+    """Cuts a trace into epochs over a data set and deals each step to replicas."""
+
+    def __init__(
+        self,
+        trace: Trace | str | list[int] | int,
+        dataset_size: int,
+        num_replicas: int = 1,
+        minibatch_size: int = 32,
+        seed: int = 42,
+        shuffle: bool = True,
+        balanced: bool = False,
+    ):
+        self.trace = load_trace(trace)
+        self.dataset_size = positive_int(dataset_size, "dataset_size")
+        self.num_replicas = positive_int(num_replicas, "num_replicas")
+        self.minibatch_size = positive_int(minibatch_size, "minibatch_size")
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.balanced = balanced
+        problems = self.problems()
+        if problems:
+            shown = "\n  ".join(problems[:10])
+            more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+            raise ValueError(f"trace {self.trace.source} cannot be scheduled:\n  {shown}{more}")
+        self._starts = [0]  # first trace step of each epoch found so far
+        self._tail: tuple[int, int] | None = None  # (start, end) of the trace's last, partial epoch
+
+    def problems(self) -> list[str]:
+        """Every reason the trace cannot run with these settings (empty when it can)."""
+        unit = self.minibatch_size * (self.num_replicas if self.balanced else 1)
+        what = "minibatch_size x num_replicas" if self.balanced else "minibatch_size"
+        problems = multiple_problems(self.trace, unit, what)
+        for row in np.flatnonzero(self.trace.sizes > self.dataset_size).tolist():
+            problems.append(
+                f"row {row} (step {row}): batch size {int(self.trace.sizes[row])} is larger than the "
+                f"data set ({self.dataset_size} samples); a step cannot span epochs"
+            )
+        return problems
+
+    def _find_epochs(self, count: int | float) -> None:
+        """Extend the known epoch starts to ``count`` complete epochs, or to the trace's end."""
+        while len(self._starts) <= count and self._tail is None:
+            start = self._starts[-1]
+            # every step holds at least one micro-batch, so an epoch has at most this many steps
+            span = self.dataset_size // self.minibatch_size + 1
+            if self.trace.is_finite:
+                span = min(span, len(self.trace) - start)
+            used = np.cumsum(self.trace.window(start, start + span))
+            steps = int(np.searchsorted(used, self.dataset_size, side="right"))
+            # complete: the next step would overflow, or the data set is used exactly
+            if steps < span or (steps and used[-1] == self.dataset_size):
+                self._starts.append(start + steps)
+            else:
+                self._tail = (start, start + steps)
+
+    def full_epochs(self) -> int | float:
+        """Complete epochs the trace covers (``math.inf`` for a repeating trace)."""
+        if not self.trace.is_finite:
+            return math.inf
+        self._find_epochs(math.inf)
+        return len(self._starts) - 1
+
+    def epoch(self, epoch: int) -> EpochSchedule:
+        """The steps of ``epoch`` (0-based) and its sample order."""
+        if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        epoch = int(epoch)
+        self._find_epochs(epoch + 1)
+        if epoch + 1 < len(self._starts):
+            first, end, complete = self._starts[epoch], self._starts[epoch + 1], True
+        elif (self.trace.when_exhausted == "stop" and self._tail and epoch == len(self._starts) - 1
+              and self._tail[1] > self._tail[0]):
+            (first, end), complete = self._tail, False
+        else:
+            covered = self.full_epochs()
+            raise TraceExhaustedError(
+                f"epoch {epoch} needs steps past the end of the trace ({self.trace.source}, "
+                f"{len(self.trace)} steps), which covers {covered} full epoch"
+                f"{'' if covered == 1 else 's'} of {self.dataset_size} samples: extend the trace, "
+                "or load it with when_exhausted='stop' (train the last, partial epoch), "
+                "'repeat_last' or 'cycle'"
+            )
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(self.dataset_size) if self.shuffle else np.arange(self.dataset_size)
+        return EpochSchedule(
+            epoch, first, self.trace.window(first, end), order, self.minibatch_size, self.num_replicas, complete
+        )

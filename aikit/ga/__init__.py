@@ -1,0 +1,1 @@
+"""Per-framework packages: import `aikit.ga.Torch` or `aikit.ga.TF`."""
