@@ -20,6 +20,6 @@ def digits(test_fraction: float = 0.2, seed: int = 0, dtype=np.float32):
     x = (data.images / 16.0).astype(dtype)[:, None, :, :]
     y = data.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(y))
-    n_test = int(round(len(y) * test_fraction))
+    n_test = round(len(y) * test_fraction)
     test, train = order[:n_test], order[n_test:]
     return x[train], y[train], x[test], y[test]

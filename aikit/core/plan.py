@@ -111,9 +111,7 @@ class Plan:
         else:
             lines.append(
                 f"  micro-batches (policy {self.policy!r}, exact sample weights): "
-                + "; ".join(
-                    f"step {s}: {list(sizes)}" for s, sizes in enumerate(self.micro_batch_sizes)
-                )
+                + "; ".join(f"step {s}: {list(sizes)}" for s, sizes in enumerate(self.micro_batch_sizes))
             )
         lines.append(f"  master: {self.master} (rank {self.rank})")
         return "\n".join(lines)
@@ -172,9 +170,7 @@ def make_plan(
             f"{m} samples each: use global_batch_size {below} or {above}, or policy "
             f"'ragged' (exact weighted micro-batches) or 'fewer_devices'"
         )
-    sizes = tuple(
-        tuple(base + (s * devices + d < extra) for d in range(devices)) for s in range(steps)
-    )
+    sizes = tuple(tuple(base + (s * devices + d < extra) for d in range(devices)) for s in range(steps))
     return Plan(g, m, n, sizes, policy, rank)
 
 

@@ -84,6 +84,21 @@ class EpochSchedule:
         return self.minibatch_size / int(self.batch_sizes[step])
 
 
+def schedule_problems(
+    trace: Trace, dataset_size: int, num_replicas: int, minibatch_size: int, balanced: bool = False
+) -> list[str]:
+    """Every reason ``trace`` cannot be scheduled with these settings (empty when it can)."""
+    unit = minibatch_size * (num_replicas if balanced else 1)
+    what = "minibatch_size x num_replicas" if balanced else "minibatch_size"
+    problems = multiple_problems(trace, unit, what)
+    for row in np.flatnonzero(trace.sizes > dataset_size).tolist():
+        problems.append(
+            f"row {row} (step {row}): batch size {int(trace.sizes[row])} is larger than the "
+            f"data set ({dataset_size} samples); a step cannot span epochs"
+        )
+    return problems
+
+
 class Schedule:
     """Cuts a trace into epochs over a data set and deals each step to replicas."""
 
@@ -104,7 +119,9 @@ class Schedule:
         self.seed = int(seed)
         self.shuffle = shuffle
         self.balanced = balanced
-        problems = self.problems()
+        problems = schedule_problems(
+            self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, balanced
+        )
         if problems:
             shown = "\n  ".join(problems[:10])
             more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
@@ -114,15 +131,9 @@ class Schedule:
 
     def problems(self) -> list[str]:
         """Every reason the trace cannot run with these settings (empty when it can)."""
-        unit = self.minibatch_size * (self.num_replicas if self.balanced else 1)
-        what = "minibatch_size x num_replicas" if self.balanced else "minibatch_size"
-        problems = multiple_problems(self.trace, unit, what)
-        for row in np.flatnonzero(self.trace.sizes > self.dataset_size).tolist():
-            problems.append(
-                f"row {row} (step {row}): batch size {int(self.trace.sizes[row])} is larger than the "
-                f"data set ({self.dataset_size} samples); a step cannot span epochs"
-            )
-        return problems
+        return schedule_problems(
+            self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, self.balanced
+        )
 
     def _find_epochs(self, count: int | float) -> None:
         """Extend the known epoch starts to ``count`` complete epochs, or to the trace's end."""
@@ -147,28 +158,41 @@ class Schedule:
         self._find_epochs(math.inf)
         return len(self._starts) - 1
 
-    def epoch(self, epoch: int) -> EpochSchedule:
-        """The steps of ``epoch`` (0-based) and its sample order."""
+    def epoch_bounds(self, epoch: int) -> tuple[int, int, bool]:
+        """``(first, end, complete)``: the trace steps ``first..end-1`` that make up ``epoch``."""
         if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         epoch = int(epoch)
         self._find_epochs(epoch + 1)
         if epoch + 1 < len(self._starts):
-            first, end, complete = self._starts[epoch], self._starts[epoch + 1], True
-        elif (self.trace.when_exhausted == "stop" and self._tail and epoch == len(self._starts) - 1
-              and self._tail[1] > self._tail[0]):
-            (first, end), complete = self._tail, False
-        else:
-            covered = self.full_epochs()
-            raise TraceExhaustedError(
-                f"epoch {epoch} needs steps past the end of the trace ({self.trace.source}, "
-                f"{len(self.trace)} steps), which covers {covered} full epoch"
-                f"{'' if covered == 1 else 's'} of {self.dataset_size} samples: extend the trace, "
-                "or load it with when_exhausted='stop' (train the last, partial epoch), "
-                "'repeat_last' or 'cycle'"
-            )
+            return self._starts[epoch], self._starts[epoch + 1], True
+        if (
+            self.trace.when_exhausted == "stop"
+            and self._tail
+            and epoch == len(self._starts) - 1
+            and self._tail[1] > self._tail[0]
+        ):
+            return self._tail[0], self._tail[1], False
+        covered = self.full_epochs()
+        raise TraceExhaustedError(
+            f"epoch {epoch} needs steps past the end of the trace ({self.trace.source}, "
+            f"{len(self.trace)} steps), which covers {covered} full epoch"
+            f"{'' if covered == 1 else 's'} of {self.dataset_size} samples: extend the trace, "
+            "or load it with when_exhausted='stop' (train the last, partial epoch), "
+            "'repeat_last' or 'cycle'"
+        )
+
+    def epoch(self, epoch: int) -> EpochSchedule:
+        """The steps of ``epoch`` (0-based) and its sample order."""
+        first, end, complete = self.epoch_bounds(epoch)
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.dataset_size) if self.shuffle else np.arange(self.dataset_size)
         return EpochSchedule(
-            epoch, first, self.trace.window(first, end), order, self.minibatch_size, self.num_replicas, complete
+            epoch,
+            first,
+            self.trace.window(first, end),
+            order,
+            self.minibatch_size,
+            self.num_replicas,
+            complete,
         )

@@ -45,7 +45,9 @@ class TraceExhaustedError(RuntimeError):
 class Trace:
     """A validated sequence of global batch sizes, one per step, and an end-of-trace policy."""
 
-    def __init__(self, sizes: Sequence[int] | np.ndarray, when_exhausted: str = "error", source: str = "list"):
+    def __init__(
+        self, sizes: Sequence[int] | np.ndarray, when_exhausted: str = "error", source: str = "list"
+    ):
         if when_exhausted not in EXHAUSTION_POLICIES:
             raise ValueError(f"when_exhausted must be one of {EXHAUSTION_POLICIES}, got {when_exhausted!r}")
         try:
@@ -163,7 +165,9 @@ def multiple_problems(trace: Trace, multiple: int, what: str) -> list[str]:
 
 
 def _rounded(sizes: np.ndarray, multiple: int) -> Trace:
-    return Trace(np.maximum(multiple, np.round(sizes / multiple) * multiple).astype(np.int64), source="generated")
+    return Trace(
+        np.maximum(multiple, np.round(sizes / multiple) * multiple).astype(np.int64), source="generated"
+    )
 
 
 def constant(batch_size: int, steps: int) -> Trace:
@@ -171,7 +175,9 @@ def constant(batch_size: int, steps: int) -> Trace:
     return Trace([positive_int(batch_size, "batch_size")] * positive_int(steps, "steps"), source="constant")
 
 
-def linear_ramp(start: int, end: int, steps: int, ramp_steps: int | None = None, multiple_of: int = 1) -> Trace:
+def linear_ramp(
+    start: int, end: int, steps: int, ramp_steps: int | None = None, multiple_of: int = 1
+) -> Trace:
     """Batch size rising linearly from ``start`` to ``end`` over ``ramp_steps`` (default all)
     steps, then held, each size rounded to a multiple of ``multiple_of``."""
     start, end, steps = (positive_int(v, n) for v, n in ((start, "start"), (end, "end"), (steps, "steps")))
@@ -180,11 +186,14 @@ def linear_ramp(start: int, end: int, steps: int, ramp_steps: int | None = None,
     return _rounded(start + (end - start) * progress, positive_int(multiple_of, "multiple_of"))
 
 
-def step_increase(initial: int, factor: float, every: int, steps: int, maximum: int | None = None,
-                  multiple_of: int = 1) -> Trace:
+def step_increase(
+    initial: int, factor: float, every: int, steps: int, maximum: int | None = None, multiple_of: int = 1
+) -> Trace:
     """Multiply the batch by ``factor`` every ``every`` steps, up to ``maximum``: "don't decay
     the learning rate, increase the batch size" (Smith et al., 2018)."""
-    initial, every, steps = (positive_int(v, n) for v, n in ((initial, "initial"), (every, "every"), (steps, "steps")))
+    initial, every, steps = (
+        positive_int(v, n) for v, n in ((initial, "initial"), (every, "every"), (steps, "steps"))
+    )
     if not factor > 0:
         raise ValueError(f"factor must be positive, got {factor!r}")
     sizes = initial * float(factor) ** (np.arange(steps) // every)

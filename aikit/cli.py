@@ -1,0 +1,180 @@
+"""The ``aikit`` command: plans and batch-size traces from the shell.
+
+aikit plan --global-batch-size 256 --max-gpu-batch-size 64 [--gpus N] [--policy ragged]
+aikit trace check trace.csv --minibatch-size 32 --replicas 8 --dataset-size 60000
+aikit trace plot trace.csv -o trace.png [--dataset-size 60000]
+aikit trace make ramp --start 64 --end 1024 --steps 500 -o trace.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from aikit.core import plan as plan_module
+from aikit.core import trace as trace_module
+from aikit.core.schedule import Schedule, schedule_problems
+from aikit.core.trace import TraceExhaustedError, load_trace
+
+
+def plan_rows(args: argparse.Namespace) -> str:
+    counts = [args.gpus] if args.gpus else list(range(1, 9))
+    header = f"{'GPUs':>4}  {'used':>4}  {'GA steps':>8}  {'micro-batch':>11}  {'global':>6}  note"
+    rows = [
+        f"global batch {args.global_batch_size}, at most {args.max_gpu_batch_size} per device, "
+        f"policy {args.policy!r}",
+        header,
+    ]
+    for n in counts:
+        try:
+            p = plan_module.make_plan(args.global_batch_size, args.max_gpu_batch_size, n, policy=args.policy)
+        except ValueError as error:
+            rows.append(f"{n:>4}  {'-':>4}  {'-':>8}  {'-':>11}  {'-':>6}  refused: {error}")
+            continue
+        sizes = sorted({s for step in p.micro_batch_sizes for s in step})
+        micro = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]}"
+        note = "" if p.is_even else "ragged: micro-batches differ by one sample, weighted exactly"
+        if p.gpus < n:
+            note = f"{n - p.gpus} device(s) idle: an even split needs fewer"
+        total = sum(map(sum, p.micro_batch_sizes))
+        rows.append(f"{n:>4}  {p.gpus:>4}  {p.steps:>8}  {micro:>11}  {total:>6}  {note}")
+    if args.gpus:
+        rows += [
+            "",
+            plan_module.make_plan(
+                args.global_batch_size, args.max_gpu_batch_size, args.gpus, policy=args.policy
+            ).summary(),
+        ]
+    return "\n".join(rows)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    print(plan_rows(args))
+    return 0
+
+
+def cmd_trace_check(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace, args.when_exhausted)
+    sizes = trace.sizes
+    print(
+        f"{trace}: {len(sizes)} steps, {int(sizes.sum())} samples, batch sizes {sizes.min()}..{sizes.max()}"
+    )
+    problems = schedule_problems(trace, args.dataset_size, args.replicas, args.minibatch_size, args.balanced)
+    if not problems:
+        schedule = Schedule(
+            trace, args.dataset_size, args.replicas, args.minibatch_size, balanced=args.balanced
+        )
+        full = schedule.full_epochs()
+        epochs = range(min(full, args.show_epochs) if full != math.inf else args.show_epochs)
+        print(f"full epochs of {args.dataset_size} samples: {full}")
+        for e in epochs:
+            ep = schedule.epoch(e)
+            idle = int((ep.micro_batches_per_step < args.replicas).sum())
+            print(
+                f"  epoch {e}: steps {ep.first_step}..{ep.first_step + len(ep) - 1} ({len(ep)} steps), "
+                f"{ep.samples} samples ({args.dataset_size - ep.samples} left out), "
+                f"{idle} steps with idle replicas"
+            )
+        used = schedule.epoch_bounds(full - 1)[1] if trace.is_finite and full else 0
+        if trace.is_finite and used < len(trace):
+            rest = int(trace.sizes[used:].sum())
+            mode = "trained" if trace.when_exhausted == "stop" else "used only with when_exhausted='stop'"
+            print(f"  then a partial epoch: steps {used}..{len(trace) - 1}, {rest} samples ({mode})")
+    for problem in problems:
+        print(f"problem: {problem}")
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def cmd_trace_plot(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trace = load_trace(args.trace)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.step(range(len(trace)), trace.sizes, where="post", label="global batch size")
+    if args.dataset_size:
+        schedule = Schedule(trace, args.dataset_size, 1, math.gcd(*trace.sizes.tolist()))
+        for e in range(int(min(schedule.full_epochs(), 1000))):
+            end = schedule.epoch_bounds(e)[1]
+            ax.axvline(end, color="grey", lw=0.5, ls="--", label="epoch end" if e == 0 else None)
+    ax.set(xlabel="step", ylabel="global batch size", title=f"batch-size trace {args.trace}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.output, dpi=120)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_trace_make(args: argparse.Namespace) -> int:
+    if args.kind == "constant":
+        trace = trace_module.constant(args.start, args.steps)
+    elif args.kind == "ramp":
+        trace = trace_module.linear_ramp(args.start, args.end, args.steps, args.ramp_steps, args.multiple_of)
+    else:
+        trace = trace_module.step_increase(
+            args.start, args.factor, args.every, args.steps, args.end, args.multiple_of
+        )
+    trace.to_csv(args.output)
+    print(f"wrote {args.output}: {len(trace)} steps, batch sizes {trace.sizes.min()}..{trace.sizes.max()}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="aikit", description="Elastic batch sizes: plans and traces.")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="GA steps and micro-batches for 1..8 devices (or --gpus N)")
+    p.add_argument("--global-batch-size", type=int, required=True)
+    p.add_argument("--max-gpu-batch-size", type=int, required=True)
+    p.add_argument("--gpus", type=int, help="plan for this many devices only (default: table for 1..8)")
+    p.add_argument("--policy", choices=plan_module.POLICIES, default="ragged")
+    p.set_defaults(run=cmd_plan)
+
+    t = sub.add_parser("trace", help="check, plot or make a step,batchsize trace").add_subparsers(
+        dest="action", required=True
+    )
+    c = t.add_parser("check", help="epochs, steps, samples and every problem of a trace")
+    c.add_argument("trace")
+    c.add_argument("--minibatch-size", type=int, required=True)
+    c.add_argument("--replicas", type=int, default=1)
+    c.add_argument("--dataset-size", type=int, required=True)
+    c.add_argument("--balanced", action="store_true", help="require multiples of minibatch x replicas (XLA)")
+    c.add_argument("--when-exhausted", choices=trace_module.EXHAUSTION_POLICIES, default=None)
+    c.add_argument("--show-epochs", type=int, default=20, help="epochs to list (default 20)")
+    c.set_defaults(run=cmd_trace_check)
+
+    pl = t.add_parser("plot", help="draw the batch-size schedule to a PNG")
+    pl.add_argument("trace")
+    pl.add_argument("-o", "--output", default="trace.png")
+    pl.add_argument("--dataset-size", type=int, help="also mark where each epoch starts")
+    pl.set_defaults(run=cmd_trace_plot)
+
+    m = t.add_parser("make", help="write a constant, ramp or step-increase trace")
+    m.add_argument("kind", choices=("constant", "ramp", "steps"))
+    m.add_argument("--start", type=int, required=True, help="first batch size")
+    m.add_argument("--end", type=int, help="last (ramp) or largest (steps) batch size")
+    m.add_argument("--steps", type=int, required=True, help="trace length")
+    m.add_argument("--ramp-steps", type=int, help="ramp length (default: whole trace)")
+    m.add_argument("--factor", type=float, default=2.0, help="steps: multiply by this ...")
+    m.add_argument("--every", type=int, default=100, help="steps: ... every this many steps")
+    m.add_argument("--multiple-of", type=int, default=1, help="round sizes to multiples of this")
+    m.add_argument("-o", "--output", default="trace.csv")
+    m.set_defaults(run=cmd_trace_make)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, TypeError, TraceExhaustedError, FileNotFoundError) as error:
+        print(f"aikit: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
