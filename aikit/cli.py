@@ -22,8 +22,7 @@ def plan_rows(args: argparse.Namespace) -> str:
     counts = [args.gpus] if args.gpus else list(range(1, 9))
     header = f"{'GPUs':>4}  {'used':>4}  {'GA steps':>8}  {'micro-batch':>11}  {'global':>6}  note"
     rows = [
-        f"global batch {args.global_batch_size}, at most {args.max_gpu_batch_size} per device, "
-        f"policy {args.policy!r}",
+        f"global batch {args.global_batch_size}, at most {args.max_gpu_batch_size} per device, policy {args.policy!r}",
         header,
     ]
     for n in counts:
@@ -57,14 +56,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_trace_check(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, args.when_exhausted)
     sizes = trace.sizes
-    print(
-        f"{trace}: {len(sizes)} steps, {int(sizes.sum())} samples, batch sizes {sizes.min()}..{sizes.max()}"
-    )
+    print(f"{trace}: {len(sizes)} steps, {int(sizes.sum())} samples, batch sizes {sizes.min()}..{sizes.max()}")
     problems = schedule_problems(trace, args.dataset_size, args.replicas, args.minibatch_size, args.balanced)
     if not problems:
-        schedule = Schedule(
-            trace, args.dataset_size, args.replicas, args.minibatch_size, balanced=args.balanced
-        )
+        schedule = Schedule(trace, args.dataset_size, args.replicas, args.minibatch_size, balanced=args.balanced)
         full = schedule.full_epochs()
         epochs = range(min(full, args.show_epochs) if full != math.inf else args.show_epochs)
         print(f"full epochs of {args.dataset_size} samples: {full}")
@@ -115,9 +110,7 @@ def cmd_trace_make(args: argparse.Namespace) -> int:
     elif args.kind == "ramp":
         trace = trace_module.linear_ramp(args.start, args.end, args.steps, args.ramp_steps, args.multiple_of)
     else:
-        trace = trace_module.step_increase(
-            args.start, args.factor, args.every, args.steps, args.end, args.multiple_of
-        )
+        trace = trace_module.step_increase(args.start, args.factor, args.every, args.steps, args.end, args.multiple_of)
     trace.to_csv(args.output)
     print(f"wrote {args.output}: {len(trace)} steps, batch sizes {trace.sizes.min()}..{trace.sizes.max()}")
     return 0

@@ -101,8 +101,7 @@ class Plan:
     def summary(self) -> str:
         """A few readable lines: what runs where, and why."""
         lines = [
-            f"aikit elastic plan: global batch {self.global_batch_size}, "
-            f"at most {self.max_gpu_batch_size} per device",
+            f"aikit elastic plan: global batch {self.global_batch_size}, at most {self.max_gpu_batch_size} per device",
             f"  devices: {self.gpus} used of {self.available_gpus} available",
             f"  GA steps per update: {self.steps}",
         ]

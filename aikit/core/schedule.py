@@ -119,9 +119,7 @@ class Schedule:
         self.seed = int(seed)
         self.shuffle = shuffle
         self.balanced = balanced
-        problems = schedule_problems(
-            self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, balanced
-        )
+        problems = schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, balanced)
         if problems:
             shown = "\n  ".join(problems[:10])
             more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
@@ -131,9 +129,7 @@ class Schedule:
 
     def problems(self) -> list[str]:
         """Every reason the trace cannot run with these settings (empty when it can)."""
-        return schedule_problems(
-            self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, self.balanced
-        )
+        return schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, self.balanced)
 
     def _find_epochs(self, count: int | float) -> None:
         """Extend the known epoch starts to ``count`` complete epochs, or to the trace's end."""

@@ -45,9 +45,7 @@ class TraceExhaustedError(RuntimeError):
 class Trace:
     """A validated sequence of global batch sizes, one per step, and an end-of-trace policy."""
 
-    def __init__(
-        self, sizes: Sequence[int] | np.ndarray, when_exhausted: str = "error", source: str = "list"
-    ):
+    def __init__(self, sizes: Sequence[int] | np.ndarray, when_exhausted: str = "error", source: str = "list"):
         if when_exhausted not in EXHAUSTION_POLICIES:
             raise ValueError(f"when_exhausted must be one of {EXHAUSTION_POLICIES}, got {when_exhausted!r}")
         try:
@@ -109,8 +107,7 @@ def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error") -> Tr
     missing = {"step", "batchsize"} - set(frame.columns)
     if missing:
         raise ValueError(
-            f"trace {path}: columns must be 'step,batchsize', found {list(frame.columns)} "
-            f"(missing {sorted(missing)})"
+            f"trace {path}: columns must be 'step,batchsize', found {list(frame.columns)} (missing {sorted(missing)})"
         )
     steps = pd.to_numeric(frame["step"], errors="coerce").to_numpy(np.float64)
     wrong = np.flatnonzero(steps != np.arange(len(frame)))
@@ -127,8 +124,7 @@ def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error") -> Tr
     if unreadable.size:
         row = int(unreadable[0])
         raise ValueError(
-            f"{row_name(str(path), row)} has batch size {frame['batchsize'].iloc[row]!r}; "
-            "it must be a positive integer"
+            f"{row_name(str(path), row)} has batch size {frame['batchsize'].iloc[row]!r}; it must be a positive integer"
         )
     return Trace(sizes, when_exhausted, source=str(path))
 
@@ -165,9 +161,7 @@ def multiple_problems(trace: Trace, multiple: int, what: str) -> list[str]:
 
 
 def _rounded(sizes: np.ndarray, multiple: int) -> Trace:
-    return Trace(
-        np.maximum(multiple, np.round(sizes / multiple) * multiple).astype(np.int64), source="generated"
-    )
+    return Trace(np.maximum(multiple, np.round(sizes / multiple) * multiple).astype(np.int64), source="generated")
 
 
 def constant(batch_size: int, steps: int) -> Trace:
@@ -175,9 +169,7 @@ def constant(batch_size: int, steps: int) -> Trace:
     return Trace([positive_int(batch_size, "batch_size")] * positive_int(steps, "steps"), source="constant")
 
 
-def linear_ramp(
-    start: int, end: int, steps: int, ramp_steps: int | None = None, multiple_of: int = 1
-) -> Trace:
+def linear_ramp(start: int, end: int, steps: int, ramp_steps: int | None = None, multiple_of: int = 1) -> Trace:
     """Batch size rising linearly from ``start`` to ``end`` over ``ramp_steps`` (default all)
     steps, then held, each size rounded to a multiple of ``multiple_of``."""
     start, end, steps = (positive_int(v, n) for v, n in ((start, "start"), (end, "end"), (steps, "steps")))
@@ -191,9 +183,7 @@ def step_increase(
 ) -> Trace:
     """Multiply the batch by ``factor`` every ``every`` steps, up to ``maximum``: "don't decay
     the learning rate, increase the batch size" (Smith et al., 2018)."""
-    initial, every, steps = (
-        positive_int(v, n) for v, n in ((initial, "initial"), (every, "every"), (steps, "steps"))
-    )
+    initial, every, steps = (positive_int(v, n) for v, n in ((initial, "initial"), (every, "every"), (steps, "steps")))
     if not factor > 0:
         raise ValueError(f"factor must be positive, got {factor!r}")
     sizes = initial * float(factor) ** (np.arange(steps) // every)

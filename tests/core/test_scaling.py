@@ -1,0 +1,44 @@
+"""LR rules against a reference batch size, with Goyal-style warmup."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aikit.core.scaling import scale_factor, scaled_lr
+
+
+def test_rules():
+    assert scaled_lr(0.1, 512, 128, "linear") == pytest.approx(0.4)
+    assert scaled_lr(0.1, 512, 128, "sqrt") == pytest.approx(0.2)
+    assert scaled_lr(0.1, 512, 128, "root") == pytest.approx(0.2)
+    assert scaled_lr(0.1, 512, 128, "constant") == 0.1
+    assert scaled_lr(0.01, 32, 128) == pytest.approx(0.0025)  # the seed's MNIST range: 0.0025..0.16
+    assert scaled_lr(0.01, 2048, 128) == pytest.approx(0.16)
+
+
+def test_warmup_ramps_the_scale_from_one():
+    lrs = [scaled_lr(0.1, 1024, 128, step=t, warmup_steps=4) for t in range(6)]
+    assert lrs == pytest.approx([0.275, 0.45, 0.625, 0.8, 0.8, 0.8])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: scale_factor(0, 128), "batch_size must be a positive integer, got 0"),
+        (lambda: scale_factor(64, -1), "ref_batch_size must be a positive integer, got -1"),
+        (lambda: scale_factor(64, 128, "cubic"), "LR rule must be one of"),
+        (lambda: scaled_lr(-0.1, 64, 128), "base_lr must be a finite number >= 0, got -0.1"),
+        (lambda: scaled_lr(0.1, 64, 128, step=-1, warmup_steps=3), "must be >= 0"),
+    ],
+)
+def test_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@given(b=st.integers(1, 10**6), ref=st.integers(1, 10**6), k=st.integers(1, 64))
+def test_linear_is_proportional_and_sqrt_is_its_root(b, ref, k):
+    assert math.isclose(scale_factor(k * b, ref) / scale_factor(b, ref), k)
+    assert math.isclose(scale_factor(b, ref, "sqrt") ** 2, scale_factor(b, ref), rel_tol=1e-9)

@@ -1,0 +1,105 @@
+"""Traces: loading, the errors bad rows get, end-of-trace policies and generators."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aikit.core import trace as tr
+from aikit.core.trace import Trace, TraceExhaustedError, load_trace
+
+
+def write(tmp_path, text, name="trace.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_seed_spacing_is_read(tmp_path):
+    path = write(tmp_path, " step,batchsize\n 0, 1024\n 1, 1024\n 2, 2048\n")
+    assert load_trace(path).sizes.tolist() == [1024, 1024, 2048]
+
+
+def test_list_and_int_sources():
+    assert load_trace([32, 64]).sizes.tolist() == [32, 64]
+    constant = load_trace(128)
+    assert constant.when_exhausted == "repeat_last"
+    assert constant.window(0, 5).tolist() == [128] * 5
+    assert constant[10**9] == 128
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("step,size\n0,32\n", r"columns must be 'step,batchsize', found \['step', 'size'\]"),
+        ("step,batchsize\n0,32\n1,0\n", r"row 1 \(step 1, line 3\) has batch size 0"),
+        ("step,batchsize\n0,32\n1,-64\n", r"row 1 \(step 1, line 3\) has batch size -64"),
+        ("step,batchsize\n0,32\n1,48.5\n", r"row 1 \(step 1, line 3\) has batch size 48.5"),
+        ("step,batchsize\n0,32\n1,abc\n", r"row 1 \(step 1, line 3\) has batch size 'abc'"),
+        ("step,batchsize\n0,32\n1,\n", r"row 1 \(step 1, line 3\) has batch size nan"),
+        ("step,batchsize\n0,32\n2,32\n", r"row 1 \(step 1, line 3\) has step '2', expected 1"),
+        ("step,batchsize\n0,32\n1,32\n0,32\n", r"row 2 \(step 2, line 4\) has step '0', expected 2"),
+        ("step,batchsize\n", "has no rows"),
+    ],
+)
+def test_bad_csv_rows_are_named(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message):
+        load_trace(write(tmp_path, text))
+
+
+def test_bad_list_entries_are_named():
+    with pytest.raises(ValueError, match=r"row 2 \(step 2\) has batch size 0"):
+        load_trace([32, 64, 0])
+    with pytest.raises(ValueError, match="at least one batch size"):
+        load_trace([])
+    with pytest.raises(ValueError, match="trace batch size must be a positive integer, got -3"):
+        load_trace(-3)
+    with pytest.raises(ValueError, match="when_exhausted must be one of"):
+        load_trace([32], "wrap")
+
+
+def test_exhaustion_policies():
+    sizes = [32, 64, 96]
+    with pytest.raises(TraceExhaustedError, match=r"has 3 steps \(0..2\) but step 4 was asked for"):
+        load_trace(sizes).window(0, 5)
+    assert load_trace(sizes, "repeat_last").window(2, 6).tolist() == [96, 96, 96, 96]
+    assert load_trace(sizes, "cycle").window(2, 6).tolist() == [96, 32, 64, 96]
+
+
+def test_csv_round_trip(tmp_path):
+    trace = tr.linear_ramp(32, 512, 50, multiple_of=32)
+    trace.to_csv(tmp_path / "t.csv")
+    assert load_trace(tmp_path / "t.csv").sizes.tolist() == trace.sizes.tolist()
+
+
+def test_multiple_problems_suggest_valid_sizes():
+    problems = tr.multiple_problems(Trace([64, 100, 16]), 32, "minibatch_size")
+    assert problems == [
+        "row 1 (step 1): batch size 100 is not a multiple of minibatch_size 32; use 96 or 128",
+        "row 2 (step 2): batch size 16 is not a multiple of minibatch_size 32; use 32",
+    ]
+
+
+def test_generators():
+    assert tr.constant(64, 3).sizes.tolist() == [64, 64, 64]
+    ramp = tr.linear_ramp(64, 256, 7, multiple_of=32)
+    assert ramp.sizes[0] == 64 and ramp.sizes[-1] == 256 and (np.diff(ramp.sizes) >= 0).all()
+    held = tr.linear_ramp(64, 256, 10, ramp_steps=4)
+    assert held.sizes.tolist()[3:] == [256] * 7
+    smith = tr.step_increase(128, 5, every=3, steps=9, maximum=2000)
+    assert smith.sizes.tolist() == [128] * 3 + [640] * 3 + [2000] * 3
+    with pytest.raises(ValueError, match="factor must be positive, got 0"):
+        tr.step_increase(128, 0, every=3, steps=9)
+
+
+@given(
+    start=st.integers(1, 4096),
+    end=st.integers(1, 4096),
+    steps=st.integers(1, 500),
+    multiple=st.sampled_from([1, 8, 32]),
+)
+def test_ramps_are_monotone_multiples_between_their_ends(start, end, steps, multiple):
+    sizes = tr.linear_ramp(start, end, steps, multiple_of=multiple).sizes
+    assert len(sizes) == steps and (sizes % multiple == 0).all() and (sizes > 0).all()
+    diffs = np.diff(sizes)
+    assert (diffs >= 0).all() if end >= start else (diffs <= 0).all()
