@@ -1,0 +1,150 @@
+"""CustomSampler: a DataLoader ``batch_sampler`` that follows a batch-size trace.
+
+Every global step of the trace is cut into full micro-batches of ``minibatch_size`` samples
+(one static shape, so XLA compiles once) and dealt to the replicas by
+:class:`aikit.core.schedule.Schedule`; this sampler yields this replica's micro-batches, step
+after step. A step that deals this replica nothing yields nothing: the trace optimizer still
+takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+from torch.utils.data import Sampler
+
+from aikit.core.schedule import EpochSchedule, Schedule
+from aikit.core.trace import Trace, load_trace
+from aikit.elastic.Torch.collectives import world
+
+_latest: CustomSampler | None = None
+
+
+def latest_sampler() -> CustomSampler | None:
+    """The CustomSampler created last in this process (seed 001's optimizers take no sampler)."""
+    return _latest
+
+
+class CustomSampler(Sampler[list[int]]):
+    """This replica's micro-batches of every step of a batch-size trace, as lists of indices.
+
+    ``dataset`` is a Dataset (its ``len()`` is used) or an int; ``dataset_size=`` says the same
+    thing. ``trace`` is a CSV path (``step,batchsize``), a list of sizes, an int (constant) or a
+    :class:`~aikit.core.trace.Trace`; ``when_exhausted`` overrides its end-of-trace policy.
+    ``num_replicas`` and ``rank`` default to the running engine (torch.distributed, Horovod or
+    torch_xla). Every epoch is a fresh permutation seeded by ``seed`` and the epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized | int | None = None,
+        trace: Trace | str | list[int] | int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        minibatch_size: int = 32,
+        seed: int = 42,
+        *,
+        dataset_size: int | None = None,
+        shuffle: bool = True,
+        when_exhausted: str | None = None,
+    ):
+        global _latest
+        size = _dataset_size(dataset, dataset_size)
+        if trace is None:
+            raise ValueError("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
+        if num_replicas is None or rank is None:
+            engine_replicas, engine_rank = world()
+            num_replicas = engine_replicas if num_replicas is None else num_replicas
+            rank = engine_rank if rank is None else rank
+        self.schedule = Schedule(load_trace(trace, when_exhausted), size, num_replicas, minibatch_size, seed, shuffle)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.schedule.num_replicas:
+            raise ValueError(f"rank must be an integer in 0..{self.schedule.num_replicas - 1}, got {rank!r}")
+        self.rank = rank
+        self.set_epoch(0)
+        _latest = self
+
+    @property
+    def num_replicas(self) -> int:
+        return self.schedule.num_replicas
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.schedule.minibatch_size
+
+    @property
+    def dataset_size(self) -> int:
+        return self.schedule.dataset_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` at its beginning, or where a loaded state left it within that epoch."""
+        if self._resume is not None and self._resume[0] == epoch:
+            self.epoch_schedule, (self.step, self.micro) = self.schedule.epoch(epoch), self._resume[1:]
+        else:
+            self.epoch_schedule, self.step, self.micro = self.schedule.epoch(epoch), 0, 0
+        self._resume = None
+
+    _resume: tuple[int, int, int] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.epoch_schedule.epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """This replica's micro-batches from the current position to the end of the epoch."""
+        plan: EpochSchedule = self.epoch_schedule
+        while self.step < len(plan):
+            batches = plan.micro_batches(self.step, self.rank)
+            while self.micro < len(batches):
+                batch = batches[self.micro].tolist()
+                self.micro += 1
+                yield batch
+            self.step, self.micro = self.step + 1, 0
+
+    def __len__(self) -> int:
+        """Micro-batches the next iteration yields (the whole epoch unless resumed mid-epoch)."""
+        counts = self.epoch_schedule.counts(self.rank)
+        return int(counts[self.step :].sum()) - self.micro
+
+    def state_dict(self) -> dict:
+        """Where iteration stands: epoch, step of the epoch, micro-batches yielded of that step.
+
+        With DataLoader workers the sampler runs ahead of training; the trace optimizer's
+        ``state_dict`` records what was trained and repositions this sampler when loaded.
+        """
+        return {"epoch": self.epoch, "step": self.step, "micro": self.micro, "seed": self.schedule.seed,
+                "rank": self.rank, "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``: the next ``set_epoch(state['epoch'])`` keeps the position."""
+        if state["seed"] != self.schedule.seed or state["num_replicas"] != self.num_replicas:
+            raise ValueError(
+                f"sampler state is for seed {state['seed']} and {state['num_replicas']} replicas, this sampler "
+                f"has seed {self.schedule.seed} and {self.num_replicas}: build it with the settings of the run "
+                "that saved it"
+            )
+        self.resume(state["epoch"], state["step"], state["micro"])
+
+    def resume(self, epoch: int, step: int, micro: int) -> None:
+        """Position at micro-batch ``micro`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
+        self.set_epoch(epoch)
+        counts = self.epoch_schedule.counts(self.rank)
+        if not 0 <= step <= len(counts) or not 0 <= micro <= (counts[step] if step < len(counts) else 0):
+            raise ValueError(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
+        self.step, self.micro = step, micro
+        self._resume = (epoch, step, micro)
+
+
+def _dataset_size(dataset: Sized | int | None, dataset_size: int | None) -> int:
+    if dataset is not None and dataset_size is not None:
+        raise ValueError("give the data set or dataset_size=, not both")
+    if dataset is None and dataset_size is None:
+        raise ValueError("CustomSampler needs the data set (or its size) as first argument, or dataset_size=")
+    source = dataset if dataset is not None else dataset_size
+    if isinstance(source, int):
+        return source
+    try:
+        return len(source)
+    except TypeError:
+        raise ValueError(
+            f"CustomSampler needs a sized Dataset or an int, got {type(source).__name__}: pass dataset_size="
+        ) from None
