@@ -1,0 +1,186 @@
+"""Gradient accumulation for a Keras 3 optimizer: k calls to ``apply`` make one real update.
+
+``Optimizer(keras.optimizers.Adam(1e-3), steps=4)`` sums the gradients of 4 micro-batches
+and then lets the wrapped optimizer apply their mean once. Everything the wrapped optimizer
+does per update -- its iteration count (Adam's bias correction, LR schedules), weight decay,
+clipping, EMA, constraints -- therefore happens once per real update, as with one big batch
+(Keras' own ``gradient_accumulation_steps`` showed LR schedules the micro-step count and
+cannot run under ``tf.distribute``, keras#19990 and tf-keras#301).
+
+Under a ``tf.distribute`` strategy each replica accumulates into its own ``ON_READ``
+variables, without communication; on the last micro-step the wrapped optimizer runs once
+per replica, so its single all-reduce per update is the only cross-replica reduction. The
+update sits in a ``tf.cond`` taken in cross-replica context (inside one ``merge_call``) and
+re-enters the replicas from there, the pattern Keras' ``LossScaleOptimizer`` uses: a
+``merge_call`` inside a replica-side ``tf.cond`` is what breaks the usual GA recipes.
+
+The number of steps lives in a ``tf.Variable``: ``optimizer.steps = 8`` takes effect from
+the next update without retracing (batch-size traces change it every update). The update
+divides by the micro-steps actually accumulated, so it is the mean even when ``steps``
+changes in the middle of an update.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from aikit.core.plan import positive_int
+from aikit.ga.TF.keras_backend import keras_on_tensorflow
+
+keras = keras_on_tensorflow()
+ops = keras.ops
+
+
+@keras.saving.register_keras_serializable(package="aikit")
+class Optimizer(keras.optimizers.Optimizer):
+    """Accumulate gradients over ``steps`` calls, then apply their mean with ``optimizer``.
+
+    Args:
+        optimizer: the Keras 3 optimizer that makes the real updates (its LR, weight decay,
+            clipping and schedules are used as configured).
+        steps: micro-steps per update (1: no accumulation); may be changed later by
+            assigning ``.steps``.
+    """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None,
+                 **kwargs):
+        if kwargs:
+            raise ValueError(
+                f"aikit's GA Optimizer takes only optimizer, steps and name, got {sorted(kwargs)}: set "
+                "learning rate, weight decay, clipping and EMA on the wrapped optimizer"
+            )
+        if isinstance(optimizer, dict):  # from a saved config
+            optimizer = keras.optimizers.deserialize(optimizer)
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                f"optimizer must be a Keras 3 optimizer instance such as keras.optimizers.Adam(1e-3), "
+                f"got {type(optimizer).__name__}"
+            )
+        if isinstance(optimizer, Optimizer):
+            raise ValueError("optimizer is already an aikit GA Optimizer: set its .steps instead of wrapping it")
+        if optimizer.gradient_accumulation_steps:
+            raise ValueError(
+                f"optimizer already accumulates with Keras' gradient_accumulation_steps="
+                f"{optimizer.gradient_accumulation_steps}: create it without that argument and let "
+                "aikit accumulate"
+            )
+        steps = positive_int(steps, "steps")
+        super().__init__(learning_rate=lambda: self.inner.learning_rate, name=name)
+        self.inner = optimizer
+        with keras.name_scope(self.name, caller=self):
+            self._steps = keras.Variable(steps, name="steps", dtype="int64", trainable=False,
+                                         aggregation="only_first_replica")
+            # micro-steps already summed into the accumulators for the coming update
+            self._accumulated = keras.Variable(0, name="accumulated", dtype="int64", trainable=False,
+                                               aggregation="only_first_replica")
+
+    def build(self, variables):
+        """Create one per-replica accumulator per variable, and the wrapped optimizer's state."""
+        super().build(variables)
+        if not self.inner.built:
+            self.inner.build(variables)
+        with keras.name_scope(self.name, caller=self):
+            self._accumulators = [
+                keras.Variable(
+                    keras.initializers.Zeros(), shape=v.shape, dtype=v.dtype, trainable=False,
+                    name=f"{getattr(v, 'path', v.name).replace('/', '_')}_accumulator",
+                    # each replica keeps its own sum until the update; a read across replicas sums
+                    synchronization="on_read", aggregation="sum",
+                )
+                for v in variables
+            ]
+
+    @property
+    def steps(self) -> int:
+        """Micro-steps per update."""
+        return int(self._steps.numpy())
+
+    @steps.setter
+    def steps(self, steps: int) -> None:
+        self._steps.assign(positive_int(steps, "steps"))
+
+    @property
+    def accumulated(self) -> int:
+        """Micro-steps summed so far towards the coming update (0 right after an update)."""
+        return int(self._accumulated.numpy())
+
+    @property
+    def micro_steps(self):
+        """Every call to ``apply`` so far (``iterations`` counts real updates)."""
+        return self._iterations
+
+    @property
+    def iterations(self):
+        return self.inner.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner.learning_rate = learning_rate
+
+    @property
+    def variables(self):
+        return self._variables + self.inner.variables
+
+    def scale_loss(self, loss):
+        return self.inner.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        self.inner.finalize_variable_values(var_list)
+
+    def apply(self, grads, trainable_variables=None):
+        """Add ``grads`` to this replica's sums; on the last micro-step apply their mean."""
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+        variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError(
+                "apply() must run in a replica context: call it inside strategy.run(...) or Model.fit"
+            )
+        grads = list(grads)
+        if len(grads) != len(variables):
+            raise ValueError(f"apply() got {len(grads)} gradients for {len(variables)} variables")
+        sums = [None if g is None else self._accumulators[self._get_variable_index(v)]
+                for g, v in zip(grads, variables, strict=True)]
+        for total, grad in zip(sums, grads, strict=True):
+            if grad is not None:
+                self.assign_add(total, grad)
+
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            self._maybe_update(lambda: self._update(sums, variables))
+        else:
+            def cross_replica(strategy):
+                self._maybe_update(
+                    lambda: strategy.extended.call_for_each_replica(self._update, args=(sums, variables))
+                )
+
+            tf.distribute.get_replica_context().merge_call(cross_replica)
+
+    def _maybe_update(self, update) -> None:
+        """Run ``update`` when this micro-step completes the update, and count the micro-step."""
+        is_update = self._accumulated + 1 >= self._steps
+        ops.cond(is_update, update, lambda: None)
+        self._accumulated.assign(ops.where(is_update, 0, self._accumulated + 1))
+        self._iterations.assign_add(1)
+
+    def _update(self, sums, variables) -> None:
+        """The real update (replica context): the wrapped optimizer applies the mean gradient."""
+        count = self._accumulated + 1
+        grads = [None if s is None else s.value / ops.cast(count, s.dtype) for s in sums]
+        self.inner.apply(grads, variables)
+        for total in sums:
+            if total is not None:
+                total.assign(ops.zeros_like(total.value))
+
+    def get_config(self) -> dict:
+        return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner), "steps": self.steps}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
+        return cls(inner, **config)
