@@ -1,0 +1,71 @@
+"""Elastic PyTorch training: ``init(global_batch_size, max_gpu_batch_size)`` plans the run.
+
+The device count comes from where the script runs (see :mod:`aikit.elastic.Torch.distributed`)
+or from ``gpus=``; the core plan decides GA steps and micro-batches, and this module then has
+``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and ``plan``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
+from aikit.core.plan import Plan, make_plan, positive_int
+from aikit.elastic import PUBLIC, publish
+from aikit.elastic.Torch import distributed
+from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.elastic.Torch.trace_optim import (
+    ConstantOptimizer,
+    LinearRuleOptimizer,
+    RootRuleOptimizer,
+    TraceOptimizer,
+)
+
+__all__ = [
+    "ConstantOptimizer",
+    "CustomSampler",
+    "LinearRuleOptimizer",
+    "RootRuleOptimizer",
+    "TraceOptimizer",
+    "distributed",
+    "init",
+    "summary",
+]
+
+
+def init(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = None, policy: str = "ragged") -> Plan:
+    """Plan how ``global_batch_size`` samples per update run here, at most
+    ``max_gpu_batch_size`` per device, and publish the plan on this module."""
+    processes = distributed.world_size()
+    devices = distributed.device_count() if gpus is None else positive_int(gpus, "gpus")
+    if processes > 1 and devices != processes:
+        raise ValueError(
+            f"gpus={devices} but this run has {processes} processes ({distributed.engine()}): "
+            f"every process is one device, so leave gpus=None or launch {devices} processes"
+        )
+    plan = make_plan(global_batch_size, max_gpu_batch_size, devices, policy=policy, rank=distributed.rank())
+    if processes > 1 and plan.gpus != processes:
+        raise ValueError(
+            f"the plan uses {plan.gpus} of the {processes} processes (policy {policy!r}, "
+            f"global_batch_size {plan.global_batch_size}), but every process of a "
+            f"{distributed.engine()} run must train: launch {plan.gpus} processes or use policy 'ragged'"
+        )
+    publish(plan, sys.modules[__name__])
+    return plan
+
+
+def summary() -> str:
+    """The plan in a few readable lines, and the engine it runs on."""
+    plan = sys.modules[__name__].__dict__.get("plan")
+    if plan is None:
+        raise RuntimeError("call aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size) first")
+    return f"{plan.summary()}\n  engine: {distributed.engine()} ({distributed.world_size()} process(es))"
+
+
+def __getattr__(name: str):
+    if name in (*PUBLIC, "plan"):
+        raise AttributeError(
+            f"aikit.elastic.Torch.{name} is set by init(): call "
+            "aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size) first"
+        )
+    raise AttributeError(f"module 'aikit.elastic.Torch' has no attribute {name!r}")

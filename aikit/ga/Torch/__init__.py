@@ -1,0 +1,6 @@
+"""Gradient accumulation for PyTorch: ``aikit.ga.Torch.optim.Optimizer(optimizer, steps)``."""
+
+from aikit.ga.Torch import optim
+from aikit.ga.Torch.optim import Optimizer
+
+__all__ = ["Optimizer", "optim"]

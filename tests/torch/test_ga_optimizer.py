@@ -1,0 +1,328 @@
+"""The GA wrapper's promise: k micro-steps equal one real step on the concatenated batch.
+
+Every test compares against an actual big-batch step of an identical model and optimizer in
+float64, never against numbers the code produced itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aikit.ga.Torch.optim import Optimizer
+
+OPTIMIZERS = {
+    "sgd_momentum_wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.01),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01),
+}
+TOL = dict(rtol=1e-6, atol=1e-9)
+
+
+def model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)).double()
+
+
+def batches(sizes_per_update: list[int], seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(g, 5, generator=gen, dtype=torch.float64), torch.randint(0, 3, (g,), generator=gen))
+        for g in sizes_per_update
+    ]
+
+
+def loss_fn(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(net(x), y)
+
+
+def big_batch_run(make_opt, data, max_grad_norm=None, schedule=None) -> torch.nn.Module:
+    """The reference: one plain optimizer step per global batch."""
+    net = model()
+    opt = make_opt(net.parameters())
+    sched = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    for x, y in data:
+        opt.zero_grad()
+        loss_fn(net, x, y).backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return net
+
+
+def split(x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    return list(torch.split(x, sizes))
+
+
+def assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, **TOL)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_equal_micro_batches_equal_one_big_batch_step(name):
+    """The seed recipe as written: backward and step() per micro-batch, no weights given."""
+    data = batches([32, 32, 32])
+    net = model()
+    opt = Optimizer(OPTIMIZERS[name](net.parameters()), 4)
+    for x, y in data:
+        for xm, ym in zip(split(x, [8] * 4), split(y, [8] * 4), strict=True):
+            opt.zero_grad()
+            loss_fn(net, xm, ym).backward()
+            opt.step()
+    assert_same(net, big_batch_run(OPTIMIZERS[name], data))
+    steps = {int(s["step"]) for s in opt.state.values() if "step" in s}
+    assert steps in (set(), {3})  # the wrapped optimizer counted 3 updates, not 12 micro-steps
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_ragged_micro_batches_equal_one_big_batch_step(name):
+    """43/43/42 micro-batches (G=128 on 3 devices' worth of steps) weighted by their samples."""
+    sizes = [43, 43, 42]
+    data = batches([128, 128])
+    net = model()
+    opt = Optimizer(OPTIMIZERS[name](net.parameters()), 3, global_batch_size=128)
+    for x, y in data:
+        for xm, ym in zip(split(x, sizes), split(y, sizes), strict=True):
+            with opt.accumulate(net, samples=len(xm)):
+                loss_fn(net, xm, ym).backward()
+            opt.step()
+    assert_same(net, big_batch_run(OPTIMIZERS[name], data))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=5))
+def test_any_split_of_the_batch_equals_the_big_batch(sizes):
+    make = OPTIMIZERS["sgd_momentum_wd"]
+    data = batches([sum(sizes)] * 2)
+    net = model()
+    opt = Optimizer(make(net.parameters()), len(sizes), global_batch_size=sum(sizes))
+    for x, y in data:
+        for xm, ym in zip(split(x, sizes), split(y, sizes), strict=True):
+            with opt.accumulate(net, samples=len(xm)):
+                loss_fn(net, xm, ym).backward()
+            opt.step()
+            assert opt.updated == (opt.position == 0)
+    assert_same(net, big_batch_run(make, data))
+
+
+def test_scheduler_and_step_count_advance_once_per_update():
+    make = OPTIMIZERS["adam"]
+    schedule = lambda update: 0.5**update  # noqa: E731
+    data = batches([16] * 3)
+    net = model()
+    opt = Optimizer(make(net.parameters()), 2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)  # attaches to the wrapper itself
+    for x, y in data:
+        for xm, ym in zip(split(x, [8, 8]), split(y, [8, 8]), strict=True):
+            loss_fn(net, xm, ym).backward()
+            opt.step()
+            if opt.updated:
+                sched.step()
+    assert_same(net, big_batch_run(make, data, schedule=schedule))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**3)
+    assert all(int(s["step"]) == 3 for s in opt.optimizer.state.values())
+
+
+def test_gradient_clipping_applies_once_to_the_accumulated_gradient():
+    make = OPTIMIZERS["sgd_momentum_wd"]
+    data = batches([24, 24])
+    net = model()
+    opt = Optimizer(make(net.parameters()), 3, max_grad_norm=0.05)
+    for x, y in data:
+        for xm, ym in zip(split(x, [8] * 3), split(y, [8] * 3), strict=True):
+            loss_fn(net, xm, ym).backward()
+            opt.step()
+    reference = big_batch_run(make, data, max_grad_norm=0.05)
+    assert_same(net, reference)
+    assert not torch.allclose(reference[0].weight, big_batch_run(make, data)[0].weight)  # clipping bit
+
+
+def test_closure_is_evaluated_once_per_call_and_its_loss_returned():
+    make = OPTIMIZERS["adamw"]
+    data = batches([20])
+    net = model()
+    opt = Optimizer(make(net.parameters()), 2)
+    x, y = data[0]
+    losses = []
+    for xm, ym in zip(split(x, [10, 10]), split(y, [10, 10]), strict=True):
+
+        def closure(xm=xm, ym=ym):
+            opt.zero_grad()
+            loss = loss_fn(net, xm, ym)
+            loss.backward()
+            return loss
+
+        losses.append(opt.step(closure))
+    with torch.no_grad():
+        expected = [float(loss_fn(model(), *b)) for b in zip(split(x, [10, 10]), split(y, [10, 10]), strict=True)]
+    assert [float(v.detach()) for v in losses] == pytest.approx(expected)
+    assert_same(net, big_batch_run(make, data))
+
+
+def test_amp_grad_scaler_unscales_and_steps_once_per_update():
+    make = OPTIMIZERS["sgd_momentum_wd"]
+    data = batches([16, 16])
+    net = model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    opt = Optimizer(make(net.parameters()), 2, scaler=scaler)
+    for x, y in data:
+        for xm, ym in zip(split(x, [8, 8]), split(y, [8, 8]), strict=True):
+            scaler.scale(loss_fn(net, xm, ym)).backward()
+            opt.step()
+    assert_same(net, big_batch_run(make, data))
+
+
+def test_zero_grad_mid_update_keeps_the_accumulated_gradient():
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
+    x, y = batches([4])[0]
+    loss_fn(net, x, y).backward()
+    opt.step()
+    before = net[0].weight.grad.clone()
+    opt.zero_grad()
+    torch.testing.assert_close(net[0].weight.grad, before)
+    loss_fn(net, x, y).backward()
+    opt.step()
+    assert opt.updated and net[0].weight.grad is None
+
+
+def _train(net, opt, data, sizes, start=0, stop=None):
+    micro = [(xm, ym) for x, y in data for xm, ym in zip(split(x, sizes), split(y, sizes), strict=True)]
+    for xm, ym in micro[start:stop]:
+        with opt.accumulate(net, samples=len(xm)):
+            loss_fn(net, xm, ym).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd_momentum_wd"])
+def test_state_dict_mid_update_resumes_to_the_same_bits(name):
+    make, sizes, data = OPTIMIZERS[name], [5, 4, 3], batches([12] * 3)
+    net = model()
+    opt = Optimizer(make(net.parameters()), 3, global_batch_size=12)
+    _train(net, opt, data, sizes)  # uninterrupted
+
+    first = model()
+    opt1 = Optimizer(make(first.parameters()), 3, global_batch_size=12)
+    _train(first, opt1, data, sizes, stop=5)  # one update and two micro-steps
+    buffer = io.BytesIO()
+    torch.save({"model": first.state_dict(), "optimizer": opt1.state_dict()}, buffer)
+    buffer.seek(0)
+    checkpoint = torch.load(buffer)
+
+    resumed = model(seed=7)
+    opt2 = Optimizer(make(resumed.parameters()), 3, global_batch_size=12)
+    resumed.load_state_dict(checkpoint["model"])
+    opt2.load_state_dict(checkpoint["optimizer"])
+    assert opt2.position == 2
+    _train(resumed, opt2, data, sizes, start=5)
+    for p, q in zip(net.parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_pickle_keeps_the_accumulation_position_and_pending_gradients():
+    net = model()
+    opt = Optimizer(torch.optim.Adam(net.parameters(), lr=0.01), 3, global_batch_size=12)
+    _train(net, opt, batches([12, 12]), [4, 4, 4], stop=4)
+    copy_ = pickle.loads(pickle.dumps(opt))
+    assert (copy_.position, copy_.steps) == (1, 3)
+    for p, q in zip(opt.optimizer.param_groups[0]["params"], copy_.optimizer.param_groups[0]["params"],
+                    strict=True):
+        assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+    assert copy_.optimizer.state_dict()["state"].keys() == opt.optimizer.state_dict()["state"].keys()
+
+
+def test_steps_may_change_between_updates_only():
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
+    opt.steps = 3
+    x, y = batches([4])[0]
+    loss_fn(net, x, y).backward()
+    opt.step()
+    with pytest.raises(ValueError, match=r"steps can change only between updates, but 1 of 3 micro-steps"):
+        opt.steps = 2
+
+
+def test_checkpoint_mid_update_refuses_a_different_steps():
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 3, global_batch_size=12)
+    _train(net, opt, batches([12]), [4, 4, 4], stop=1)
+    other = Optimizer(torch.optim.SGD(model().parameters(), lr=0.1), 2)
+    with pytest.raises(ValueError, match=r"saved 1 micro-steps into an update of steps=3, but this optimizer "
+                                         r"has steps=2: resume with steps=3"):
+        other.load_state_dict(opt.state_dict())
+    between = Optimizer(torch.optim.SGD(model().parameters(), lr=0.1), 3)
+    between.load_state_dict({**between.state_dict()})  # round trip at position 0
+    other.load_state_dict(between.state_dict())  # a new steps is fine between updates
+    assert other.steps == 2
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda p: Optimizer(torch.optim.SGD(p, lr=0.1), 0), "steps must be a positive integer, got 0"),
+        (lambda p: Optimizer(torch.optim.SGD(p, lr=0.1), 2.5), "steps must be a positive integer, got 2.5"),
+        (lambda p: Optimizer(torch.optim.SGD(p, lr=0.1), 2, max_grad_norm=-1),
+         "max_grad_norm must be a positive number or None, got -1"),
+        (lambda p: Optimizer(object(), 2), "optimizer must be a torch.optim.Optimizer, got object"),
+        (lambda p: Optimizer(Optimizer(torch.optim.SGD(p, lr=0.1), 2), 2), "already an aikit GA Optimizer"),
+        (lambda p: Optimizer(torch.optim.SGD(p, lr=0.1), 2).load_state_dict(torch.optim.SGD(p, lr=0.1).state_dict()),
+         r"this is a torch optimizer's state_dict, not an aikit GA Optimizer's: load it with "
+         r"optimizer.optimizer.load_state_dict"),
+        (lambda p: Optimizer(torch.optim.SGD(p, lr=0.1), 2).load_state_dict({"optimizer": {}, "ga": {"steps": 2}}),
+         r"state_dict\['ga'\] needs keys"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(list(model().parameters()))
+
+
+def test_an_update_with_the_wrong_number_of_samples_is_refused():
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2, global_batch_size=16)
+    x, y = batches([15])[0]
+    for xm, ym in zip(split(x, [8, 7]), split(y, [8, 7]), strict=True):
+        with opt.accumulate(net, samples=len(xm)):
+            loss_fn(net, xm, ym).backward()
+        if opt.sync_gradients:
+            with pytest.raises(ValueError, match=r"the 2 micro-batches of this update held 15 samples, but "
+                                                 r"global_batch_size is 16"):
+                opt.step()
+        else:
+            opt.step()
+    with pytest.raises(ValueError, match=r"samples must be a non-negative integer .* got -3"), \
+            opt.accumulate(net, samples=-3):
+        pass
+
+
+def test_samples_without_a_global_batch_is_refused(monkeypatch):
+    import aikit.elastic
+
+    monkeypatch.setattr(aikit.elastic, "_latest", None)
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
+    with pytest.raises(ValueError, match=r"no global batch is known: pass Optimizer\(..., global_batch_size=G\)"), \
+            opt.accumulate(net, samples=4):
+        pass
+
+
+def test_wrapping_keeps_the_optimizer_and_its_state():
+    net = model()
+    inner = torch.optim.Adam(net.parameters(), lr=0.01, betas=(0.8, 0.9))
+    x, y = batches([4])[0]
+    loss_fn(net, x, y).backward()
+    inner.step()
+    before = copy.deepcopy(inner.state_dict())
+    opt = Optimizer(inner, 2)
+    assert opt.optimizer is inner and opt.defaults["betas"] == (0.8, 0.9)
+    assert opt.state_dict()["optimizer"]["state"][0]["exp_avg"].equal(before["state"][0]["exp_avg"])
