@@ -1,0 +1,89 @@
+"""Elastic training for TensorFlow/Keras: ``aikit.elastic.TF.init(global_batch_size, max_gpu_batch_size)``.
+
+``init`` finds the devices (TPU, several GPUs, several workers from ``TF_CONFIG``, or one
+device), plans GA steps and micro-batches with :func:`aikit.core.plan.make_plan`, and
+publishes ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and
+``strategy`` here. Wrap the Keras model with :class:`aikit.elastic.TF.model.Model`
+(``models.Model`` is the same class, as seed 002 writes it), compile and fit.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import tensorflow as tf
+
+import aikit.elastic
+from aikit.core.plan import POLICIES, Plan, make_plan, positive_int
+from aikit.elastic.TF import strategy as strategies
+from aikit.ga.TF.keras_backend import keras_on_tensorflow
+
+keras_on_tensorflow()
+
+from aikit.elastic.TF import model  # noqa: E402  (needs Keras on TF first)
+from aikit.elastic.TF.model import Model  # noqa: E402
+
+models = model
+aikit.elastic.models = model  # seed 002 writes aikit.elastic.models.Model(model)
+
+# "ragged" needs micro-batches of different sizes, which Keras' fit cannot feed
+KERAS_POLICIES = tuple(p for p in POLICIES if p != "ragged")
+
+plan: Plan | None = None
+strategy: tf.distribute.Strategy | None = None
+
+
+def init(
+    global_batch_size: int,
+    max_gpu_batch_size: int,
+    gpus: int | None = None,
+    *,
+    policy: str = "fewer_devices",
+    strategy: tf.distribute.Strategy | None = None,
+    verbose: bool = True,
+) -> Plan:
+    """Plan an update of ``global_batch_size`` samples with at most ``max_gpu_batch_size`` per device.
+
+    ``gpus`` defaults to the replicas of ``strategy`` (or of the strategy found, see
+    :mod:`aikit.elastic.TF.strategy`). Keras feeds equal micro-batches, so a global batch
+    that does not split evenly either uses fewer devices (``policy="fewer_devices"``, the
+    default) or is refused with the nearest batches that do split (``policy="error"``).
+    """
+    g = positive_int(global_batch_size, "global_batch_size")
+    m = positive_int(max_gpu_batch_size, "max_gpu_batch_size")
+    if policy not in KERAS_POLICIES:
+        raise ValueError(
+            f"policy must be one of {KERAS_POLICIES} for Keras, got {policy!r}: Keras' fit feeds "
+            "micro-batches of one size, so 'ragged' plans are for the PyTorch adapter"
+        )
+    chosen = strategy or strategies.available_strategy()
+    available = chosen.num_replicas_in_sync
+    if gpus is not None:
+        gpus = positive_int(gpus, "gpus")
+        if gpus > available:
+            raise ValueError(
+                f"gpus={gpus} but only {available} device(s) can be used here "
+                f"({type(chosen).__name__}): pass gpus={available} or fewer, or leave gpus out"
+            )
+    new_plan = make_plan(g, m, gpus or available, policy=policy, rank=strategies.rank(chosen))
+    chosen = strategies.mirrored_on(chosen, new_plan.gpus)
+
+    module = sys.modules[__name__]
+    aikit.elastic.publish(new_plan, module)
+    module.strategy = chosen
+    if verbose and new_plan.master:
+        print(new_plan.summary(), f"\n  strategy: {type(chosen).__name__}", sep="")
+    return new_plan
+
+
+def current_plan() -> Plan:
+    """The plan of the last :func:`init`, or an error saying to call it."""
+    if plan is None:
+        raise RuntimeError(
+            "aikit.elastic.TF.init(global_batch_size, max_gpu_batch_size) must be called before "
+            "wrapping or compiling a model"
+        )
+    return plan
+
+
+__all__ = ["Model", "current_plan", "init", "model", "models", "strategies"]
