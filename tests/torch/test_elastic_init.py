@@ -1,0 +1,90 @@
+"""aikit.elastic.Torch.init: the device count from where the script runs, the core plan, and
+clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import aikit.elastic
+import aikit.elastic.Torch as elastic
+from aikit.core.plan import make_plan
+from aikit.elastic.Torch import distributed
+
+TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def torchrun_env(monkeypatch, world: int, rank: int) -> None:
+    """The variables torchrun sets before the script has called init_process_group."""
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+
+
+def test_seed_002_example_on_one_cpu_process():
+    plan = elastic.init(256, 64)
+    assert distributed.engine() == "single" and distributed.device_count() == 1
+    assert (elastic.steps, elastic.batch_size, elastic.global_batch_size, elastic.gpus, elastic.master) == (
+        4, 64, 256, 1, True)
+    assert plan == make_plan(256, 64, 1)
+    assert aikit.elastic.steps == 4  # also readable where seed 002's README reads it
+
+
+@pytest.mark.parametrize(("gpus", "steps"), [(1, 4), (2, 2), (4, 1)])
+def test_seed_002_table(gpus, steps):
+    elastic.init(256, 64, gpus=gpus)
+    assert (elastic.steps, elastic.gpus, elastic.batch_size) == (steps, gpus, 64)
+
+
+def test_three_devices_get_exact_ragged_micro_batches():
+    plan = elastic.init(256, 64, gpus=3)
+    assert plan.micro_batch_sizes == ((43, 43, 43), (43, 42, 42))
+    assert elastic.batch_size == 43 <= 64
+    assert "step 1: [43, 42, 42]" in elastic.summary() and "engine: single" in elastic.summary()
+
+
+def test_torchrun_environment_sets_devices_and_master(monkeypatch):
+    torchrun_env(monkeypatch, world=2, rank=1)
+    assert (distributed.engine(), distributed.world_size(), distributed.rank(), distributed.local_rank()) == (
+        "torch.distributed", 2, 1, 1)
+    elastic.init(256, 64)
+    assert (elastic.gpus, elastic.steps, elastic.master) == (2, 2, False)
+
+
+def test_gpus_that_disagree_with_the_process_count_are_refused(monkeypatch):
+    torchrun_env(monkeypatch, world=2, rank=0)
+    with pytest.raises(ValueError, match=r"gpus=3 but this run has 2 processes \(torch.distributed\): every "
+                                         r"process is one device, so leave gpus=None or launch 3 processes"):
+        elastic.init(256, 64, gpus=3)
+
+
+def test_a_plan_that_leaves_a_process_idle_is_refused(monkeypatch):
+    torchrun_env(monkeypatch, world=3, rank=0)
+    with pytest.raises(ValueError, match=r"the plan uses 2 of the 3 processes \(policy 'fewer_devices'"):
+        elastic.init(256, 64, policy="fewer_devices")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, 64), "global_batch_size must be a positive integer, got 0"),
+        ((256, -1), "max_gpu_batch_size must be a positive integer, got -1"),
+        ((256, 64, 0), "gpus must be a positive integer, got 0"),
+        ((256, 64, 2.0), "gpus must be a positive integer, got 2.0"),
+        ((100, 30, 1, "even"), r"policy must be one of \('ragged', 'fewer_devices', 'error'\), got 'even'"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(args, message):
+    with pytest.raises(ValueError, match=message):
+        elastic.init(*args)
+
+
+def test_bad_torchrun_variable_is_named(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match=r"environment variable WORLD_SIZE='two' is not an integer"):
+        elastic.init(256, 64)
