@@ -1,0 +1,75 @@
+"""Batch iterators for the range test, as torch-lr-finder 0.2.2 defines them.
+
+Subclass ``TrainDataLoaderIter`` or ``ValDataLoaderIter`` and override
+``inputs_labels_from_batch`` when a loader yields something other than ``(inputs, labels, ...)``
+(a dict, say).
+"""
+
+from __future__ import annotations
+
+
+class DataLoaderIter:
+    """Wraps a ``DataLoader`` and turns each batch into ``(inputs, labels)``."""
+
+    def __init__(self, data_loader):
+        self.data_loader = data_loader
+        self._iterator = iter(data_loader)
+
+    @property
+    def dataset(self):
+        return self.data_loader.dataset
+
+    def inputs_labels_from_batch(self, batch_data):
+        """``(inputs, labels)`` from a tuple or list batch; override this for other batches."""
+        if not isinstance(batch_data, (list, tuple)):
+            raise ValueError(
+                f"Your batch type is not supported: {type(batch_data)}. Please inherit from "
+                "`TrainDataLoaderIter` or `ValDataLoaderIter` and override the "
+                "`inputs_labels_from_batch` method."
+            )
+        inputs, labels, *_ = batch_data
+        return inputs, labels
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.inputs_labels_from_batch(next(self._iterator))
+
+
+class TrainDataLoaderIter(DataLoaderIter):
+    """Never runs dry: with ``auto_reset`` it starts the loader again (a new epoch) when it ends."""
+
+    def __init__(self, data_loader, auto_reset: bool = True):
+        super().__init__(data_loader)
+        self.auto_reset = auto_reset
+
+    def __next__(self):
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            if not self.auto_reset:
+                raise
+            self._iterator = iter(self.data_loader)
+            batch = next(self._iterator)
+        return self.inputs_labels_from_batch(batch)
+
+
+class ValDataLoaderIter(DataLoaderIter):
+    """One pass per ``for`` loop: it starts again only through ``iter()``, like a DataLoader,
+    once ``len(data_loader)`` batches have been read."""
+
+    def __init__(self, data_loader):
+        super().__init__(data_loader)
+        self.run_limit = len(self.data_loader)
+        self.run_counter = 0
+
+    def __iter__(self):
+        if self.run_counter >= self.run_limit:
+            self._iterator = iter(self.data_loader)
+            self.run_counter = 0
+        return self
+
+    def __next__(self):
+        self.run_counter += 1
+        return super().__next__()

@@ -1,0 +1,321 @@
+"""The LR range test for PyTorch: a drop-in for torch-lr-finder 0.2.2's ``LRFinder``.
+
+Same constructor, ``range_test``, ``history``, ``reset`` and ``plot``, and the same LRs and
+losses bit for bit. On top: mixed precision through ``torch.amp``, a NaN or infinite loss
+stops the test, suggestion methods by name, CSV history, and data parallelism (every rank
+uses rank 0's LRs and records the rank-averaged loss). The LR sequence, smoothing, stop rule
+and suggestions are ``aikit.core.lr_range``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import tempfile
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from aikit.core import lr_range
+from aikit.core.plan import positive_int
+from aikit.lr_finder.results import RangeTestResults
+from aikit.lr_finder.Torch.data import TrainDataLoaderIter, ValDataLoaderIter
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class LRFinder(RangeTestResults):
+    """Learning rate range test (Smith, 2017; fastai's tweak).
+
+    ``optimizer``'s LR (or ``range_test``'s ``start_lr``) is the lower bound. The model and
+    optimizer are cached now (in memory, or under ``cache_dir`` with ``memory_cache=False``)
+    so that ``reset()`` can restore them. ``device`` defaults to the model's.
+    ``amp_backend="torch"`` runs forward passes under ``torch.amp.autocast(**amp_config)``
+    (``amp_config`` defaults to the device's type) and scales losses with ``grad_scaler``.
+
+    Example::
+
+        finder = LRFinder(model, optimizer, criterion)
+        finder.range_test(train_loader, end_lr=10, num_iter=100)
+        ax, lr = finder.plot()
+        finder.reset()
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        criterion,
+        device: str | torch.device | None = None,
+        memory_cache: bool = True,
+        cache_dir: str | None = None,
+        amp_backend: str | None = None,
+        amp_config: dict | None = None,
+        grad_scaler: torch.amp.GradScaler | None = None,
+    ):
+        self.optimizer = optimizer
+        self._check_for_scheduler()
+        self.model = model
+        self.criterion = criterion
+        self.history = {"lr": [], "loss": []}
+        self.best_loss = None
+        self.memory_cache = memory_cache
+        self.cache_dir = cache_dir
+
+        if amp_backend not in (None, "torch"):
+            raise ValueError(
+                f"Unknown amp backend: {amp_backend!r}; aikit supports amp_backend='torch' "
+                "(torch.amp autocast + GradScaler) in place of apex"
+            )
+        if amp_backend == "torch" and grad_scaler is None:
+            raise ValueError(
+                "`grad_scaler` is required when using `torch.amp`: pass "
+                "grad_scaler=torch.amp.GradScaler('cuda') (or 'cpu')"
+            )
+        self.amp_backend = amp_backend
+        self.amp_config = amp_config
+        self.grad_scaler = grad_scaler
+
+        self.model_device = next(self.model.parameters()).device
+        self.state_cacher = StateCacher(memory_cache, cache_dir=cache_dir)
+        self.state_cacher.store("model", self.model.state_dict())
+        self.state_cacher.store("optimizer", self.optimizer.state_dict())
+        if grad_scaler is not None:
+            self.state_cacher.store("grad_scaler", grad_scaler.state_dict())
+        self.device = device if device else self.model_device
+
+    def reset(self) -> None:
+        """Restore the model, the optimizer (state and every group's LR) and the grad scaler."""
+        self.model.load_state_dict(self.state_cacher.retrieve("model"))
+        self.optimizer.load_state_dict(self.state_cacher.retrieve("optimizer"))
+        if self.grad_scaler is not None:
+            self.grad_scaler.load_state_dict(self.state_cacher.retrieve("grad_scaler"))
+        self.model.to(self.model_device)
+
+    def range_test(
+        self,
+        train_loader,
+        val_loader=None,
+        start_lr: float | list[float] | None = None,
+        end_lr: float = 10,
+        num_iter: int = 100,
+        step_mode: str = "exp",
+        smooth_f: float = 0.05,
+        diverge_th: float = 5,
+        accumulation_steps: int = 1,
+        non_blocking_transfer: bool = True,
+        *,
+        progress_bar: bool = True,
+    ) -> None:
+        """Train ``num_iter`` updates while the LR climbs to ``end_lr``; fill ``self.history``.
+
+        Each param group climbs from its own LR (or ``start_lr``, a number or one per group)
+        to ``end_lr``; ``history["lr"]`` records the first group's. The recorded loss is the
+        training loss of the update (the mean over ``accumulation_steps`` micro-batches), or,
+        with ``val_loader``, the mean loss over the validation set, smoothed by ``smooth_f``.
+        The test stops after a loss above ``diverge_th`` times the best, or a non-finite one.
+        The groups' LRs are put back afterwards; ``reset()`` restores the weights as well.
+        """
+        self.history = {"lr": [], "loss": []}
+        self.best_loss = None
+        self.model.to(self.device)
+        self._check_for_scheduler()
+
+        groups = self.optimizer.param_groups
+        starts = self._broadcast(self._start_lrs(start_lr))
+        schedules = [lr_range.lr_sequence(start, end_lr, num_iter, step_mode) for start in starts]
+        tracker = lr_range.LossTracker(smooth_f, diverge_th)
+        accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
+        train_iter = self._wrap(train_loader, "train_loader", DataLoader, TrainDataLoaderIter)
+        val_iter = None
+        if val_loader is not None:
+            val_iter = self._wrap(val_loader, "val_loader", DataLoader, ValDataLoaderIter)
+
+        lrs_before = [group["lr"] for group in groups]
+        try:
+            for iteration in tqdm(range(num_iter), disable=not (progress_bar and self._is_master())):
+                for group, schedule in zip(groups, schedules, strict=True):
+                    group["lr"] = schedule[iteration]
+                loss = self._train_batch(train_iter, accumulation_steps, non_blocking_transfer)
+                if val_iter is not None:
+                    loss = self._validate(val_iter, non_blocking_transfer)
+                else:
+                    loss = self._rank_mean(loss)
+                self.history["lr"].append(schedules[0][iteration])
+                self.history["loss"].append(tracker.update(loss))
+                self.best_loss = tracker.best
+                if tracker.stop_reason:
+                    self._say(f"Stopping early, {tracker.stop_reason}")
+                    break
+        finally:
+            for group, lr in zip(groups, lrs_before, strict=True):
+                group["lr"] = lr
+        self._say("Learning rate search finished. See the graph with plot()")
+
+    # --- one iteration -------------------------------------------------------------------
+
+    def _train_batch(self, train_iter, accumulation_steps: int, non_blocking_transfer: bool = True):
+        """One update over ``accumulation_steps`` micro-batches; returns the mean loss (a tensor)."""
+        self.model.train()
+        total_loss = None
+        self.optimizer.zero_grad()
+        for i in range(accumulation_steps):
+            inputs, labels = next(train_iter)
+            inputs, labels = self._move_to_device(inputs, labels, non_blocking=non_blocking_transfer)
+            with self._no_sync(last=i == accumulation_steps - 1):
+                with self._autocast():
+                    loss = self.criterion(self.model(inputs), labels)
+                loss = loss / accumulation_steps
+                (self.grad_scaler.scale(loss) if self.amp_backend else loss).backward()
+            total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
+        if self.amp_backend:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        return total_loss
+
+    def _validate(self, val_iter, non_blocking_transfer: bool = True) -> float:
+        """Mean loss per sample over the whole validation set (over every rank's share)."""
+        running_loss, samples = 0.0, 0
+        self.model.eval()
+        with torch.no_grad():
+            for inputs, labels in val_iter:
+                inputs, labels = self._move_to_device(inputs, labels, non_blocking=non_blocking_transfer)
+                loss = self.criterion(self.model(inputs), labels)
+                running_loss += loss.item() * len(labels)
+                samples += len(labels)
+        if _world_size() > 1:
+            totals = torch.tensor([running_loss, samples], dtype=torch.float64, device=self.device)
+            dist.all_reduce(totals)
+            running_loss, samples = totals.tolist()
+        return running_loss / samples
+
+    def _no_sync(self, last: bool):
+        """DDP all-reduces gradients only on the last micro-batch of an update."""
+        if last or not isinstance(self.model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _autocast(self):
+        if self.amp_backend != "torch":
+            return contextlib.nullcontext()
+        config = self.amp_config or {"device_type": torch.device(self.device).type}
+        return torch.amp.autocast(**config)
+
+    def _move_to_device(self, inputs, labels, non_blocking: bool = True):
+        def move(obj):
+            if hasattr(obj, "to"):
+                return obj.to(self.device, non_blocking=non_blocking)
+            if isinstance(obj, tuple):
+                return tuple(move(o) for o in obj)
+            if isinstance(obj, list):
+                return [move(o) for o in obj]
+            if isinstance(obj, dict):
+                return {k: move(o) for k, o in obj.items()}
+            return obj
+
+        return move(inputs), move(labels)
+
+    # --- setup and data parallelism -------------------------------------------------------
+
+    def _check_for_scheduler(self) -> None:
+        for param_group in self.optimizer.param_groups:
+            if "initial_lr" in param_group:
+                raise RuntimeError(
+                    "Optimizer already has a scheduler attached to it; create the LRFinder "
+                    "(and run the test) before creating the LR scheduler"
+                )
+
+    def _start_lrs(self, start_lr) -> list[float]:
+        groups = self.optimizer.param_groups
+        if start_lr is None:
+            return [group["lr"] for group in groups]
+        if not isinstance(start_lr, (list, tuple)):
+            return [start_lr] * len(groups)
+        if len(start_lr) != len(groups):
+            raise ValueError(
+                f"Length of `new_lrs` is not equal to the number of parameter groups in the "
+                f"given optimizer: got {len(start_lr)} start LRs for {len(groups)} groups"
+            )
+        return list(start_lr)
+
+    def _broadcast(self, lrs: list[float]) -> list[float]:
+        """Rank 0's start LRs, so every rank climbs through the same LRs."""
+        if _world_size() == 1:
+            return lrs
+        tensor = torch.tensor(lrs, dtype=torch.float64, device=self.device)
+        dist.broadcast(tensor, src=0)
+        return tensor.tolist()
+
+    def _rank_mean(self, loss: torch.Tensor) -> float:
+        world = _world_size()
+        if world == 1:
+            return loss.item()
+        loss = loss.to(torch.float64)
+        dist.all_reduce(loss)
+        return loss.item() / world
+
+    def _is_master(self) -> bool:
+        return _world_size() == 1 or dist.get_rank() == 0
+
+    def _say(self, message: str) -> None:
+        if self._is_master():
+            print(message)
+
+    @staticmethod
+    def _wrap(loader, name: str, loader_type: type, iter_type: type):
+        if isinstance(loader, loader_type):
+            return iter_type(loader)
+        if isinstance(loader, iter_type):
+            return loader
+        raise ValueError(
+            f"`{name}` has unsupported type: {type(loader)}. Expected types are "
+            f"`torch.utils.data.DataLoader` or child of `{iter_type.__name__}`."
+        )
+
+
+class StateCacher:
+    """Deep copies of state dicts, in memory or as files in ``cache_dir`` (removed afterwards)."""
+
+    def __init__(self, in_memory: bool, cache_dir: str | None = None):
+        self.in_memory = in_memory
+        self.cache_dir = tempfile.gettempdir() if cache_dir is None else cache_dir
+        if not os.path.isdir(self.cache_dir):
+            raise ValueError(f"Given `cache_dir` is not a valid directory: {self.cache_dir!r}")
+        self.cached: dict = {}
+        weakref.finalize(self, _remove_files, self.cached, in_memory)
+
+    def store(self, key: str, state_dict: dict) -> None:
+        if self.in_memory:
+            self.cached[key] = copy.deepcopy(state_dict)
+        else:
+            path = os.path.join(self.cache_dir, f"state_{key}_{id(self)}.pt")
+            torch.save(state_dict, path)
+            self.cached[key] = path
+
+    def retrieve(self, key: str) -> dict:
+        if key not in self.cached:
+            raise KeyError(f"Target {key} was not cached.")
+        if self.in_memory:
+            # A copy: optimizer.load_state_dict keeps the very tensors it is given and updates
+            # them in place, which would corrupt the cache for the next reset().
+            return copy.deepcopy(self.cached[key])
+        path = self.cached[key]
+        if not os.path.exists(path):
+            raise RuntimeError(f"Failed to load state in {path}. File doesn't exist anymore.")
+        return torch.load(path, map_location="cpu")
+
+
+def _remove_files(cached: dict, in_memory: bool) -> None:
+    if not in_memory:
+        for path in cached.values():
+            if os.path.exists(path):
+                os.remove(path)

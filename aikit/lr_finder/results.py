@@ -1,0 +1,96 @@
+"""What every range-test front end does with its history: suggest, plot, save.
+
+Framework-free (matplotlib is imported only by ``plot``); the arithmetic is
+``aikit.core.lr_range``'s. The torch and Keras ``LRFinder`` classes inherit this.
+"""
+
+from __future__ import annotations
+
+import os
+from numbers import Real
+
+from aikit.core import lr_range
+
+
+class RangeTestResults:
+    """Mixin over ``self.history = {"lr": [...], "loss": [...]}``."""
+
+    history: dict
+
+    def _is_master(self) -> bool:
+        """Whether this process draws and writes files (overridden under data parallelism)."""
+        return True
+
+    def suggest_lr(self, method: str = "steepest", skip_start: int = 10, skip_end: int = 5, **options) -> float:
+        """The LR that ``method`` (steepest, valley, minimum or slide) reads off the curve."""
+        return lr_range.suggest(
+            self.history["lr"], self.history["loss"], method, skip_start, skip_end, **options
+        ).lr
+
+    def to_csv(self, path: str | os.PathLike) -> None:
+        """Save the history as ``lr,loss`` CSV (on the master process only)."""
+        if self._is_master():
+            lr_range.write_history(path, self.history)
+
+    def plot(
+        self,
+        skip_start: int = 10,
+        skip_end: int = 5,
+        log_lr: bool = True,
+        show_lr: float | None = None,
+        ax=None,
+        suggest_lr: bool | str = True,
+    ):
+        """Plot loss against LR, as torch-lr-finder does; returns ``ax`` or ``(ax, suggested_lr)``.
+
+        ``suggest_lr`` may name a method of ``aikit.core.lr_range.SUGGESTIONS`` (True means
+        "steepest"). ``plt.show()`` runs only when this call created the figure. Under data
+        parallelism only the master draws its own figure; other ranks get ``None`` for ``ax``.
+        """
+        if show_lr is not None and (isinstance(show_lr, bool) or not isinstance(show_lr, Real)):
+            raise ValueError(f"show_lr must be float, got {show_lr!r}")
+        lrs = lr_range.trim(self.history["lr"], skip_start, skip_end)
+        losses = lr_range.trim(self.history["loss"], skip_start, skip_end)
+        suggestion = None
+        if suggest_lr:
+            method = "steepest" if suggest_lr is True else suggest_lr
+            suggestion = lr_range.suggest(
+                self.history["lr"], self.history["loss"], method, skip_start, skip_end
+            )
+        draw = ax is not None or self._is_master()
+        if draw:
+            ax = self._draw(lrs, losses, log_lr, show_lr, ax, suggestion)
+        if suggestion is None:
+            return ax
+        if self._is_master():
+            print(f"LR suggestion: {suggestion.method}")
+            print(f"Suggested LR: {suggestion.lr:.2E}")
+        return ax, suggestion.lr
+
+    def _draw(self, lrs, losses, log_lr, show_lr, ax, suggestion):
+        import matplotlib.pyplot as plt
+
+        fig = None
+        if ax is None:
+            fig, ax = plt.subplots()
+        ax.plot(lrs, losses)
+        if suggestion is not None:
+            ax.scatter(
+                self.history["lr"][suggestion.index],
+                self.history["loss"][suggestion.index],
+                s=75,
+                marker="o",
+                color="red",
+                zorder=3,
+                label=f"{suggestion.method}: {suggestion.lr:.2E}",
+            )
+            ax.legend()
+        if log_lr:
+            ax.set_xscale("log")
+        ax.set_xlabel("Learning rate")
+        ax.set_ylabel("Loss")
+        if show_lr is not None:
+            ax.axvline(x=show_lr, color="red")
+        if fig is not None:
+            plt.show()
+        return ax
