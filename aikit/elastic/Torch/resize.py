@@ -1,0 +1,352 @@
+"""Elastic resize: training that goes on the same when workers join or leave.
+
+:class:`ElasticState` keeps the last consistent state of a run (model, optimizer with its trace
+position, RNG states and any values of the user's) in a checkpoint directory. ``commit()``
+after an update writes it atomically (temporary file, then ``os.replace``), so a worker killed
+at any instant leaves either the previous commit or the new one, never half of one.
+``restore()`` at start reads the last commit on rank 0, broadcasts it, and re-plans it for the
+current world size.
+
+Why resuming with another number of workers is exact: :class:`aikit.core.schedule.Schedule`
+derives every step's global batch and sample order from the trace, the data set size, the
+seed and the epoch alone; only the deal of micro-batches to replicas depends on the replica
+count. Resuming at step ``s`` of epoch ``e`` with a different number of workers therefore trains
+on the same global batches at the same LR, and the updates equal the uninterrupted ones up to
+floating-point summation order. A commit is taken between updates (never mid-step), because
+gradients accumulated mid-step belong to one replica's share of a deal that is about to change.
+
+Under torchrun (c10d rendezvous) every worker is restarted on a join or a leave, and
+``restore()`` at the top of the script is all it takes. Under Horovod elastic the workers that
+survive stay alive: pass the state to ``hvd.elastic.run``, which calls :meth:`ElasticState.sync`
+after every reset; that reloads the last commit and re-deals the sampler to the new world.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import random
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aikit.core.schedule import Schedule
+from aikit.elastic.Torch import distributed
+from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.elastic.Torch.trace_optim import TraceOptimizer
+
+CHECKPOINT = "aikit_state.pt"
+FORMAT = 1
+
+
+class ElasticState:
+    """The state a run resumes from after workers join or leave, kept in ``directory``.
+
+    ``objects`` are what to keep, by name: anything with ``state_dict()``/``load_state_dict()``
+    (model, optimizer, LR scheduler, GradScaler) or a plain picklable value (read and set it as
+    ``state.<name>``). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
+    carries the epoch, step and sampler position; its sampler is re-dealt to the workers there
+    are on restore. Every worker builds the state and calls ``commit()``/``restore()`` together;
+    rank 0 reads and writes ``directory``, which must therefore be storage every host that can
+    become rank 0 sees (a shared file system for several hosts).
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, verbose: bool = True, **objects):
+        if not objects:
+            raise ValueError("ElasticState needs something to keep, e.g. ElasticState(dir, model=model, optimizer=opt)")
+        for name, obj in objects.items():
+            if isinstance(obj, CustomSampler):
+                raise ValueError(
+                    f"{name}= is a CustomSampler: its position is the trace optimizer's (the sampler can run "
+                    "ahead of training in DataLoader workers), so keep the optimizer and leave the sampler out"
+                )
+        self.__dict__.update(directory=Path(directory), verbose=verbose, _objects=dict(objects))
+        self.__dict__.update(commits=0, restored_from=None, incarnation=None, _hvd_reset_callbacks=[])
+        traced = [obj for obj in objects.values() if isinstance(obj, TraceOptimizer)]
+        if len(traced) > 1:
+            raise ValueError("ElasticState keeps one trace optimizer (it owns the epoch and step); got several")
+        self.__dict__["optimizer"] = traced[0] if traced else None
+
+    # plain values read and set as attributes, as in Horovod's State
+    def __getattr__(self, name: str):
+        objects = self.__dict__.get("_objects", {})
+        if name in objects:
+            return objects[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in self._objects:
+            self._objects[name] = value
+        else:
+            super().__setattr__(name, value)
+
+    @property
+    def path(self) -> Path:
+        """The checkpoint file of the last commit."""
+        return self.directory / CHECKPOINT
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress (the trace optimizer's)."""
+        return self._traced().epoch
+
+    @property
+    def step(self) -> int:
+        """Updates done in the epoch in progress."""
+        return self._traced().step_index
+
+    def _traced(self) -> TraceOptimizer:
+        if self.optimizer is None:
+            raise AttributeError("epoch and step come from a trace optimizer: keep one, e.g. optimizer=opt")
+        return self.optimizer
+
+    def epochs(self, count: int) -> Iterator[int]:
+        """Epochs ``0..count-1`` from where the run stands, each set on the sampler and optimizer."""
+        opt = self._traced()
+        first = opt.epoch + (opt.step_index >= len(opt.plan) and opt.micro == 0)
+        for epoch in range(first, count):
+            opt.sampler.set_epoch(epoch)
+            opt.set_epoch(epoch)
+            yield epoch
+
+    # ---- commit ------------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Save the state as the one to resume from: call it after an update, on every worker.
+
+        Only rank 0 writes (the replicas are equal after an update), so a worker that made
+        several updates in one ``optimizer.step()`` (steps in which it had no micro-batch) is
+        not out of step with the others. Under Horovod elastic it also checks, with the other
+        workers, whether hosts were added or removed, and if so stops for a resize.
+        """
+        if self.optimizer is not None and self.optimizer.micro:
+            raise RuntimeError(
+                f"commit() in the middle of step {self.optimizer.step_index} of epoch {self.optimizer.epoch} "
+                f"({self.optimizer.micro} of its micro-batches accumulated): commit right after an update, "
+                "when optimizer.step() returns True"
+            )
+        self.commits += 1
+        if distributed.rank() == 0:
+            payload = {
+                "format": FORMAT,
+                "commit": self.commits,
+                "time": time.time(),
+                "world_size": distributed.world_size(),
+                "schedule": self._schedule_identity(),
+                "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
+                "rng": _rng_state(),
+            }
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _atomic_save(payload, self.path)
+        if _horovod_elastic():
+            self._horovod_state().check_host_updates()
+
+    # ---- restore -----------------------------------------------------------------------------
+
+    def restore(self) -> bool:
+        """Load the last commit (if there is one) and re-plan it for the current world size.
+
+        Every worker calls it after joining the process group; rank 0 reads the checkpoint and
+        broadcasts it. Returns True when a commit was loaded, False on a fresh start. Under
+        Horovod elastic ``hvd.elastic.run`` calls it after a failure, before the world is formed
+        again; loading then waits for the :meth:`sync` that follows.
+        """
+        if _horovod_elastic():
+            return False
+        return self.sync()
+
+    def sync(self) -> bool:
+        """Same as :meth:`restore`; the name ``hvd.elastic.run`` calls after every reset."""
+        found = self.path.exists() if distributed.rank() == 0 else None
+        payload = torch.load(self.path, map_location="cpu", weights_only=False) if found else None
+        payload = _broadcast_object((payload, time.time_ns()))
+        payload, self.incarnation = payload
+        if payload is None:
+            self._replan()
+            return False
+        if payload.get("format") != FORMAT:
+            raise ValueError(f"{self.path} is not an aikit ElasticState checkpoint (format {payload.get('format')!r})")
+        self._check_schedule(payload["schedule"])
+        missing = sorted(set(self._objects) - set(payload["objects"]))
+        if missing:
+            raise ValueError(
+                f"the checkpoint {self.path} holds {sorted(payload['objects'])} but not {missing}: keep the same "
+                "objects as the run that wrote it, or start from an empty directory"
+            )
+        for obj in self._objects.values():
+            inner = obj.optimizer if isinstance(obj, TraceOptimizer) else obj  # its zero_grad() waits for updates
+            if isinstance(inner, (torch.nn.Module, torch.optim.Optimizer)):
+                inner.zero_grad(set_to_none=True)  # a step cut short leaves gradients behind
+        for name, obj in self._objects.items():
+            if hasattr(obj, "load_state_dict"):
+                obj.load_state_dict(payload["objects"][name])
+            else:
+                self._objects[name] = payload["objects"][name]
+        self._replan()
+        rank = distributed.rank()
+        _set_rng_state(payload["rng"], rank)
+        self.commits = payload["commit"]
+        self.restored_from = {"commit": payload["commit"], "world_size": payload["world_size"],
+                              "age_s": time.time() - payload["time"]}
+        if self.verbose and rank == 0:
+            print(self.describe(payload["world_size"]), flush=True)
+        return True
+
+    def describe(self, saved_world_size: int) -> str:
+        """One line on what was resumed and how the next step is now dealt."""
+        now = distributed.world_size()
+        line = f"aikit resize: resumed commit {self.commits}, saved by {saved_world_size} worker(s), now {now}"
+        opt = self.optimizer
+        if opt is None or opt.step_index >= len(opt.plan):
+            return line
+        plan, step = opt.plan, opt.step_index
+        micro = int(plan.micro_batches_per_step[step])
+
+        def per_worker(workers: int) -> int:
+            return -(-micro // workers)
+
+        return (f"{line}; epoch {opt.epoch} step {step}: global batch {int(plan.batch_sizes[step])} = {micro} "
+                f"micro-batches of {plan.minibatch_size}, at most {per_worker(saved_world_size)} per worker before, "
+                f"{per_worker(now)} now (same samples, same LR)")
+
+    def _replan(self) -> None:
+        """Deal the trace optimizer's sampler to the current world and put it back in position."""
+        opt = self.optimizer
+        if opt is None:
+            return
+        sampler, (replicas, rank) = opt.sampler, _world()
+        if (sampler.num_replicas, sampler.rank) != (replicas, rank):
+            old = sampler.schedule
+            sampler.schedule = Schedule(old.trace, old.dataset_size, replicas, old.minibatch_size, old.seed,
+                                        old.shuffle, old.balanced)
+            sampler.rank = rank
+            opt.load_state_dict(opt.state_dict())
+
+    def _schedule_identity(self) -> dict | None:
+        """What fixes every step's samples: a resumed run must have the same."""
+        if self.optimizer is None:
+            return None
+        s = self.optimizer.sampler.schedule
+        return {"trace": hashlib.sha256(s.trace.sizes.tobytes()).hexdigest(), "trace_source": s.trace.source,
+                "when_exhausted": s.trace.when_exhausted, "dataset_size": s.dataset_size, "seed": s.seed,
+                "shuffle": s.shuffle}
+
+    def _check_schedule(self, saved: dict | None) -> None:
+        now = self._schedule_identity()
+        if saved is None or now is None:
+            return
+        differ = [f"{key} {saved[key]!r} then, {now[key]!r} now" for key in now
+                  if key != "trace_source" and saved[key] != now[key]]
+        if differ:
+            what = "; ".join(d if not d.startswith("trace ") else
+                             f"trace {saved['trace_source']} then, {now['trace_source']} now (different sizes)"
+                             for d in differ)
+            raise ValueError(
+                f"the checkpoint {self.path} was written by a run with other samples per step ({what}): resume "
+                "with the same trace, data set, seed and shuffle, or start from an empty directory"
+            )
+
+    # ---- Horovod elastic protocol (hvd.elastic.run drives these) ----------------------------
+
+    def _horovod_state(self):
+        """Horovod's own State, for its host-update bookkeeping (the driver notifies it)."""
+        if "_hvd_state" not in self.__dict__:
+            from horovod.common.elastic import State
+
+            hvd = _horovod()
+            self.__dict__["_hvd_state"] = State(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        return self.__dict__["_hvd_state"]
+
+    def register_reset_callbacks(self, callbacks) -> None:
+        """Functions to call after Horovod re-forms the world (before training goes on)."""
+        self._hvd_reset_callbacks.extend(callbacks)
+
+    def on_hosts_updated(self, timestamp, update_res) -> None:
+        """Horovod's driver says hosts were added or removed; acted on at the next commit."""
+        self._horovod_state().on_hosts_updated(timestamp, update_res)
+
+    def on_reset(self) -> None:
+        """After Horovod re-formed the world: re-deal the sampler, then the user's callbacks."""
+        self._horovod_state()._host_messages = queue.Queue()
+        self._replan()
+        for callback in self._hvd_reset_callbacks:
+            callback()
+
+    def __repr__(self) -> str:
+        return f"ElasticState({str(self.directory)!r}, {', '.join(self._objects)}; {self.commits} commits)"
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def _world() -> tuple[int, int]:
+    return distributed.world_size(), distributed.rank()
+
+
+def _state_of(obj):
+    return obj.state_dict() if hasattr(obj, "state_dict") else obj
+
+
+def _atomic_save(payload: dict, path: Path) -> None:
+    """Write ``payload`` to ``path`` so a reader sees the old file or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a crash of the host
+    finally:
+        os.close(fd)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict, rank: int) -> None:
+    """Rank 0 continues the saved random streams; every other rank gets its own streams,
+    seeded from them and its rank (workers must not draw the same dropout masks)."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    if rank:
+        digest = hashlib.sha256(state["torch"].numpy().tobytes() + rank.to_bytes(8, "little")).digest()
+        seed = int.from_bytes(digest[:8], "little") >> 1
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+
+
+def _horovod_elastic() -> bool:
+    """True in a worker that ``horovodrun --min-np/--max-np`` started (Horovod elastic mode)."""
+    return distributed.engine() == "horovod" and os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def _horovod():
+    return sys.modules["horovod.torch"]
+
+
+def _broadcast_object(obj):
+    """Rank 0's ``obj`` on every worker."""
+    if distributed.world_size() == 1:
+        return obj
+    if distributed.engine() == "horovod":
+        return _horovod().broadcast_object(obj, root_rank=0)
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+

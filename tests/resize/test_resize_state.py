@@ -1,0 +1,168 @@
+"""ElasticState in one process: a run stopped anywhere and resumed from its last commit ends
+at the weights of the uninterrupted big-batch run; commits are atomic; bad resumes are refused."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from resize_common import (
+    EPOCHS,
+    MINIBATCH,
+    REF_BATCH,
+    SEED,
+    N,
+    digits_subset,
+    loss_of,
+    make_model,
+    make_sgd,
+    max_difference,
+    reference,
+    total_steps,
+    trace,
+)
+from torch.utils.data import DataLoader, TensorDataset
+
+from aikit.core.trace import Trace
+from aikit.elastic.Torch import resize
+from aikit.elastic.Torch.resize import ElasticState
+from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.elastic.Torch.trace_optim import LinearRuleOptimizer
+
+
+@pytest.fixture(scope="module")
+def data():
+    x, y = digits_subset()
+    return x, y, reference(x, y)
+
+
+def build(directory, trace_=None, seed=SEED, restarted=False):
+    """What a user's script builds at start: model, sampler, trace optimizer, state. A restarted
+    process gets other initial weights, so only the restore can bring the run's back."""
+    model = make_model()
+    if restarted:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    sampler = CustomSampler(N, trace_ if trace_ is not None else trace(), minibatch_size=MINIBATCH, seed=seed)
+    opt = LinearRuleOptimizer(make_sgd(model), sampler, ref_batchsize=REF_BATCH)
+    return model, opt, ElasticState(directory, model=model, optimizer=opt, verbose=False)
+
+
+def train(x, y, model, opt, state, stop_after_micro=None):
+    """Train to the end (or stop after that many micro-batches: a kill); commit every update."""
+    loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_sampler=opt.sampler)
+    micro = 0
+    for _ in state.epochs(EPOCHS):
+        for xb, yb in loader:
+            loss_of(model, xb, yb).backward()
+            micro += 1
+            if opt.step():
+                state.commit()
+            if micro == stop_after_micro:
+                return
+
+
+# micro-batches: step 0 has 2, step 1 has 4, step 2 has 6; epoch 0 ends after 30 (7 steps)
+@pytest.mark.parametrize("killed_after", [2, 9, 29, 30, 31, 45])
+def test_resume_after_kill_equals_uninterrupted_big_batch_run(tmp_path, data, killed_after):
+    x, y, expected = data
+    train(x, y, *build(tmp_path), stop_after_micro=killed_after)
+    model, opt, state = build(tmp_path, restarted=True)
+    assert state.restore() is True
+    train(x, y, model, opt, state)
+    assert opt.updates == total_steps()
+    assert max_difference(model.state_dict(), expected) < 1e-10
+
+
+def test_restore_in_the_same_process_drops_a_step_cut_short(tmp_path, data):
+    """Horovod's survivors restore in process: gradients of the unfinished step must go."""
+    x, y, expected = data
+    model, opt, state = build(tmp_path)
+    train(x, y, model, opt, state, stop_after_micro=9)  # 3 micro-batches into step 2
+    assert opt.micro == 3 and model[0].weight.grad is not None
+    state.restore()
+    assert opt.micro == 0 and opt.step_index == 2
+    train(x, y, model, opt, state)
+    assert max_difference(model.state_dict(), expected) < 1e-10
+
+
+def test_fresh_directory_starts_from_scratch(tmp_path):
+    _, opt, state = build(tmp_path / "new")
+    assert state.restore() is False
+    assert (opt.epoch, opt.step_index, opt.updates) == (0, 0, 0)
+
+
+def test_commit_mid_step_is_refused(tmp_path, data):
+    x, y, _ = data
+    model, opt, state = build(tmp_path)
+    idx = next(iter(opt.sampler))
+    loss_of(model, torch.from_numpy(x[idx]), torch.from_numpy(y[idx])).backward()
+    assert opt.step() is False
+    with pytest.raises(RuntimeError, match=r"commit\(\) in the middle of step 0 of epoch 0 \(1 of its micro-batches "
+                       r"accumulated\): commit right after an update, when optimizer.step\(\) returns True"):
+        state.commit()
+
+
+def test_a_crash_while_writing_leaves_the_previous_commit(tmp_path, data, monkeypatch):
+    x, y, _ = data
+    model, opt, state = build(tmp_path)
+    train(x, y, model, opt, state, stop_after_micro=6)  # steps 0 and 1 committed
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def dies_half_way(payload, f):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(resize.torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        train(x, y, model, opt, state, stop_after_micro=6)
+    monkeypatch.undo()
+    model2, opt2, state2 = build(tmp_path, restarted=True)
+    assert state2.restore() is True
+    assert (opt2.epoch, opt2.step_index, opt2.updates) == (0, 2, 2)
+    assert max_difference(model2.state_dict(), committed) == 0.0
+
+
+def test_resuming_with_other_samples_per_step_is_refused(tmp_path, data):
+    x, y, _ = data
+    train(x, y, *build(tmp_path), stop_after_micro=2)
+    _, _, state = build(tmp_path, trace_=Trace([16, 32, 48], when_exhausted="cycle"))
+    with pytest.raises(ValueError, match=r"written by a run with other samples per step \(trace resize-test then, "
+                       r"list now \(different sizes\)\).*start from an empty directory"):
+        state.restore()
+    _, _, state = build(tmp_path, seed=SEED + 1)
+    with pytest.raises(ValueError, match=rf"seed {SEED} then, {SEED + 1} now"):
+        state.restore()
+
+
+def test_random_streams_continue_where_the_commit_left_them(tmp_path, data):
+    x, y, _ = data
+    model, opt, state = build(tmp_path)
+    train(x, y, model, opt, state, stop_after_micro=2)
+    expected = (torch.rand(3), np.random.rand(), random.random())
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    build(tmp_path)[2].restore()
+    got = (torch.rand(3), np.random.rand(), random.random())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+def test_plain_values_are_kept_and_objects_must_match(tmp_path):
+    model = make_model()
+    state = ElasticState(tmp_path, model=model, best_loss=None, verbose=False)
+    state.best_loss = 0.25
+    state.commit()
+    again = ElasticState(tmp_path, model=make_model(), best_loss=None, verbose=False)
+    assert again.restore() and again.best_loss == 0.25
+    other = ElasticState(tmp_path, model=model, best_loss=None, scaler=torch.optim.SGD(model.parameters()),
+                         verbose=False)
+    with pytest.raises(ValueError, match=r"holds \['best_loss', 'model'\] but not \['scaler'\]: keep the same objects"):
+        other.restore()
+
+
+def test_the_sampler_is_not_kept_separately(tmp_path):
+    sampler = CustomSampler(N, trace(), minibatch_size=MINIBATCH)
+    with pytest.raises(ValueError, match="sampler= is a CustomSampler: its position is the trace optimizer's"):
+        ElasticState(tmp_path, model=make_model(), sampler=sampler)
