@@ -22,6 +22,7 @@ keras_on_tensorflow()
 
 from aikit.elastic.TF import model  # noqa: E402  (needs Keras on TF first)
 from aikit.elastic.TF.model import Model  # noqa: E402
+from aikit.elastic.TF.trace import fit_trace  # noqa: E402
 
 models = model
 aikit.elastic.models = model  # seed 002 writes aikit.elastic.models.Model(model)
@@ -86,4 +87,4 @@ def current_plan() -> Plan:
     return plan
 
 
-__all__ = ["Model", "current_plan", "init", "model", "models", "strategies"]
+__all__ = ["Model", "current_plan", "fit_trace", "init", "model", "models", "strategies"]

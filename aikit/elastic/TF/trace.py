@@ -1,0 +1,91 @@
+"""Train a Keras model on a batch-size trace: the global batch of every update comes from a CSV.
+
+:class:`aikit.core.schedule.Schedule` decides which samples every step uses and deals its
+fixed-size micro-batches to the replicas; this module feeds them to Keras. Every micro-step
+is one ``train_on_batch`` of ``minibatch_size`` samples per replica (static shapes, no
+retracing); the GA optimizer's ``steps`` and the wrapped optimizer's learning rate are set,
+as variables, before each update: ``steps`` to the step's micro-batches per replica and the
+LR by :func:`aikit.core.scaling.scaled_lr` (linear, sqrt or constant rule, optional warmup).
+So one update equals one step on the trace's global batch at the rule's LR.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from aikit.core.scaling import rule_name, scaled_lr
+from aikit.core.schedule import Schedule
+from aikit.core.trace import Trace
+from aikit.ga.TF.keras_backend import keras_on_tensorflow
+from aikit.ga.TF.optimizers import Optimizer
+
+keras = keras_on_tensorflow()
+
+
+def fit_trace(
+    model: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    trace: Trace | str | list[int] | int,
+    *,
+    minibatch_size: int,
+    base_lr: float,
+    ref_batch_size: int,
+    rule: str = "linear",
+    warmup_steps: int = 0,
+    epochs: int = 1,
+    initial_epoch: int = 0,
+    seed: int = 42,
+    shuffle: bool = True,
+    verbose: bool = False,
+) -> list[dict]:
+    """Train ``model`` for ``epochs`` epochs with the global batch of each update from ``trace``.
+
+    ``model`` is a compiled Keras model (or :class:`aikit.elastic.TF.model.Model`) whose
+    optimizer is an :class:`aikit.ga.TF.optimizers.Optimizer`; its replicas come from the
+    strategy the model was built under. Every trace entry must be a multiple of
+    ``minibatch_size`` x replicas (each replica gets the same number of micro-batches).
+    Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
+    """
+    keras_model = getattr(model, "model", model)
+    optimizer = keras_model.optimizer
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(
+            "fit_trace needs the model compiled with aikit.ga.TF.optimizers.Optimizer(optimizer, steps), "
+            f"got optimizer {type(optimizer).__name__}"
+        )
+    if optimizer.accumulated:
+        raise ValueError(
+            f"the optimizer holds {optimizer.accumulated} accumulated micro-step(s) of an unfinished update: "
+            "finish it (or start from a fresh optimizer) before training on a trace"
+        )
+    rule = rule_name(rule)
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+    replicas = keras_model.distribute_strategy.num_replicas_in_sync
+    schedule = Schedule(trace, len(x), num_replicas=replicas, minibatch_size=minibatch_size, seed=seed,
+                        shuffle=shuffle, balanced=True)
+
+    log: list[dict] = []
+    for epoch in range(initial_epoch, initial_epoch + epochs):
+        plan = schedule.epoch(epoch)
+        for step in range(len(plan)):
+            batch_size = int(plan.batch_sizes[step])
+            update = plan.first_step + step
+            lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
+            per_replica = [plan.micro_batches(step, r) for r in range(replicas)]
+            optimizer.steps = len(per_replica[0])
+            optimizer.learning_rate = lr
+            losses = []
+            for micro in zip(*per_replica, strict=True):
+                # Keras splits a batch into contiguous, equal per-replica slices: replica r gets micro[r]
+                rows = np.concatenate(micro)
+                losses.append(float(np.ravel(keras_model.train_on_batch(x[rows], y[rows]))[0]))
+            row = {"epoch": epoch, "step": update, "batch_size": batch_size, "ga_steps": len(losses),
+                   "lr": lr, "loss": float(np.mean(losses))}
+            log.append(row)
+            if verbose:
+                print(" ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    return log

@@ -1,0 +1,185 @@
+"""aikit.ga.TF.optimizers.Optimizer: k micro-steps make exactly one big-batch update."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tf_common import data, gradients, keras, max_difference, mlp
+
+from aikit.ga.TF.optimizers import Optimizer
+
+OPTIMIZERS = {
+    "sgd-nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    # schedule per update, decoupled weight decay and a global clip that bites (norm > 0.1)
+    "adam-schedule-wd-clip": lambda: keras.optimizers.Adam(
+        keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.5),
+        weight_decay=0.05, global_clipnorm=0.1),
+    "adamw-clipnorm": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1, clipnorm=0.05),
+    "rmsprop-clipvalue": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, clipvalue=0.01),
+    "adam-ema": lambda: keras.optimizers.Adam(0.01, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2),
+}
+
+
+def train_big_and_ga(make_optimizer, steps: int, micro: int, updates: int):
+    """The same data as ``updates`` big-batch steps and as GA over ``steps`` micro-batches each."""
+    x, y = data(steps * micro * updates)
+    big, small = mlp(), mlp()
+    big_opt, ga = make_optimizer(), Optimizer(make_optimizer(), steps)
+    for u in range(updates):
+        rows = slice(u * steps * micro, (u + 1) * steps * micro)
+        big_opt.apply(gradients(big, x[rows], y[rows]), big.trainable_variables)
+    for m in range(steps * updates):
+        rows = slice(m * micro, (m + 1) * micro)
+        ga.apply(gradients(small, x[rows], y[rows]), small.trainable_variables)
+    return big, small, big_opt, ga
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_ga_equals_big_batch(float64, name):
+    big, small, big_opt, ga = train_big_and_ga(OPTIMIZERS[name], steps=3, micro=4, updates=3)
+    assert max_difference(big, small) < 1e-12
+    # the wrapped optimizer counted updates, not micro-steps (bias correction, schedules, EMA)
+    assert int(ga.iterations) == int(big_opt.iterations) == 3
+    assert int(ga.micro_steps) == 9 and ga.accumulated == 0
+    assert float(ga.learning_rate) == pytest.approx(float(big_opt.learning_rate), rel=1e-15)
+    for mine, theirs in zip(ga.inner.variables, big_opt.variables, strict=True):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-10, atol=1e-13)
+
+
+@settings(max_examples=8, deadline=None)
+@given(steps=st.integers(1, 4), micro=st.integers(1, 3), updates=st.integers(1, 3))
+def test_ga_equals_big_batch_for_any_split(steps, micro, updates):
+    previous = keras.config.floatx()
+    keras.config.set_floatx("float64")
+    try:
+        big, small, _, ga = train_big_and_ga(OPTIMIZERS["adam-schedule-wd-clip"], steps, micro, updates)
+    finally:
+        keras.config.set_floatx(previous)
+    assert max_difference(big, small) < 1e-12
+    assert int(ga.iterations) == updates
+
+
+def test_steps_change_between_updates_without_retracing(float64):
+    """Traces change the GA steps every update: a tf.Variable, so one trace serves them all."""
+    sizes = [2, 3, 1, 4]
+    micro = 2
+    x, y = data(micro * sum(sizes))
+    big, small = mlp(), mlp()
+    big_opt, ga = keras.optimizers.Adam(0.02), Optimizer(keras.optimizers.Adam(0.02), 1)
+    ga.build(small.trainable_variables)  # variables made inside a first trace would force a second
+    traces = []
+
+    @tf.function
+    def micro_step(xb, yb):
+        traces.append(1)
+        ga.apply(gradients(small, xb, yb), small.trainable_variables)
+
+    start = 0
+    for k in sizes:
+        ga.steps = k
+        big_opt.apply(gradients(big, x[start:start + k * micro], y[start:start + k * micro]),
+                      big.trainable_variables)
+        for _ in range(k):
+            micro_step(tf.constant(x[start:start + micro]), tf.constant(y[start:start + micro]))
+            start += micro
+    assert max_difference(big, small) < 1e-12
+    assert len(traces) == 1
+    assert int(ga.iterations) == len(sizes)
+
+
+def test_fewer_steps_mid_update_applies_the_mean_of_what_was_accumulated(float64):
+    x, y = data(4)
+    big, small = mlp(), mlp()
+    big_opt, ga = keras.optimizers.SGD(0.1), Optimizer(keras.optimizers.SGD(0.1), 3)
+    ga.apply(gradients(small, x[:2], y[:2]), small.trainable_variables)
+    ga.steps = 2  # the update now ends at the next micro-step, with the mean of both
+    ga.apply(gradients(small, x[2:], y[2:]), small.trainable_variables)
+    big_opt.apply(gradients(big, x, y), big.trainable_variables)
+    assert max_difference(big, small) < 1e-12 and ga.accumulated == 0
+
+
+def test_matches_keras_gradient_accumulation_steps(float64):
+    """Where Keras' own GA is right (constant LR, one device) the two agree."""
+    x, y = data(24)
+    keras_ga, aikit_ga = mlp(), mlp()
+    keras_ga.compile(keras.optimizers.Adam(0.01, gradient_accumulation_steps=3), loss="mse")
+    aikit_ga.compile(Optimizer(keras.optimizers.Adam(0.01), 3), loss="mse")
+    for model in (keras_ga, aikit_ga):
+        model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    assert max_difference(keras_ga, aikit_ga) < 1e-12
+    assert int(keras_ga.optimizer.iterations) == int(aikit_ga.optimizer.iterations) == 4
+
+
+def test_lr_schedule_counts_updates_unlike_keras_ga(float64):
+    """keras#19990's class of bug: Keras' GA shows its LR schedule the micro-step count."""
+    x, y = data(24)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.5)
+    big, keras_ga, aikit_ga = mlp(), mlp(), mlp()
+    big.compile(keras.optimizers.SGD(schedule), loss="mse")
+    keras_ga.compile(keras.optimizers.SGD(schedule, gradient_accumulation_steps=3), loss="mse")
+    aikit_ga.compile(Optimizer(keras.optimizers.SGD(schedule), 3), loss="mse")
+    big.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+    for model in (keras_ga, aikit_ga):
+        model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    assert max_difference(big, aikit_ga) < 1e-12
+    assert max_difference(big, keras_ga) > 1e-4
+
+
+def test_save_and_load_mid_update_resumes_identically(tmp_path):
+    x, y = data(36, seed=3)
+    model = mlp()
+    model.compile(Optimizer(keras.optimizers.Adam(0.01, weight_decay=0.01), 3), loss="mse")
+    model.fit(x[:16], y[:16], batch_size=4, epochs=1, shuffle=False, verbose=0)  # 4 micro-steps
+    assert model.optimizer.accumulated == 1
+    model.save(tmp_path / "ga.keras")
+    loaded = keras.models.load_model(tmp_path / "ga.keras")
+    assert isinstance(loaded.optimizer, Optimizer)
+    assert loaded.optimizer.steps == 3 and loaded.optimizer.accumulated == 1
+    assert int(loaded.optimizer.iterations) == 1
+    for m in (model, loaded):
+        m.fit(x[16:], y[16:], batch_size=4, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights() + [v.numpy() for v in model.optimizer.variables],
+                    loaded.get_weights() + [v.numpy() for v in loaded.optimizer.variables], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_config_round_trip():
+    ga = Optimizer(keras.optimizers.Adam(0.003, beta_1=0.8, clipnorm=1.0), 5, name="ga")
+    again = Optimizer.from_config(ga.get_config())
+    assert again.get_config() == ga.get_config()
+    assert again.steps == 5 and isinstance(again.inner, keras.optimizers.Adam)
+    assert again.inner.beta_1 == 0.8 and again.inner.clipnorm == 1.0
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(ga))
+    assert isinstance(restored, Optimizer) and restored.get_config() == ga.get_config()
+
+
+def test_learning_rate_is_the_wrapped_optimizers():
+    ga = Optimizer(keras.optimizers.SGD(0.1), 2)
+    ga.learning_rate = 0.25
+    assert float(ga.inner.learning_rate) == 0.25 == float(ga.learning_rate)
+
+
+@pytest.mark.parametrize(("make", "error", "message"), [
+    (lambda: Optimizer(keras.optimizers.SGD(0.1), 0), ValueError, "steps must be a positive integer, got 0"),
+    (lambda: Optimizer(keras.optimizers.SGD(0.1), 2.5), ValueError, "steps must be a positive integer, got 2.5"),
+    (lambda: Optimizer("adam", 2), TypeError, "optimizer must be a Keras 3 optimizer instance"),
+    (lambda: Optimizer(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), 2), ValueError,
+     "already accumulates with Keras' gradient_accumulation_steps=2"),
+    (lambda: Optimizer(Optimizer(keras.optimizers.SGD(0.1), 2), 2), ValueError, "set its .steps instead"),
+    (lambda: Optimizer(keras.optimizers.SGD(0.1), 2, clipnorm=1.0), ValueError,
+     "takes only optimizer, steps and name, got ['clipnorm']"),
+])
+def test_bad_input_is_named(make, error, message):
+    with pytest.raises(error) as raised:
+        make()
+    assert message in str(raised.value)
+
+
+def test_bad_steps_assignment_is_named():
+    ga = Optimizer(keras.optimizers.SGD(0.1), 2)
+    with pytest.raises(ValueError, match="steps must be a positive integer, got -1"):
+        ga.steps = -1
+    assert ga.steps == 2
