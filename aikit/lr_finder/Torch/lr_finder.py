@@ -211,18 +211,7 @@ class LRFinder(RangeTestResults):
         return torch.amp.autocast(**config)
 
     def _move_to_device(self, inputs, labels, non_blocking: bool = True):
-        def move(obj):
-            if hasattr(obj, "to"):
-                return obj.to(self.device, non_blocking=non_blocking)
-            if isinstance(obj, tuple):
-                return tuple(move(o) for o in obj)
-            if isinstance(obj, list):
-                return [move(o) for o in obj]
-            if isinstance(obj, dict):
-                return {k: move(o) for k, o in obj.items()}
-            return obj
-
-        return move(inputs), move(labels)
+        return _move(inputs, self.device, non_blocking), _move(labels, self.device, non_blocking)
 
     # --- setup and data parallelism -------------------------------------------------------
 
@@ -280,6 +269,20 @@ class LRFinder(RangeTestResults):
             f"`{name}` has unsupported type: {type(loader)}. Expected types are "
             f"`torch.utils.data.DataLoader` or child of `{iter_type.__name__}`."
         )
+
+
+def _move(obj, device, non_blocking: bool):
+    """``obj`` on ``device``, through tuples, lists and dicts (a module function: a nested
+    recursive closure would form a reference cycle that keeps the finder alive)."""
+    if hasattr(obj, "to"):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, tuple):
+        return tuple(_move(o, device, non_blocking) for o in obj)
+    if isinstance(obj, list):
+        return [_move(o, device, non_blocking) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _move(o, device, non_blocking) for k, o in obj.items()}
+    return obj
 
 
 class StateCacher:

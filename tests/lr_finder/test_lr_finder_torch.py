@@ -1,0 +1,448 @@
+"""aikit.lr_finder.Torch.LRFinder: torch-lr-finder 0.2.2's behaviour and tests, and what aikit adds."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import matplotlib
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from aikit.core.lr_range import lr_sequence, read_history
+from aikit.lr_finder.Torch import LRFinder, TrainDataLoaderIter, ValDataLoaderIter
+
+matplotlib.use("Agg")
+pytestmark = pytest.mark.filterwarnings("ignore:.*non-interactive.*:UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def xor_data(samples=64, batch_size=8, shuffle=False):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 2, (samples, 2), generator=g).to(torch.get_default_dtype())
+    y = (x[:, :1] != x[:, 1:]).to(x.dtype)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle)
+
+
+def xor_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 1))
+
+
+def two_groups(model, lrs=(1e-3, 1e-5), optimizer=torch.optim.SGD):
+    """Discriminative LRs: the first layer in one group, the rest in another."""
+    return optimizer([{"params": model[0].parameters(), "lr": lrs[0]},
+                      {"params": [p for m in model[1:] for p in m.parameters()], "lr": lrs[1]}])
+
+
+def state(tree):
+    """A deep copy of a state dict, for comparing before and after."""
+    return copy.deepcopy(tree)
+
+
+def assert_same_state(a, b):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_state(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same_state(x, y)
+    else:
+        assert a == b
+
+
+def lrs_at_each_step(optimizer) -> list[list[float]]:
+    """Every group's LR at every optimizer step (a step pre-hook, not a mock)."""
+    seen = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append([g["lr"] for g in opt.param_groups]))
+    return seen
+
+
+# --- the range test -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_val", [False, True])
+def test_runs_with_and_without_a_val_loader_and_climbs_above_the_initial_lr(with_val):
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    finder.range_test(xor_data(), val_loader=xor_data() if with_val else None, end_lr=1e-2, num_iter=10)
+    assert len(finder.history["lr"]) == len(finder.history["loss"]) == 10
+    assert max(finder.history["lr"]) >= 1e-5
+
+
+@pytest.mark.parametrize("mode, end, expected", [
+    ("linear", 5e-5, [1e-5, 2e-5, 3e-5, 4e-5, 5e-5]),
+    ("exp", 1e-1, [1e-5, 1e-4, 1e-3, 1e-2, 1e-1]),
+])
+def test_history_holds_the_exact_lr_sequence_and_every_group_climbs_from_its_own_lr(mode, end, expected):
+    model = xor_model()
+    optimizer = two_groups(model, lrs=(1e-5, 1e-6))
+    seen = lrs_at_each_step(optimizer)
+    finder = LRFinder(model, optimizer, nn.MSELoss())
+    finder.range_test(xor_data(), end_lr=end, num_iter=5, step_mode=mode, diverge_th=math.inf)
+    assert finder.history["lr"] == pytest.approx(expected, rel=1e-12)
+    assert [s[0] for s in seen] == finder.history["lr"]
+    assert [s[1] for s in seen] == lr_sequence(1e-6, end, 5, mode)
+
+
+def test_each_recorded_loss_is_the_training_loss_of_the_step_at_that_lr():
+    """A hand-written loop with the same LRs gives the same losses (no off-by-one, #42)."""
+    loader = xor_data()
+    model = xor_model()
+    reference = copy.deepcopy(model)
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), nn.MSELoss())
+    finder.range_test(loader, end_lr=1.0, num_iter=12, smooth_f=0, diverge_th=math.inf)
+
+    optimizer = torch.optim.SGD(reference.parameters(), lr=1e-3, momentum=0.9)
+    losses, batches = [], iter(loader)
+    for lr in lr_sequence(1e-3, 1.0, 12):
+        x, y = next(batches, None) or next(batches := iter(loader))
+        optimizer.param_groups[0]["lr"] = lr
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(reference(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert finder.history["loss"] == pytest.approx(losses, rel=1e-12)
+
+
+def test_the_test_stops_after_the_diverging_point_and_keeps_it():
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-2), nn.MSELoss())
+    finder.range_test(xor_data(), end_lr=1e4, num_iter=100, smooth_f=0)
+    losses = finder.history["loss"]
+    assert len(losses) < 100
+    assert losses[-1] > 5 * min(losses) or not math.isfinite(losses[-1])
+    assert all(loss <= 5 * min(losses[: i + 1]) for i, loss in enumerate(losses[:-1]))
+
+
+def test_a_nan_loss_stops_the_test():
+    calls = []
+
+    def criterion(outputs, labels):
+        calls.append(1)
+        loss = nn.functional.mse_loss(outputs, labels)
+        return loss * math.nan if len(calls) == 4 else loss
+
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), criterion)
+    finder.range_test(xor_data(), end_lr=1e-4, num_iter=20, diverge_th=math.inf)
+    assert len(finder.history["loss"]) == 4
+    assert math.isnan(finder.history["loss"][-1])
+
+
+def test_accumulation_calls_the_criterion_accumulation_steps_times_per_iteration():
+    calls = []
+
+    def criterion(outputs, labels):
+        calls.append(len(labels))
+        return nn.functional.mse_loss(outputs, labels)
+
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), criterion)
+    finder.range_test(xor_data(batch_size=4), end_lr=1e-3, num_iter=10, accumulation_steps=4)
+    assert calls == [4] * 40
+
+
+def test_an_accumulated_update_equals_the_update_on_the_concatenated_batch():
+    runs = {}
+    for batch_size, steps in [(8, 1), (4, 2)]:
+        model = xor_model()
+        finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), nn.MSELoss())
+        finder.range_test(xor_data(batch_size=batch_size), end_lr=1.0, num_iter=6, accumulation_steps=steps,
+                          diverge_th=math.inf)
+        runs[steps] = finder.history["loss"], [p.detach().clone() for p in model.parameters()]
+    assert runs[2][0] == pytest.approx(runs[1][0], rel=1e-12)
+    for a, b in zip(runs[2][1], runs[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_validation_loss_is_the_mean_over_every_validation_sample():
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    val = xor_data(samples=20, batch_size=8)  # batches of 8, 8, 4
+    finder.range_test(xor_data(), val_loader=val, end_lr=1e-4, num_iter=2, smooth_f=0)
+    x, y = val.dataset.tensors
+    model.eval()
+    with torch.no_grad():
+        assert finder.history["loss"][-1] == pytest.approx(nn.functional.mse_loss(model(x), y).item(), rel=1e-12)
+
+
+def test_start_lr_overrides_every_group_and_a_list_gives_one_per_group():
+    model = xor_model()
+    optimizer = two_groups(model)
+    seen = lrs_at_each_step(optimizer)
+    finder = LRFinder(model, optimizer, nn.MSELoss())
+    finder.range_test(xor_data(), start_lr=[1e-4, 1e-6], end_lr=1e-2, num_iter=3)
+    assert seen[0] == [1e-4, 1e-6]
+    finder.range_test(xor_data(), start_lr=1e-4, end_lr=1e-2, num_iter=3)
+    assert seen[3] == [1e-4, 1e-4]
+    with pytest.raises(ValueError, match="got 3 start LRs for 2 groups"):
+        finder.range_test(xor_data(), start_lr=[1e-4, 1e-5, 1e-6], num_iter=3)
+
+
+def test_linear_from_start_lr_zero_starts_at_zero():
+    model = xor_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    finder = LRFinder(model, optimizer, nn.MSELoss())
+    finder.range_test(xor_data(), start_lr=0.0, end_lr=1e-2, num_iter=3, step_mode="linear")
+    assert finder.history["lr"] == [0.0, 0.005, 0.01]
+
+
+# --- reset and state ------------------------------------------------------------------------
+
+
+def test_reset_restores_weights_optimizer_state_and_every_groups_lr():
+    model = xor_model()
+    optimizer = two_groups(model, optimizer=torch.optim.Adam)
+    x, y = next(iter(xor_data()))
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()  # Adam now has moments to lose
+    weights, opt_state = state(model.state_dict()), state(optimizer.state_dict())
+    finder = LRFinder(model, optimizer, nn.MSELoss())
+    for _ in range(2):  # a second reset must restore the same state again
+        finder.range_test(xor_data(), end_lr=1.0, num_iter=8)
+        assert not torch.equal(model[0].weight, weights["0.weight"])
+        finder.reset()
+        assert_same_state(model.state_dict(), weights)
+        assert_same_state(optimizer.state_dict(), opt_state)
+        assert [g["lr"] for g in optimizer.param_groups] == [1e-3, 1e-5]
+        assert all("initial_lr" not in g for g in optimizer.param_groups)
+
+
+def test_the_groups_lrs_are_put_back_after_a_test_so_a_second_test_runs_without_reset():
+    model = xor_model()
+    optimizer = two_groups(model)
+    finder = LRFinder(model, optimizer, nn.MSELoss())
+    finder.range_test(xor_data(), start_lr=1e-2, end_lr=1.0, num_iter=4)
+    assert [g["lr"] for g in optimizer.param_groups] == [1e-3, 1e-5]
+    finder.range_test(xor_data(), end_lr=1.0, num_iter=4)
+    assert finder.history["lr"][0] == 1e-3
+
+
+def test_disk_cache_restores_and_removes_its_files(tmp_path):
+    model = xor_model()
+    weights = state(model.state_dict())
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-3), nn.MSELoss(),
+                      memory_cache=False, cache_dir=str(tmp_path))
+    assert sorted(p.name.split("_")[1] for p in tmp_path.iterdir()) == ["model", "optimizer"]
+    finder.range_test(xor_data(), end_lr=1.0, num_iter=4)
+    finder.reset()
+    assert_same_state(model.state_dict(), weights)
+    del finder
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_cache_dir_is_refused_by_name(tmp_path):
+    model = xor_model()
+    with pytest.raises(ValueError, match=r"Given `cache_dir` is not a valid directory: '.*nowhere'"):
+        LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 memory_cache=False, cache_dir=str(tmp_path / "nowhere"))
+
+
+def test_an_optimizer_with_a_scheduler_attached_is_refused():
+    model = xor_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    with pytest.raises(RuntimeError, match=r"^Optimizer already has a scheduler attached to it; create the LRFinder"):
+        LRFinder(model, optimizer, nn.MSELoss())
+
+
+# --- mixed precision through torch.amp ------------------------------------------------------
+
+
+def test_torch_amp_on_cpu_runs_under_bfloat16_autocast_and_scales_every_micro_batch():
+    torch.set_default_dtype(torch.float32)
+    model = xor_model()
+    scaler = torch.amp.GradScaler("cpu")
+    scaled, dtypes = [], []
+    scale = scaler.scale
+    scaler.scale = lambda loss: scaled.append(1) or scale(loss)
+    model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss(),
+                      amp_backend="torch", grad_scaler=scaler)
+    finder.range_test(xor_data(), end_lr=1e-3, num_iter=5, accumulation_steps=2)
+    assert len(scaled) == 10
+    assert set(dtypes) == {torch.bfloat16}
+    assert all(math.isfinite(loss) for loss in finder.history["loss"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"amp_backend": "apex"}, "Unknown amp backend: 'apex'; aikit supports amp_backend='torch'"),
+    ({"amp_backend": "torch"}, "`grad_scaler` is required when using `torch.amp`: pass grad_scaler="),
+])
+def test_bad_amp_settings_are_refused(kwargs, message):
+    model = xor_model()
+    with pytest.raises(ValueError) as error:
+        LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-3), nn.MSELoss(), **kwargs)
+    assert str(error.value).startswith(message)
+
+
+# --- data iterators -------------------------------------------------------------------------
+
+
+def test_the_train_iterator_starts_the_loader_again_when_it_runs_out():
+    loader = xor_data(samples=16, batch_size=8)
+    train_iter = TrainDataLoaderIter(loader)
+    for _ in range(len(loader) + 1):
+        next(train_iter)
+    with pytest.raises(StopIteration):
+        no_reset = TrainDataLoaderIter(loader, auto_reset=False)
+        for _ in range(len(loader) + 1):
+            next(no_reset)
+
+
+def test_the_val_iterator_stops_after_one_pass_and_starts_again_through_iter():
+    loader = xor_data(samples=16, batch_size=8)
+    val_iter = ValDataLoaderIter(loader)
+    for _ in range(len(loader)):
+        next(val_iter)
+    with pytest.raises(StopIteration):
+        next(val_iter)
+    assert len(list(iter(val_iter))) == len(loader)
+
+
+def test_inputs_labels_from_batch_is_called_once_per_batch():
+    class Counting(TrainDataLoaderIter):
+        calls = 0
+
+        def inputs_labels_from_batch(self, batch_data):
+            type(self).calls += 1
+            return super().inputs_labels_from_batch(batch_data)
+
+    class CountingVal(ValDataLoaderIter):
+        calls = 0
+
+        def inputs_labels_from_batch(self, batch_data):
+            type(self).calls += 1
+            return super().inputs_labels_from_batch(batch_data)
+
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    val = xor_data(samples=24, batch_size=8)
+    finder.range_test(Counting(xor_data()), val_loader=CountingVal(val), end_lr=1e-4, num_iter=5)
+    assert Counting.calls == 5
+    assert CountingVal.calls == 5 * len(val)
+
+
+def test_dict_batches_work_through_a_subclass():
+    class DictDataset(torch.utils.data.Dataset):
+        def __init__(self, tensors):
+            self.x, self.y = tensors
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return {"features": self.x[i], "target": self.y[i]}
+
+    class DictIter(TrainDataLoaderIter):
+        def inputs_labels_from_batch(self, batch_data):
+            return batch_data["features"], batch_data["target"]
+
+    loader = DataLoader(DictDataset(xor_data().dataset.tensors), batch_size=8)
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    with pytest.raises(ValueError, match="Your batch type is not supported: <class 'dict'>"):
+        finder.range_test(loader, end_lr=1e-4, num_iter=3)
+    finder.range_test(DictIter(loader), end_lr=1e-4, num_iter=3)
+    assert len(finder.history["loss"]) == 3
+
+
+@pytest.mark.parametrize("name", ["train_loader", "val_loader"])
+def test_loaders_of_other_types_are_refused(name):
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    wrong = iter(xor_data())  # a plain iterator, no DataLoader nor DataLoaderIter subclass
+    loaders = {"train_loader": xor_data(), "val_loader": None, name: wrong}
+    with pytest.raises(ValueError, match=f"^`{name}` has unsupported type: <class '"):
+        finder.range_test(**loaders, num_iter=3)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_iter": 1}, "num_iter must be an integer larger than 1"),
+    ({"num_iter": 0}, "num_iter must be an integer larger than 1"),
+    ({"step_mode": "cos"}, "step_mode must be one of ('exp', 'linear') (any case), got 'cos'"),
+    ({"smooth_f": 1}, "smooth_f must lie in [0, 1), got 1.0"),
+    ({"accumulation_steps": 0}, "accumulation_steps must be a positive integer, got 0"),
+])
+def test_bad_range_test_arguments_are_refused_before_anything_changes(kwargs, message):
+    model = xor_model()
+    weights = state(model.state_dict())
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    with pytest.raises(ValueError) as error:
+        finder.range_test(xor_data(), **kwargs)
+    assert str(error.value).startswith(message)
+    assert_same_state(model.state_dict(), weights)
+
+
+# --- plot, suggestions and CSV --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finder_11():
+    torch.set_default_dtype(torch.float64)
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    finder.range_test(xor_data(), end_lr=1e-1, num_iter=11, diverge_th=math.inf)
+    return finder
+
+
+@pytest.mark.parametrize("skip_start", [0, 5, 10])
+@pytest.mark.parametrize("skip_end", [0, 5, 10])
+def test_plot_draws_the_trimmed_curve_or_says_it_needs_more_points(finder_11, skip_start, skip_end):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    if skip_start + skip_end + 2 > 11:
+        with pytest.raises(RuntimeError, match=f"Need at least {skip_start + skip_end + 2} iterations"):
+            finder_11.plot(skip_start=skip_start, skip_end=skip_end, ax=ax)
+        return
+    got_ax, lr = finder_11.plot(skip_start=skip_start, skip_end=skip_end, ax=ax)
+    end = len(finder_11.history["lr"]) - skip_end
+    assert got_ax is ax
+    assert list(ax.lines[0].get_xdata()) == finder_11.history["lr"][skip_start:end]
+    assert list(ax.lines[0].get_ydata()) == finder_11.history["loss"][skip_start:end]
+    assert len(ax.collections) == 1  # the suggestion's marker
+    assert lr in finder_11.history["lr"][skip_start:end]
+    plt.close(fig)
+
+
+def test_plot_without_a_suggestion_returns_only_the_axes_and_marks_show_lr(finder_11):
+    import matplotlib.pyplot as plt
+
+    ax = finder_11.plot(skip_start=0, skip_end=0, suggest_lr=False, show_lr=1e-3)
+    assert isinstance(ax, matplotlib.axes.Axes)
+    assert ax.get_xscale() == "log"
+    assert len(ax.lines) == 2 and list(ax.lines[1].get_xdata()) == [1e-3, 1e-3]
+    plt.close("all")
+    with pytest.raises(ValueError, match="show_lr must be float, got '1e-3'"):
+        finder_11.plot(show_lr="1e-3")
+    with pytest.raises(ValueError, match="skip_start cannot be negative, got -1"):
+        finder_11.plot(skip_start=-1)
+
+
+@pytest.mark.parametrize("method", ["steepest", "valley", "minimum"])
+def test_plot_and_suggest_lr_agree_for_every_method(finder_11, method):
+    import matplotlib.pyplot as plt
+
+    _, lr = finder_11.plot(skip_start=1, skip_end=1, suggest_lr=method)
+    assert lr == finder_11.suggest_lr(method, skip_start=1, skip_end=1)
+    plt.close("all")
+
+
+def test_history_is_saved_to_csv(finder_11, tmp_path):
+    finder_11.to_csv(tmp_path / "history.csv")
+    assert read_history(tmp_path / "history.csv") == finder_11.history
