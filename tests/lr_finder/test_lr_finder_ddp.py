@@ -1,0 +1,80 @@
+"""The torch LRFinder under DDP on 2 real gloo processes (torchrun): every rank uses rank 0's
+LRs and records the rank-averaged loss, so every rank stops together; one plot, one CSV."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("lr_finder_ddp_worker.py")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("lr_finder_ddp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+               str(WORKER), str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("name", ["train", "val"])
+def test_every_rank_steps_through_rank_0s_lrs(ranks, name):
+    _, results = ranks
+    lrs = [r[name]["history"]["lr"] for r in results]
+    assert lrs[0] == lrs[1]
+    assert lrs[0][0] == 1e-4  # rank 1's optimizer said 1e-3
+    assert lrs[0][-1] == pytest.approx(0.1, rel=1e-12)
+    assert results[0][name]["step_lrs"] == results[1][name]["step_lrs"] == lrs[0]
+
+
+def test_the_training_loss_is_the_mean_over_ranks_of_each_ranks_update_loss(ranks):
+    _, results = ranks
+    per_rank = []
+    for r in results:
+        losses = [c["loss"] for c in r["train"]["calls"]]
+        assert len(losses) == 12  # 6 iterations x 2 micro-batches
+        per_rank.append([(a + b) / 2 for a, b in zip(losses[::2], losses[1::2], strict=True)])
+    expected = [(a + b) / 2 for a, b in zip(*per_rank, strict=True)]
+    assert per_rank[0] != per_rank[1]  # the ranks did see different data
+    for r in results:
+        assert r["train"]["history"]["loss"] == pytest.approx(expected, rel=1e-6)
+    assert results[0]["train"]["history"]["loss"] == results[1]["train"]["history"]["loss"]
+
+
+def test_the_validation_loss_is_the_mean_over_every_ranks_samples(ranks):
+    _, results = ranks
+    totals = [[0.0, 0] for _ in range(6)]
+    for r in results:
+        passes = [c for c in r["val"]["calls"] if not c["training"]]
+        per_pass = len(passes) // 6
+        for i in range(6):
+            for call in passes[i * per_pass:(i + 1) * per_pass]:
+                totals[i][0] += call["loss"] * call["samples"]
+                totals[i][1] += call["samples"]
+    assert [count for _, count in totals] == [16] * 6
+    expected = [loss / count for loss, count in totals]
+    for r in results:
+        assert r["val"]["history"]["loss"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_ddp_keeps_the_ranks_weights_equal(ranks):
+    _, results = ranks
+    assert results[0]["train"]["weights"] == results[1]["train"]["weights"]
+
+
+def test_only_the_master_draws_and_writes_but_every_rank_gets_the_suggestion(ranks):
+    out, results = ranks
+    assert [r["train"]["drew"] for r in results] == [True, False]
+    assert results[0]["train"]["suggested"] == results[1]["train"]["suggested"]
+    assert sorted(p.name for p in out.glob("*.csv")) == ["train_rank0.csv", "val_rank0.csv"]
