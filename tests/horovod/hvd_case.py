@@ -1,0 +1,88 @@
+"""The training runs the Horovod tests compare: shared by the horovodrun workers and the tests.
+
+A tiny float64 classifier on fixed random data. Each case is a sequence of update *windows*
+(sample indices); a window shorter than the global batch is an epoch's last, partial update.
+The reference trains one process on each whole window at once: the big-batch update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SAMPLES, FEATURES, CLASSES = 45, 6, 3
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.normal(size=(SAMPLES, FEATURES)), dtype=torch.float64)
+    y = torch.tensor(rng.integers(0, CLASSES, size=SAMPLES))
+    return x, y
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES)
+    ).double()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run: global batch ``G``, max micro-batch ``M``, window lengths, optimizer settings."""
+
+    name: str
+    G: int
+    M: int
+    windows: tuple[int, ...]
+    declare_samples: bool  # accumulate(samples=...) (exact for ragged micro-batches) or plain steps
+    optimizer: str
+    max_grad_norm: float | None = None
+    scheduler: bool = False
+
+    def window_indices(self) -> list[np.ndarray]:
+        """The windows' sample indices: consecutive pieces of one fixed permutation per pass."""
+        order, out, start, epoch = np.random.default_rng([1, 0]).permutation(SAMPLES), [], 0, 0
+        for length in self.windows:
+            if start + length > SAMPLES:
+                epoch += 1
+                order, start = np.random.default_rng([1, epoch]).permutation(SAMPLES), 0
+            out.append(order[start : start + length])
+            start += length
+        return out
+
+    def inner(self, net: torch.nn.Module) -> tuple[torch.optim.Optimizer, object]:
+        if self.optimizer == "sgd":
+            opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+        else:
+            opt = torch.optim.AdamW(net.parameters(), lr=0.05, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if self.scheduler else None
+        return opt, scheduler
+
+
+CASES = (
+    # G=11 over 2 ranks with at most 3 each: micro-batches [3, 3] then [3, 2]. Windows of 4 (only
+    # the first GA step runs, then flush()) and of 8 (rank 1 has nothing in the second step).
+    Case("ragged-sgd-clip", 11, 3, (11, 11, 4, 11, 8), True, "sgd", max_grad_norm=0.3),
+    Case("ragged-adamw-sched", 11, 3, (11, 4, 11, 11, 8), True, "adamw", scheduler=True),
+    # G=12: [3, 3] twice, no samples declared; the window of 6 is one GA step, then flush().
+    Case("equal-sgd", 12, 3, (12, 6, 12, 12), False, "sgd"),
+)
+
+
+def reference(case: Case, seed: int = 100) -> list[torch.Tensor]:
+    """One process, one real step per window on all its samples at once."""
+    x, y = data()
+    net = model(seed)
+    opt, scheduler = case.inner(net)
+    for window in case.window_indices():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[window]), y[window]).backward()
+        if case.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), case.max_grad_norm)
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+    return [p.detach().clone() for p in net.parameters()]
