@@ -1,0 +1,61 @@
+"""One replica of a real ``torchrun --nproc-per-node 2`` (gloo) run through a random trace.
+
+Saves, per rank, the parameters after every update, the sample indices it trained on, and the
+BatchNorm counters of a second run in which it has steps with no micro-batch.
+Usage: torchrun --nproc-per-node 2 torchrun_worker.py OUT_DIR SEED
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+from trace_common import MINIBATCH, dataset, make_model, random_trace
+
+from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer
+
+
+def main(out: Path, seed: int) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    data = dataset()
+    sizes = random_trace(seed, len(data))
+
+    # 1. every update equals the big-batch update; record parameters and samples
+    model = make_model(seed=rank)  # different on each rank: the optimizer broadcasts rank 0's
+    sampler = CustomSampler(data, sizes, minibatch_size=MINIBATCH, seed=seed, when_exhausted="stop")
+    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    optimizer = LinearRuleOptimizer(inner, sampler, ref_batchsize=32)
+    history, samples = [], []
+    inner.register_step_post_hook(lambda *_: history.append([p.detach().clone() for p in model.parameters()]))
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        optimizer.set_epoch(epoch)
+        for x, y in DataLoader(data, batch_sampler=sampler):
+            samples.append((epoch, sampler.step, y[:, 1].long().tolist()))
+            nn.functional.mse_loss(model(x), y[:, :1]).backward()
+            optimizer.step()
+        # a replica whose last micro-batch came early made the epoch's remaining updates then
+        assert optimizer.step_index == len(optimizer.plan)
+
+    # 2. a trace of single micro-batches: rank 1 sits out every other step, with no batch
+    bn_model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).double()
+    bn_sampler = CustomSampler(data, [MINIBATCH, 2 * MINIBATCH], minibatch_size=MINIBATCH, when_exhausted="cycle")
+    bn_optimizer = LinearRuleOptimizer(torch.optim.SGD(bn_model.parameters(), lr=0.05), bn_sampler, ref_batchsize=16)
+    yielded = 0
+    for x, y in DataLoader(data, batch_sampler=bn_sampler):
+        yielded += 1
+        nn.functional.mse_loss(bn_model(x), y[:, :1]).backward()
+        bn_optimizer.step()
+    torch.save(
+        {"history": history, "samples": samples, "bn_yielded": yielded, "bn_updates": bn_optimizer.updates,
+         "bn_tracked": int(bn_model[1].num_batches_tracked), "bn_params": list(bn_model.parameters())},
+        out / f"rank{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
