@@ -77,11 +77,10 @@ class CustomSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` at its beginning, or where a loaded state left it within that epoch."""
-        if self._resume is not None and self._resume[0] == epoch:
-            self.epoch_schedule, (self.step, self.micro) = self.schedule.epoch(epoch), self._resume[1:]
-        else:
-            self.epoch_schedule, self.step, self.micro = self.schedule.epoch(epoch), 0, 0
-        self._resume = None
+        self.epoch_schedule = self.schedule.epoch(epoch)
+        resume, self._resume = self._resume, None
+        self._start = resume[1:] if resume is not None and resume[0] == epoch else (0, 0)
+        self.step, self.micro = self._start  # the live position, which state_dict() records
 
     _resume: tuple[int, int, int] | None = None
 
@@ -90,8 +89,9 @@ class CustomSampler(Sampler[list[int]]):
         return self.epoch_schedule.epoch
 
     def __iter__(self) -> Iterator[list[int]]:
-        """This replica's micro-batches from the current position to the end of the epoch."""
+        """This replica's micro-batches of the epoch (from the loaded position after a resume)."""
         plan: EpochSchedule = self.epoch_schedule
+        (self.step, self.micro), self._start = self._start, (0, 0)
         while self.step < len(plan):
             batches = plan.micro_batches(self.step, self.rank)
             while self.micro < len(batches):
@@ -102,8 +102,8 @@ class CustomSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields (the whole epoch unless resumed mid-epoch)."""
-        counts = self.epoch_schedule.counts(self.rank)
-        return int(counts[self.step :].sum()) - self.micro
+        step, micro = self._start
+        return int(self.epoch_schedule.counts(self.rank)[step:].sum()) - micro
 
     def state_dict(self) -> dict:
         """Where iteration stands: epoch, step of the epoch, micro-batches yielded of that step.
@@ -126,11 +126,11 @@ class CustomSampler(Sampler[list[int]]):
 
     def resume(self, epoch: int, step: int, micro: int) -> None:
         """Position at micro-batch ``micro`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
-        self.set_epoch(epoch)
-        counts = self.epoch_schedule.counts(self.rank)
+        counts = self.schedule.epoch(epoch).counts(self.rank)
         if not 0 <= step <= len(counts) or not 0 <= micro <= (counts[step] if step < len(counts) else 0):
             raise ValueError(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
-        self.step, self.micro = step, micro
+        self._resume = (epoch, step, micro)
+        self.set_epoch(epoch)
         self._resume = (epoch, step, micro)
 
 
