@@ -1,0 +1,5 @@
+"""LR range test for Keras 3 models on TensorFlow: ``from aikit.lr_finder.TF import LRFinder``."""
+
+from aikit.lr_finder.TF.lr_finder import LRFinder
+
+__all__ = ["LRFinder"]

@@ -1,0 +1,234 @@
+"""The LR range test for Keras 3 models (TensorFlow backend), with the torch finder's options.
+
+A short training loop of its own (``tf.GradientTape``) rather than ``fit``: the test needs to
+set the LR before every update, accumulate micro-batches into one update and stop on a
+diverging loss, and it must leave the model and optimizer as it found them. The LR sequence,
+smoothing, stop rule and suggestions are ``aikit.core.lr_range``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import weakref
+
+import numpy as np
+import tensorflow as tf
+from tqdm.auto import tqdm
+
+from aikit.core import lr_range
+from aikit.core.plan import positive_int
+from aikit.ga.TF.keras_backend import keras_on_tensorflow
+from aikit.lr_finder.results import RangeTestResults
+
+keras = keras_on_tensorflow()
+
+
+class LRFinder(RangeTestResults):
+    """Learning rate range test for a Keras model.
+
+    ``optimizer`` and ``criterion`` default to what ``model`` was compiled with (the compiled
+    loss, metrics-free, plus the model's regularization losses); a ``criterion`` is called as
+    Keras losses are, ``criterion(y_true, y_pred)``. The model (which must be built) and the
+    optimizer's variables are saved now, in memory or as a ``.npz`` under ``cache_dir`` with
+    ``memory_cache=False``, so that ``reset()`` can restore them.
+
+    Example::
+
+        model.compile(optimizer=keras.optimizers.SGD(1e-5), loss="sparse_categorical_crossentropy")
+        finder = LRFinder(model)
+        finder.range_test((x_train, y_train), end_lr=10, num_iter=100, batch_size=64)
+        ax, lr = finder.plot()
+        finder.reset()
+    """
+
+    def __init__(self, model, optimizer=None, criterion=None, memory_cache: bool = True,
+                 cache_dir: str | None = None):
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("the model has no optimizer: compile it with one or pass optimizer=")
+        if criterion is None and getattr(model, "loss", None) is None:
+            raise ValueError("the model has no loss: compile it with one or pass criterion=")
+        if not model.built:
+            raise ValueError(
+                "the model is not built, so its weights cannot be saved for reset(): give it an "
+                "keras.Input or call it on one batch first"
+            )
+        if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+            raise RuntimeError(
+                "the optimizer's learning rate is a LearningRateSchedule; the range test sets the LR "
+                "itself: run it with an optimizer built with a float learning_rate"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        if isinstance(criterion, str):
+            criterion = keras.losses.get(criterion)
+        if criterion is not None and not isinstance(criterion, keras.losses.Loss):
+            criterion = _FunctionLoss(criterion)
+        self.criterion = criterion
+        self.history = {"lr": [], "loss": []}
+        self.best_loss = None
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        self._cache = _StateCache(memory_cache, cache_dir)
+        self._cache.store(model.get_weights() + [v.numpy() for v in optimizer.variables])
+
+    def reset(self) -> None:
+        """Restore the model's weights and the optimizer's variables (its LR and state)."""
+        values = self._cache.retrieve()
+        weights = len(self.model.get_weights())
+        self.model.set_weights(values[:weights])
+        for variable, value in zip(self.optimizer.variables, values[weights:], strict=True):
+            variable.assign(value)
+
+    def range_test(
+        self,
+        train_data,
+        val_data=None,
+        start_lr: float | None = None,
+        end_lr: float = 10,
+        num_iter: int = 100,
+        step_mode: str = "exp",
+        smooth_f: float = 0.05,
+        diverge_th: float = 5,
+        accumulation_steps: int = 1,
+        *,
+        batch_size: int = 32,
+        shuffle: bool = True,
+        progress_bar: bool = True,
+    ) -> None:
+        """Train ``num_iter`` updates while the LR climbs to ``end_lr``; fill ``self.history``.
+
+        ``train_data`` and ``val_data`` are ``tf.data.Dataset`` of ``(x, y)`` or
+        ``(x, y, sample_weight)`` batches, or tuples of arrays ``(x, y)`` batched by
+        ``batch_size`` (the training one shuffled unless ``shuffle=False``). The training
+        data is repeated as needed. Everything else is as in the torch finder: the recorded
+        loss is the update's mean training loss over ``accumulation_steps`` micro-batches, or
+        the mean loss over the whole validation set, smoothed; the test stops on divergence or
+        a non-finite loss; the optimizer's LR is put back afterwards.
+        """
+        self.history = {"lr": [], "loss": []}
+        self.best_loss = None
+        start = float(self.optimizer.learning_rate) if start_lr is None else start_lr
+        schedule = lr_range.lr_sequence(start, end_lr, num_iter, step_mode)
+        tracker = lr_range.LossTracker(smooth_f, diverge_th)
+        accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
+        batch_size = positive_int(batch_size, "batch_size")
+        batches = iter(_dataset(train_data, "train_data", batch_size, shuffle).repeat())
+        val = None if val_data is None else _dataset(val_data, "val_data", batch_size, shuffle=False)
+
+        lr_before = float(self.optimizer.learning_rate)
+        # Compiled for this test only: tf.functions of bound methods held by self would make a
+        # reference cycle and keep the finder (and its disk cache) alive after `del`.
+        self._gradients = tf.function(self._gradients_of, reduce_retracing=True)
+        self._apply = tf.function(self._apply_gradients, reduce_retracing=True)
+        self._evaluate = tf.function(self._loss_of_batch, reduce_retracing=True)
+        try:
+            for lr in tqdm(schedule, disable=not progress_bar):
+                self.optimizer.learning_rate = lr
+                loss = self._train_batch(batches, accumulation_steps)
+                if val is not None:
+                    loss = self._validate(val)
+                self.history["lr"].append(lr)
+                self.history["loss"].append(tracker.update(loss))
+                self.best_loss = tracker.best
+                if tracker.stop_reason:
+                    print(f"Stopping early, {tracker.stop_reason}")
+                    break
+        finally:
+            self.optimizer.learning_rate = lr_before
+            del self._gradients, self._apply, self._evaluate
+        print("Learning rate search finished. See the graph with plot()")
+
+    def _train_batch(self, batches, accumulation_steps: int) -> float:
+        """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
+        total_loss, total_grads = 0.0, None
+        for _ in range(accumulation_steps):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(next(batches))
+            grads, loss = self._gradients(x, y, sample_weight, accumulation_steps)
+            total_grads = grads if total_grads is None else [a + b for a, b in zip(total_grads, grads, strict=True)]
+            total_loss += float(loss)
+        self._apply(total_grads)
+        return total_loss
+
+    def _validate(self, val) -> float:
+        """Mean loss per sample over the whole validation set."""
+        running_loss, samples = 0.0, 0
+        for batch in val:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+            count = int(tf.shape(tf.nest.flatten(x)[0])[0])
+            running_loss += float(self._evaluate(x, y, sample_weight, False)) * count
+            samples += count
+        return running_loss / samples
+
+    def _loss_of_batch(self, x, y, sample_weight, training: bool):
+        y_pred = self.model(x, training=training)
+        if self.criterion is None:
+            return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+        loss = self.criterion(y, y_pred, sample_weight)
+        return loss + tf.add_n(self.model.losses) if self.model.losses else loss
+
+    def _gradients_of(self, x, y, sample_weight, accumulation_steps: int):
+        with tf.GradientTape() as tape:
+            loss = self._loss_of_batch(x, y, sample_weight, True) / accumulation_steps
+            scaled = self.optimizer.scale_loss(loss)  # a LossScaleOptimizer's mixed precision
+        return tape.gradient(scaled, self.model.trainable_variables), loss
+
+    def _apply_gradients(self, grads):
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+
+
+class _FunctionLoss(keras.losses.Loss):
+    """A plain ``fn(y_true, y_pred)`` with Keras' own reduction and sample weighting."""
+
+    def __init__(self, fn):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
+def _dataset(data, name: str, batch_size: int, shuffle: bool) -> tf.data.Dataset:
+    if isinstance(data, tf.data.Dataset):
+        return data
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        dataset = tf.data.Dataset.from_tensor_slices(tuple(data))
+        if shuffle:
+            dataset = dataset.shuffle(len(data[0]), reshuffle_each_iteration=True)
+        return dataset.batch(batch_size)
+    raise ValueError(
+        f"`{name}` has unsupported type: {type(data)}. Expected a tf.data.Dataset of (x, y) "
+        "batches or a tuple (x, y) of arrays."
+    )
+
+
+class _StateCache:
+    """A list of arrays kept in memory or in a ``.npz`` file (removed with the cache)."""
+
+    def __init__(self, in_memory: bool, cache_dir: str | None):
+        self.in_memory = in_memory
+        cache_dir = tempfile.gettempdir() if cache_dir is None else cache_dir
+        if not os.path.isdir(cache_dir):
+            raise ValueError(f"Given `cache_dir` is not a valid directory: {cache_dir!r}")
+        self.path = os.path.join(cache_dir, f"state_keras_{id(self)}.npz")
+        self.values: list[np.ndarray] = []
+        if not in_memory:
+            weakref.finalize(self, _remove, self.path)
+
+    def store(self, values: list[np.ndarray]) -> None:
+        if self.in_memory:
+            self.values = [np.array(v, copy=True) for v in values]
+        else:
+            np.savez(self.path, *values)
+
+    def retrieve(self) -> list[np.ndarray]:
+        if self.in_memory:
+            return self.values
+        with np.load(self.path) as saved:
+            return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.remove(path)

@@ -1,0 +1,198 @@
+"""aikit.lr_finder.TF.LRFinder: the range test on a Keras 3 model (TensorFlow backend)."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import pytest
+
+from aikit.core.lr_range import lr_sequence, read_history
+from aikit.ga.TF.keras_backend import keras_on_tensorflow
+
+keras = keras_on_tensorflow()
+import tensorflow as tf  # noqa: E402
+
+from aikit.lr_finder.TF import LRFinder  # noqa: E402
+
+matplotlib.use("Agg")
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    keras.config.set_floatx("float64")
+    yield
+    keras.config.set_floatx("float32")
+
+
+def data(samples=64, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, 3))
+    return x, (x.sum(1, keepdims=True) ** 2)
+
+
+def make_model(optimizer=None, loss="mse"):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(1e-3, momentum=0.9), loss=loss)
+    return model
+
+
+def weights_equal(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_exp_history_holds_the_five_decades_and_the_lr_is_put_back():
+    model = make_model(keras.optimizers.SGD(1e-5))
+    finder = LRFinder(model)
+    finder.range_test(data(), end_lr=1e-1, num_iter=5, diverge_th=math.inf, progress_bar=False)
+    assert finder.history["lr"] == pytest.approx([1e-5, 1e-4, 1e-3, 1e-2, 1e-1], rel=1e-12)
+    assert float(model.optimizer.learning_rate) == pytest.approx(1e-5, rel=1e-15)
+
+
+def test_each_recorded_loss_is_the_loss_of_the_update_at_that_lr():
+    """Keras' own train_on_batch with the same LRs and batches gives the same losses."""
+    x, y = data()
+    finder = LRFinder(make_model())
+    finder.range_test((x, y), start_lr=1e-3, end_lr=0.5, num_iter=8, smooth_f=0, diverge_th=math.inf,
+                      batch_size=8, shuffle=False, progress_bar=False)
+    reference = make_model()
+    losses = []
+    for i, lr in enumerate(lr_sequence(1e-3, 0.5, 8)):
+        reference.optimizer.learning_rate = lr
+        losses.append(float(reference.train_on_batch(x[8 * i:8 * i + 8], y[8 * i:8 * i + 8])))
+    assert finder.history["loss"] == pytest.approx(losses, rel=1e-9)
+    for a, b in zip(finder.model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_an_accumulated_update_equals_the_update_on_the_concatenated_batch():
+    runs = {}
+    for batch_size, steps in [(8, 1), (4, 2)]:
+        finder = LRFinder(make_model())
+        finder.range_test(data(), end_lr=0.5, num_iter=6, accumulation_steps=steps, batch_size=batch_size,
+                          shuffle=False, diverge_th=math.inf, progress_bar=False)
+        runs[steps] = finder.history["loss"], finder.model.get_weights()
+    assert runs[2][0] == pytest.approx(runs[1][0], rel=1e-12)
+    for a, b in zip(runs[2][1], runs[1][1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_accumulation_calls_the_criterion_accumulation_steps_times_per_iteration():
+    calls = tf.Variable(0)
+
+    def criterion(y_true, y_pred):
+        calls.assign_add(1)
+        return keras.losses.mean_squared_error(y_true, y_pred)
+
+    finder = LRFinder(make_model(), criterion=criterion)
+    finder.range_test(data(), end_lr=1e-2, num_iter=10, accumulation_steps=4, batch_size=4, progress_bar=False)
+    assert int(calls.numpy()) == 40
+
+
+def test_reset_restores_weights_and_every_optimizer_variable():
+    model = make_model(keras.optimizers.Adam(1e-3))
+    x, y = data()
+    model.train_on_batch(x[:8], y[:8])  # Adam now has moments and an iteration count to lose
+    weights = model.get_weights()
+    optimizer_state = [v.numpy().copy() for v in model.optimizer.variables]
+    finder = LRFinder(model)
+    for _ in range(2):
+        finder.range_test((x, y), end_lr=1.0, num_iter=6, progress_bar=False)
+        assert not weights_equal(model.get_weights(), weights)
+        finder.reset()
+        assert weights_equal(model.get_weights(), weights)
+        assert weights_equal([v.numpy() for v in model.optimizer.variables], optimizer_state)
+
+
+def test_disk_cache_restores_and_is_removed(tmp_path):
+    model = make_model()
+    weights = model.get_weights()
+    finder = LRFinder(model, memory_cache=False, cache_dir=str(tmp_path))
+    finder.range_test(data(), end_lr=1.0, num_iter=4, progress_bar=False)
+    finder.reset()
+    assert weights_equal(model.get_weights(), weights)
+    del finder
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_validation_loss_is_the_mean_over_every_validation_sample():
+    model = make_model()
+    x_val, y_val = data(samples=20, seed=1)  # batches of 8, 8, 4
+    finder = LRFinder(model)
+    finder.range_test(data(), val_data=(x_val, y_val), end_lr=1e-2, num_iter=3, smooth_f=0, batch_size=8,
+                      progress_bar=False)
+    expected = float(keras.losses.mean_squared_error(y_val[:, 0], model(x_val, training=False)[:, 0]))
+    assert finder.history["loss"][-1] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_tf_data_dataset_with_sample_weights_is_accepted():
+    x, y = data()
+    weights = np.linspace(0.5, 1.5, len(x))
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(16)
+    finder = LRFinder(make_model())
+    finder.range_test(dataset, end_lr=1e-2, num_iter=6, progress_bar=False)  # 6 > 4 batches: it repeats
+    assert len(finder.history["loss"]) == 6
+
+
+def test_a_nan_loss_stops_the_test():
+    x, y = data()
+    x[24] = np.nan  # in the fourth batch of 8
+    finder = LRFinder(make_model())
+    finder.range_test((x, y), end_lr=1e-2, num_iter=20, batch_size=8, shuffle=False, diverge_th=math.inf,
+                      progress_bar=False)
+    assert len(finder.history["loss"]) == 4
+    assert math.isnan(finder.history["loss"][-1])
+
+
+def test_a_diverging_loss_stops_the_test():
+    finder = LRFinder(make_model(keras.optimizers.SGD(1e-3)))
+    finder.range_test(data(), end_lr=1e3, num_iter=100, smooth_f=0, batch_size=8, progress_bar=False)
+    losses = finder.history["loss"]
+    assert len(losses) < 100
+    assert losses[-1] > 5 * min(losses) or not math.isfinite(losses[-1])
+
+
+def test_plot_suggestions_and_csv_are_shared_with_the_torch_finder(tmp_path):
+    import matplotlib.pyplot as plt
+
+    finder = LRFinder(make_model(keras.optimizers.SGD(1e-4)))
+    finder.range_test(data(), end_lr=1.0, num_iter=20, batch_size=8, diverge_th=math.inf, progress_bar=False)
+    fig, ax = plt.subplots()
+    got_ax, lr = finder.plot(ax=ax, suggest_lr="valley")
+    assert got_ax is ax and lr == finder.suggest_lr("valley")
+    assert list(ax.lines[0].get_xdata()) == finder.history["lr"][10:-5]
+    plt.close(fig)
+    finder.to_csv(tmp_path / "history.csv")
+    assert read_history(tmp_path / "history.csv") == finder.history
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: LRFinder(make_model()).range_test([1, 2, 3, 4], num_iter=3), ValueError,
+     "`train_data` has unsupported type: <class 'list'>. Expected a tf.data.Dataset"),
+    (lambda: LRFinder(make_model()).range_test(data(), num_iter=1), ValueError,
+     "num_iter must be an integer larger than 1"),
+    (lambda: LRFinder(make_model()).range_test(data(), batch_size=0), ValueError,
+     "batch_size must be a positive integer, got 0"),
+    (lambda: LRFinder(keras.Sequential([keras.layers.Dense(1)]), keras.optimizers.SGD(1e-3), "mse"),
+     ValueError, "the model is not built"),
+    (lambda: LRFinder(make_model(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9)))),
+     RuntimeError, "the optimizer's learning rate is a LearningRateSchedule"),
+])
+def test_bad_input_is_refused_by_name(make, error, message):
+    with pytest.raises(error) as raised:
+        make()
+    assert str(raised.value).startswith(message)
+
+
+def test_an_uncompiled_model_needs_an_optimizer_and_a_loss():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="the model has no optimizer: compile it with one or pass optimizer="):
+        LRFinder(model)
+    with pytest.raises(ValueError, match="the model has no loss: compile it with one or pass criterion="):
+        LRFinder(model, keras.optimizers.SGD(1e-3))
+    finder = LRFinder(model, keras.optimizers.SGD(1e-3), "mse")
+    finder.range_test(data(), end_lr=1e-2, num_iter=3, progress_bar=False)
+    assert len(finder.history["loss"]) == 3
