@@ -116,6 +116,27 @@ for u in range(2):
 results["custom_loop_difference"] = max_difference(custom, reference)
 results["custom_loop_updates"] = int(ga.iterations.numpy())
 
+# an optimizer first built while tracing a replica function is refused with the fix
+with strategy.scope():
+    unbuilt = Optimizer(keras.optimizers.SGD(0.1), 2)
+
+
+@tf.function
+def unbuilt_step(xb):
+    def replica_step(xr):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(custom(xr))
+        unbuilt.apply(tape.gradient(loss, custom.trainable_variables), custom.trainable_variables)
+
+    strategy.run(replica_step, args=(xb,))
+
+
+try:
+    unbuilt_step(tf.ones((4, 4), dtype="float64"))
+    results["unbuilt_error"] = None
+except ValueError as error:
+    results["unbuilt_error"] = str(error)
+
 # a batch-size trace over both replicas equals big-batch steps at the rule's LR
 with strategy.scope():
     traced = mlp()

@@ -46,6 +46,11 @@ def test_custom_loop_with_strategy_run_equals_big_batch(results):
     assert results["custom_loop_difference"] < 1e-12 and results["custom_loop_updates"] == 2
 
 
+def test_an_optimizer_built_while_tracing_is_refused_with_the_fix(results):
+    assert "call optimizer.build(model.trainable_variables) inside strategy.scope() first" in (
+        results["unbuilt_error"] or "")
+
+
 def test_trace_over_two_replicas_equals_big_batch_steps(results):
     assert results["trace_difference"] < 1e-12
     assert results["trace_ga_steps"] == [2, 1, 3, 6]  # batch / (micro-batch 2 x 2 replicas)

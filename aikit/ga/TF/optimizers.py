@@ -134,6 +134,14 @@ class Optimizer(keras.optimizers.Optimizer):
     def apply(self, grads, trainable_variables=None):
         """Add ``grads`` to this replica's sums; on the last micro-step apply their mean."""
         if not self.built:
+            if (tf.inside_function() and tf.distribute.has_strategy()
+                    and not tf.__internal__.distribute.strategy_supports_no_merge_call()):
+                # variables made while tracing the replica function break the update's tf.cond
+                raise ValueError(
+                    "build the GA optimizer before tracing under a tf.distribute strategy: call "
+                    "optimizer.build(model.trainable_variables) inside strategy.scope() first "
+                    "(Model.fit does this itself)"
+                )
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
         variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
