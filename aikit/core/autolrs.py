@@ -51,12 +51,14 @@ def _linear_fit(e: np.ndarray, z: np.ndarray, w: np.ndarray) -> tuple[np.ndarray
     return a, c, z - a[..., None] * e - c[..., None]
 
 
-def _best_rate(u: np.ndarray, z: np.ndarray, w: np.ndarray, low: float, high: float) -> float:
+def _best_rate(u: np.ndarray, z: np.ndarray, w: np.ndarray, low: float, high: float, polish: bool) -> float:
     """The decay rate (per unit of ``u``) whose best linear fit leaves the least weighted error:
     the best of a log grid, polished by least squares on the residuals (exact on clean data)."""
     grid = np.linspace(math.log(low), math.log(high), RATE_GRID)
     residuals = _linear_fit(np.exp(-np.exp(grid)[:, None] * u), z, w)[2]
     i = int(np.argmin((residuals * residuals) @ w))
+    if not polish:
+        return math.exp(grid[i])
     root_w = np.sqrt(w)
     polished = least_squares(
         lambda g: root_w * _linear_fit(np.exp(-math.exp(g[0]) * u)[None, :], z, w)[2][0],
@@ -96,17 +98,18 @@ def fit_exponential(
     if not 0.0 < low < MAX_RATE_PER_SPAN:
         raise ValueError(f"min_rate must be positive and below {MAX_RATE_PER_SPAN}/span, got {min_rate!r}")
     w = np.ones_like(z)
-    for _ in range(ROBUST_PASSES):
-        rate = _best_rate(u, z, w, low, MAX_RATE_PER_SPAN)
-        a, c, residuals = _linear_fit(np.exp(-rate * u)[None, :], z, w)
-        residual = np.abs(residuals[0])
+    for _ in range(ROBUST_PASSES):  # Huber weights by iteratively reweighted least squares
+        rate = _best_rate(u, z, w, low, MAX_RATE_PER_SPAN, polish=False)
+        residual = np.abs(_linear_fit(np.exp(-rate * u)[None, :], z, w)[2][0])
         spread = 1.4826 * np.median(residual)
-        if spread < 1e-9:  # (almost) clean data: least squares is already exact
+        if spread < 1e-9:  # (almost) clean data: plain least squares is right
             break
         new_w = np.minimum(1.0, HUBER_K * spread / np.maximum(residual, 1e-300))
-        if np.max(np.abs(new_w - w)) < 1e-6:
+        if np.max(np.abs(new_w - w)) < 1e-3:
             break
         w = new_w
+    rate = _best_rate(u, z, w, low, MAX_RATE_PER_SPAN, polish=True)
+    a, c, _ = _linear_fit(np.exp(-rate * u)[None, :], z, w)
     b = -rate / span
     return float(a[0] * scale * math.exp(-b * t[0])), float(b), float(c[0] * scale + centre)
 
