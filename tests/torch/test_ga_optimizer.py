@@ -115,6 +115,21 @@ def test_any_split_of_the_batch_equals_the_big_batch(sizes):
     assert_same(net, big_batch_run(make, data))
 
 
+def test_an_empty_micro_batch_contributes_nothing():
+    """A device with no share of a step (weight 0) still runs backward; its NaN mean loss is
+    not allowed to poison the update."""
+    make = OPTIMIZERS["adam"]
+    data = batches([6, 6])
+    net = model()
+    opt = Optimizer(make(net.parameters()), 3, global_batch_size=6)
+    for x, y in data:
+        for xm, ym in zip(split(x, [4, 0, 2]), split(y, [4, 0, 2]), strict=True):
+            with opt.accumulate(net, samples=len(xm)):
+                loss_fn(net, xm, ym).backward()
+            opt.step()
+    assert_same(net, big_batch_run(make, data))
+
+
 def test_scheduler_and_step_count_advance_once_per_update():
     make = OPTIMIZERS["adam"]
     schedule = lambda update: 0.5**update  # noqa: E731

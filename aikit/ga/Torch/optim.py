@@ -280,7 +280,11 @@ class Optimizer(torch.optim.Optimizer):
         self._handles += [p.register_hook(self._weigh) for p in params if p.requires_grad]
 
     def _weigh(self, grad: torch.Tensor) -> torch.Tensor | None:
-        return None if self._weight is None else grad * self._weight
+        if self._weight is None:
+            return None
+        # an empty micro-batch (a rank that sits a step out) has a NaN mean-loss gradient:
+        # it contributes exactly nothing, yet its backward still joins DDP's all-reduce
+        return torch.zeros_like(grad) if self._weight == 0 else grad * self._weight
 
     def _global_batch_size(self, samples: int) -> int:
         if self.global_batch_size is not None:

@@ -1,0 +1,51 @@
+"""The main job: examples/torch_elastic_digits.py reaches >= 95 % held-out accuracy, and
+under torchrun on 2 processes it trains the same model as one process planned for 2 devices."""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "torch_elastic_digits.py"
+pytestmark = pytest.mark.slow
+
+
+def run_in_process(monkeypatch, *args: str) -> float:
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLE), *args])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only contend on a 2-core machine
+    try:
+        return runpy.run_path(str(EXAMPLE))["main"]()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_main_job_reaches_95_percent(monkeypatch, capsys):
+    accuracy = run_in_process(monkeypatch)
+    out = capsys.readouterr().out
+    assert "aikit elastic plan: global batch 256, at most 64 per device" in out
+    assert "GA steps per update: 4" in out
+    assert accuracy >= 0.95, out
+
+
+def test_torchrun_trains_the_same_model_as_one_process(monkeypatch, capsys):
+    one = run_in_process(monkeypatch, "--epochs", "2", "--gpus", "2")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+         str(EXAMPLE), "--epochs", "2"],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "engine: torch.distributed (2 process(es))" in done.stdout
+    two = float(re.search(r"held-out accuracy: ([\d.]+)%", done.stdout).group(1)) / 100
+    assert two == pytest.approx(one, abs=1.5 / 359)  # float32 sums in another order: at most a digit
