@@ -1,0 +1,41 @@
+"""aikit's Horovod glue in one process: its errors, and a world of one (hvd.init() without horovodrun)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+from hvd_case import CASES, reference, train
+
+pytestmark = pytest.mark.horovod
+
+
+def test_without_horovod_the_import_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.delitem(sys.modules, "aikit.elastic.Torch.horovod", raising=False)
+    monkeypatch.setitem(sys.modules, "horovod.torch", None)
+    with pytest.raises(ImportError, match=r"build it with scripts/install_horovod.sh"):
+        importlib.import_module("aikit.elastic.Torch.horovod")
+
+
+def test_before_hvd_init_the_glue_says_to_initialise(monkeypatch):
+    from conftest import require_horovod
+
+    require_horovod()
+    from aikit.elastic.Torch import horovod
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(RuntimeError, match=r"Horovod is not initialised: call horovod.torch.init\(\)"):
+        horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), 2)
+    with pytest.raises(RuntimeError, match=r"Horovod is not initialised"):
+        horovod.broadcast_state(model)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_a_world_of_one_with_short_windows_equals_the_big_batch_steps(hvd, case):
+    from aikit.elastic.Torch import distributed
+
+    assert (distributed.engine(), distributed.world_size()) == ("horovod", 1)
+    for got, want in zip(train(case)["params"], reference(case), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
