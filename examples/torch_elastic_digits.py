@@ -5,9 +5,11 @@ devices found (one CPU process: 4 GA steps of 64; two processes: 2 steps of 64 e
 
     python examples/torch_elastic_digits.py
     torchrun --nproc-per-node 2 examples/torch_elastic_digits.py
+    horovodrun -np 2 -H localhost:2 --gloo python examples/torch_elastic_digits.py
 
 One process on a multi-GPU machine uses torch.nn.DataParallel; under torchrun every process
-is one device of DistributedDataParallel (gloo on CPU, NCCL on GPUs).
+is one device of DistributedDataParallel (gloo on CPU, NCCL on GPUs); under horovodrun every
+process is one device and aikit's Horovod optimizer all-reduces once per update.
 """
 
 from __future__ import annotations
@@ -46,8 +48,13 @@ def main() -> float:
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
+    horovod_run = "HOROVOD_RANK" in os.environ  # launched by horovodrun
     multi_process = "WORLD_SIZE" in os.environ
-    if multi_process:
+    if horovod_run:
+        import horovod.torch as hvd
+
+        hvd.init()
+    elif multi_process:
         torch.distributed.init_process_group("nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{distributed.local_rank()}" if cuda else "cpu")
     plan = aikit.elastic.Torch.init(args.global_batch_size, args.max_gpu_batch_size, gpus=args.gpus)
@@ -67,12 +74,19 @@ def main() -> float:
         model = nn.DataParallel(net)
     else:
         model = net
-    optimizer = Optimizer(torch.optim.Adam(net.parameters(), lr=args.lr), aikit.elastic.Torch.steps)
+    adam = torch.optim.Adam(net.parameters(), lr=args.lr)
+    if horovod_run:  # one all-reduce per update over Horovod; every rank starts from rank 0's weights
+        from aikit.elastic.Torch import horovod
+
+        optimizer = horovod.DistributedOptimizer(adam, aikit.elastic.Torch.steps)
+        horovod.broadcast_state(net, optimizer)
+    else:
+        optimizer = Optimizer(adam, aikit.elastic.Torch.steps)
 
     # Every update takes the next G samples of the epoch's shuffled order (same seed on every
     # rank); this process trains on its pieces of them. The last len % G samples of an epoch
     # wait for a later epoch's shuffle rather than making a smaller update.
-    pieces = micro_batch_slices(plan, distributed.rank() if multi_process else None)
+    pieces = micro_batch_slices(plan, distributed.rank() if multi_process or horovod_run else None)
     updates = len(y_train) // plan.global_batch_size
     progress = tqdm(total=args.epochs * updates, disable=not master, desc="training", unit="update")
     for epoch in range(args.epochs):
