@@ -61,6 +61,7 @@ class AutoLRS:
         self.device = next(model.parameters()).device
         self.replicas, self.rank = collectives.world(self.device)
         self._checkpoint: dict | None = None
+        self.action: Action | None = None  # the latest decision, for tests and logs
         self._apply(self._decide(self.controller.begin))
 
     @property
@@ -104,6 +105,7 @@ class AutoLRS:
         return Action(lr, bool(checkpoint), bool(restore), bool(evaluate))
 
     def _apply(self, action: Action) -> None:
+        self.action = action
         if action.restore:
             self._restore()
         if action.checkpoint:

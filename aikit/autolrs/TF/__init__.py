@@ -1,0 +1,5 @@
+"""AutoLRS for Keras 3: ``model.fit(..., callbacks=[AutoLRS(val_fn, min_lr, max_lr)])``."""
+
+from aikit.autolrs.TF.autolrs import AutoLRS
+
+__all__ = ["AutoLRS"]

@@ -1,0 +1,122 @@
+"""aikit.autolrs.TF.AutoLRS as a Keras 3 callback in real model.fit runs."""
+
+from __future__ import annotations
+
+import math
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+from aikit.autolrs.TF import AutoLRS  # noqa: E402
+from aikit.datasets import digits  # noqa: E402
+
+OPTIONS = {"tau": 30, "tau_max": 30, "trials": 3, "val_tau": 10**6, "warmup_steps": 4, "warmup_lr": 0.01}
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x, y, xv, yv = digits()
+    return x.reshape(len(x), 64), y, xv.reshape(len(xv), 64), yv
+
+
+def mlp(optimizer, dropout: float = 0.0) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dropout(dropout), keras.layers.Dense(10)])
+    model.compile(optimizer=optimizer, loss=LOSS)
+    return model
+
+
+class Probe(keras.callbacks.Callback):
+    """Placed after AutoLRS: records the LR each step starts with and the state after each decision."""
+
+    def __init__(self, autolrs: AutoLRS):
+        super().__init__()
+        self.autolrs, self.step_lrs, self.checkpoint, self.restores = autolrs, [], None, 0
+
+    def state(self) -> list[np.ndarray]:
+        lr = self.model.optimizer._learning_rate  # set after the restore: compared on its own
+        return [v.numpy().copy() for v in [*self.model.variables, *self.model.optimizer.variables] if v is not lr]
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.step_lrs.append(float(self.model.optimizer.learning_rate))
+
+    def on_train_batch_end(self, batch, logs=None):
+        action = self.autolrs.action
+        if action.checkpoint:
+            self.checkpoint = self.state()
+        elif action.restore:
+            self.restores += 1
+            restored = self.state()
+            assert len(restored) == len(self.checkpoint)
+            for now, then in zip(restored, self.checkpoint, strict=True):
+                np.testing.assert_array_equal(now, then)
+
+
+def test_restore_returns_bit_exactly_to_the_checkpoint_and_the_new_lr_is_in_force(data):
+    x, y, _, _ = data
+    model = mlp(keras.optimizers.Adam(), dropout=0.3)
+    autolrs = AutoLRS(lambda: 0.0, 1e-4, 1e-1, **OPTIONS)
+    probe = Probe(autolrs)
+    model.fit(x[:32 * 20], y[:32 * 20], batch_size=32, epochs=1, shuffle=False, verbose=0,
+              callbacks=[autolrs, probe])
+    assert probe.restores == 3
+    seeds = [v for v in model.variables if "seed" in v.path]
+    assert seeds, "dropout's seed state is among the checkpointed variables"
+    # Every step ran at the LR the controller recorded for it (Keras holds it in float32),
+    # trials right after restores included.
+    f32 = lambda lr: float(np.float32(lr))  # noqa: E731
+    assert probe.step_lrs == [f32(r.lr) for r in autolrs.controller.history]
+    trials = autolrs.controller.stages[0].trials
+    assert [probe.step_lrs[4 + 3 * i] for i in range(3)] == [f32(t.lr) for t in trials]
+    assert probe.step_lrs[4 + 9] == f32(autolrs.controller.stages[0].lr)
+
+
+def test_the_controller_sees_each_steps_own_loss_not_the_running_mean(data):
+    x, y, _, _ = data
+    model = mlp(keras.optimizers.SGD(0.1))
+    losses = [float(LOSS(y[:32], model(x[:32], training=False)))]
+    autolrs = AutoLRS(lambda: 0.0, 1e-4, 1e-1, **OPTIONS)
+    history = model.fit(x[:320], y[:320], batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[autolrs])
+    seen = [r.loss for r in autolrs.controller.history]
+    assert seen[0] == pytest.approx(losses[0], rel=1e-5)
+    assert np.mean(seen) == pytest.approx(history.history["loss"][0], rel=1e-5)
+    assert np.std(seen) > 0.01  # step losses, not a smoothed mean
+
+
+def test_a_learning_rate_schedule_is_refused(data):
+    x, y, _, _ = data
+    model = mlp(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)))
+    with pytest.raises(ValueError, match="AutoLRS sets the learning rate itself"):
+        model.fit(x[:64], y[:64], batch_size=32, verbose=0, callbacks=[AutoLRS(lambda: 0.0, 1e-4, 1e-1)])
+
+
+def run_digits(data, lr_or_options, steps: int = 600) -> tuple[float, AutoLRS | None]:
+    x, y, xv, yv = data
+    lr = lr_or_options if isinstance(lr_or_options, float) else 0.1
+    model = mlp(keras.optimizers.SGD(lr))
+    val_fn = lambda: float(LOSS(yv, model(xv, training=False)))  # noqa: E731
+    callbacks = [AutoLRS(val_fn, 1e-3, 10.0, **lr_or_options)] if isinstance(lr_or_options, dict) else []
+    n = len(y) // 32 * 32
+    model.fit(np.tile(x[:n], (14, 1)), np.tile(y[:n], 14), batch_size=32, epochs=1, steps_per_epoch=steps,
+              shuffle=False, verbose=0, callbacks=callbacks)
+    return val_fn(), (callbacks[0] if callbacks else None)
+
+
+def test_short_digits_run_beats_its_first_trial_lr_held_constant(data):
+    # As the torch test: 600 steps, search included; seed 2 draws a slow first trial LR.
+    options = {"tau": 100, "tau_max": 200, "trials": 5, "trial_ratio": 5, "val_points": 5, "seed": 2}
+    tuned, autolrs = run_digits(data, options)
+    stages = autolrs.controller.stages
+    assert autolrs.controller.steps == 600 and stages[1].lr is not None and stages[1].val_every == 8
+    first_lr = stages[0].trials[0].lr
+    constant, _ = run_digits(data, first_lr)
+    assert math.isfinite(tuned)
+    assert tuned < constant, (tuned, constant, first_lr, [s.lr for s in stages])
