@@ -39,3 +39,12 @@ def test_a_world_of_one_with_short_windows_equals_the_big_batch_steps(hvd, case)
     assert (distributed.engine(), distributed.world_size()) == ("horovod", 1)
     for got, want in zip(train(case)["params"], reference(case), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_the_ga_wrapper_refuses_horovods_distributed_optimizer(hvd):
+    from aikit.ga.Torch.optim import Optimizer
+
+    model = torch.nn.Linear(2, 1)
+    wrapped = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2)
+    with pytest.raises(TypeError, match=r"wrap the plain torch optimizer with aikit.elastic.Torch.horovod"):
+        Optimizer(wrapped, 2)

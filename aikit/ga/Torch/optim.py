@@ -60,6 +60,12 @@ class Optimizer(torch.optim.Optimizer):
             raise TypeError("optimizer is already an aikit GA Optimizer: wrap the torch optimizer only once")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
+            raise TypeError(
+                "optimizer is a horovod DistributedOptimizer, which all-reduces from backward hooks while "
+                "this wrapper averages and clips the same gradients: wrap the plain torch optimizer with "
+                "aikit.elastic.Torch.horovod.DistributedOptimizer(optimizer, steps) instead"
+            )
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
         self.optimizer = optimizer
