@@ -44,6 +44,8 @@ def main(out: Path, seed: int) -> None:
     bn_model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).double()
     bn_sampler = CustomSampler(data, [MINIBATCH, 2 * MINIBATCH], minibatch_size=MINIBATCH, when_exhausted="cycle")
     bn_optimizer = LinearRuleOptimizer(torch.optim.SGD(bn_model.parameters(), lr=0.05), bn_sampler, ref_batchsize=16)
+    bn_sampler.set_epoch(0)  # the loop calls set_epoch(0) although the constructors did: it must not
+    bn_optimizer.set_epoch(0)  # join the leading step rank 1 sits out a second time
     yielded = 0
     for x, y in DataLoader(data, batch_sampler=bn_sampler):
         yielded += 1

@@ -34,6 +34,7 @@ class TraceOptimizer(torch.optim.Optimizer):
     """
 
     rule = "linear"
+    _untouched = False  # True from set_epoch until the epoch's first micro-batch
 
     def __init__(
         self,
@@ -70,6 +71,7 @@ class TraceOptimizer(torch.optim.Optimizer):
         if broadcast and replicas > 1:
             with torch.no_grad():
                 broadcast_(self.params)
+            mark_step(self.device)
         self.updates = 0  # updates made since training began: drives warmup
         self._resume: tuple[int, int, int] | None = None
         self.set_epoch(self.sampler.epoch)
@@ -90,6 +92,8 @@ class TraceOptimizer(torch.optim.Optimizer):
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` (or continue it after ``load_state_dict``); join the all-reduces of the
         steps it opens with in which this replica has no micro-batch."""
+        if self._untouched and epoch == self.epoch and self._resume is None:
+            return  # already at this epoch's start (its leading empty steps joined): nothing to redo
         sampler = self.sampler
         self.plan: EpochSchedule = (
             sampler.epoch_schedule if sampler.epoch == epoch else sampler.schedule.epoch(epoch)
@@ -99,6 +103,7 @@ class TraceOptimizer(torch.optim.Optimizer):
         self.step_index, self.micro = resume[1:] if resume and resume[0] == epoch else (0, 0)
         if self.micro == 0:
             self._join_empty_steps()
+        self._untouched = True
 
     @property
     def epoch(self) -> int:
@@ -117,6 +122,7 @@ class TraceOptimizer(torch.optim.Optimizer):
                 f"epoch {self.epoch} has {len(self.plan)} steps and all are done: call "
                 f"set_epoch({self.epoch + 1}) on the sampler and this optimizer before the next epoch"
             )
+        self._untouched = False
         self.micro += 1
         if self.micro < self.counts[self.step_index]:
             mark_step(self.device)
@@ -160,7 +166,14 @@ class TraceOptimizer(torch.optim.Optimizer):
                 if p.grad is not None:
                     p.grad.mul_(weight)
             return
-        grads = [p.grad.mul_(weight) if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if kind == "xla":
+            # every replica must run the same program around an XLA collective: cut the graph
+            # here, so a replica that had no micro-batch (zero gradients) and one that did both
+            # run the identical all-reduce-and-update graph on materialised gradients
+            mark_step(self.device)
+        for grad in grads:
+            grad.mul_(weight)
         if kind == "xla":
             all_reduce_sum_(grads)
             present = [True] * len(grads)
