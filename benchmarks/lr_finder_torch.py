@@ -97,12 +97,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--num-iter", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: immune to other processes competing for the cores)")
     parser.add_argument("--cache", default=os.path.expanduser("~/.cache/aikit/torch-lr-finder-0.2.2"))
     args = parser.parse_args()
 
+    torch.set_num_threads(args.threads)
     original = original_finder(args.cache)
     model, train, val = make_problem(4096, 64, 10, args.batch_size)
     weights = copy.deepcopy(model.state_dict())
+    for finder_class in (AikitFinder, original):  # warm up: lazy imports, allocator, caches
+        run(finder_class, model, weights, CASES["sgd"], train, val, 5)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.num_iter} iterations, "
           f"batch {args.batch_size}, {args.repeats} alternating repeats per finder")
     print(f"{'case':<22} {'aikit s':>9} {'original s':>11} {'ratio':>7}  identical histories")

@@ -196,3 +196,24 @@ def test_an_uncompiled_model_needs_an_optimizer_and_a_loss():
     finder = LRFinder(model, keras.optimizers.SGD(1e-3), "mse")
     finder.range_test(data(), end_lr=1e-2, num_iter=3, progress_bar=False)
     assert len(finder.history["loss"]) == 3
+
+
+def test_mixed_precision_with_a_loss_scale_optimizer_tracks_the_float32_curve():
+    keras.config.set_floatx("float32")
+    x, y = (a.astype("float32") for a in data())
+    histories = {}
+    for policy in ["float32", "mixed_float16"]:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="tanh", dtype=policy),
+                                  keras.layers.Dense(1, dtype="float32")])
+        optimizer = keras.optimizers.SGD(1e-3)
+        if policy != "float32":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer, loss="mse")
+        finder = LRFinder(model)  # builds the optimizer: its slots and loss scale exist from here
+        before = [v.numpy().copy() for v in optimizer.variables]
+        finder.range_test((x, y), end_lr=0.1, num_iter=10, batch_size=8, shuffle=False, progress_bar=False)
+        histories[policy] = finder.history["loss"]
+        finder.reset()
+        assert weights_equal([v.numpy() for v in optimizer.variables], before)  # the loss scale too
+    assert histories["mixed_float16"] == pytest.approx(histories["float32"], rel=1e-2)
