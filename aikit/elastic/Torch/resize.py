@@ -29,6 +29,7 @@ import queue
 import random
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,6 +159,12 @@ class ElasticState:
         """
         if _horovod_elastic():
             return False
+        if (distributed.rank() == 0 and "TORCHELASTIC_RUN_ID" in os.environ
+                and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"):
+            warnings.warn(
+                "torchrun shares its rendezvous TCPStore with the workers, and then a node that joins a running "
+                "job waits for ever (pytorch#135712): launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                "so workers can be added", stacklevel=2)
         return self.sync()
 
     def sync(self) -> bool:
