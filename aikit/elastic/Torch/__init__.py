@@ -13,6 +13,7 @@ import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optim
 from aikit.core.plan import Plan, make_plan, positive_int
 from aikit.elastic import PUBLIC, publish
 from aikit.elastic.Torch import distributed
+from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import (
     ConstantOptimizer,
@@ -24,6 +25,7 @@ from aikit.elastic.Torch.trace_optim import (
 __all__ = [
     "ConstantOptimizer",
     "CustomSampler",
+    "ElasticState",
     "LinearRuleOptimizer",
     "RootRuleOptimizer",
     "TraceOptimizer",
