@@ -197,3 +197,13 @@ def test_a_history_survives_a_csv_round_trip_to_the_bit(tmp_path_factory, rows):
     lr_range.write_history(path, history)
     assert lr_range.read_history(path) == history
     assert path.read_text().splitlines()[0] == "lr,loss"
+
+
+def test_the_core_and_the_shared_results_import_no_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys, aikit.core.lr_range, aikit.lr_finder.results; "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'matplotlib') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -125,7 +125,6 @@ class LRFinder(RangeTestResults):
         """
         self.history = {"lr": [], "loss": []}
         self.best_loss = None
-        self.model.to(self.device)
         self._check_for_scheduler()
 
         groups = self.optimizer.param_groups
@@ -138,6 +137,7 @@ class LRFinder(RangeTestResults):
         if val_loader is not None:
             val_iter = self._wrap(val_loader, "val_loader", DataLoader, ValDataLoaderIter)
 
+        self.model.to(self.device)
         lrs_before = [group["lr"] for group in groups]
         try:
             for iteration in tqdm(range(num_iter), disable=not (progress_bar and self._is_master())):
