@@ -49,7 +49,7 @@ def main() -> None:
         import horovod.torch as hvd
 
         hvd.init()
-        model, opt, state = build(args.run_dir)
+        model, opt, state = build(args.run_dir, broadcast=False)  # a joining worker must not broadcast here
         hvd.elastic.run(train)(state, x, y, logs, args.delay, args.solo_delay)
         rank = hvd.rank()
     else:
@@ -62,10 +62,10 @@ def main() -> None:
         torch.save({"model": model.state_dict(), "updates": opt.updates}, args.run_dir / "final.pt")
 
 
-def build(run_dir: Path):
+def build(run_dir: Path, broadcast: bool = True):
     model = make_model()
     sampler = CustomSampler(N, trace(), minibatch_size=MINIBATCH, seed=SEED)
-    opt = LinearRuleOptimizer(make_sgd(model), sampler, ref_batchsize=REF_BATCH)
+    opt = LinearRuleOptimizer(make_sgd(model), sampler, ref_batchsize=REF_BATCH, broadcast=broadcast)
     return model, opt, ElasticState(run_dir / "ckpt", model=model, optimizer=opt)
 
 
@@ -80,7 +80,7 @@ def train(state: ElasticState, x, y, logs: Path, delay: float, solo_delay: float
 
     def write(**record) -> None:
         record.update(inc=state.incarnation, world=world, rank=rank, pid=os.getpid(), ppid=os.getppid(),
-                      t=time.time())
+                      host=os.environ.get("HOROVOD_HOSTNAME"), t=time.time())
         log.write(json.dumps(record) + "\n")
         log.flush()
 

@@ -222,7 +222,11 @@ class ElasticState:
                 f"{per_worker(now)} now (same samples, same LR)")
 
     def _replan(self) -> None:
-        """Deal the trace optimizer's sampler to the current world and put it back in position."""
+        """Deal the trace optimizer's sampler to the current world and put it back in position.
+
+        A step cut short by a failure is not carried over (its gradients belong to the old deal):
+        :meth:`sync` reloads the last commit right after.
+        """
         opt = self.optimizer
         if opt is None:
             return
@@ -232,7 +236,8 @@ class ElasticState:
             sampler.schedule = Schedule(old.trace, old.dataset_size, replicas, old.minibatch_size, old.seed,
                                         old.shuffle, old.balanced)
             sampler.rank = rank
-            opt.load_state_dict(opt.state_dict())
+            if opt.micro == 0:
+                opt.load_state_dict(opt.state_dict())
 
     def _schedule_identity(self) -> dict | None:
         """What fixes every step's samples: a resumed run must have the same."""
