@@ -142,3 +142,15 @@ def test_fit_trace_needs_the_ga_optimizer():
 def test_strategy_found_on_one_cpu_is_the_default():
     assert elastic_tf.strategies.available_strategy() is tf.distribute.get_strategy()
     assert elastic_tf.strategies.workers_in_tf_config() == 0
+
+
+def test_tf_config_workers_are_counted(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, '
+                                    '"task": {"type": "worker", "index": 0}}')
+    assert elastic_tf.strategies.workers_in_tf_config() == 3
+
+
+def test_unreadable_tf_config_is_named(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "workers=2")
+    with pytest.raises(ValueError, match="TF_CONFIG is not a JSON object with a 'cluster' entry: 'workers=2'"):
+        elastic_tf.strategies.workers_in_tf_config()
