@@ -114,20 +114,21 @@ def fit_exponential(
     return float(a[0] * scale * math.exp(-b * t[0])), float(b), float(c[0] * scale + centre)
 
 
-def forecast(steps: Sequence[float], losses: Sequence[float], at: float) -> float:
+def forecast(steps: Sequence[float], losses: Sequence[float], at: float, min_rate: float | None = None) -> float:
     """The loss at step ``at`` forecast from a trial's ``losses`` (``inf`` if any is NaN/inf).
 
-    Decays slower than ``1/(at - steps[0])`` are fitted at that rate, so a loss that is still
-    falling in a straight line is extrapolated conservatively rather than without bound.
+    Decays slower than ``min_rate`` (default: one e-fold over the trial's own span) are fitted
+    at that rate: a loss still falling in a straight line at the end of a short, noisy trial is
+    extrapolated about as far as it was seen to fall, not ten times as far. Without this a
+    small LR's slow steady decline out-forecasts a larger LR's noisier but deeper fall.
     """
     y = np.asarray(losses, dtype=np.float64)
     if not np.all(np.isfinite(y)):
         return math.inf
-    horizon = at - float(steps[0])
-    if horizon <= float(steps[-1]) - float(steps[0]):
+    if at <= float(steps[-1]):
         raise ValueError(f"forecast step {at} must lie after the last step {steps[-1]}")
     span = float(steps[-1]) - float(steps[0])
-    a, b, c = fit_exponential(steps, y, min_rate=min(1.0 / horizon, 0.5 * MAX_RATE_PER_SPAN / span))
+    a, b, c = fit_exponential(steps, y, min_rate=1.0 / span if min_rate is None else min_rate)
     return a * math.exp(b * at) + c
 
 
@@ -176,17 +177,17 @@ class GaussianProcess:
 class LogLRSearch:
     """Ask/tell Bayesian optimisation of one LR in ``[min_lr, max_lr]`` on a log scale.
 
-    The first LR is drawn at random; later ones minimise ``mean - kappa*std`` of a GP over
+    The first LR is ``first`` or else drawn at random; later ones minimise ``mean - kappa*std`` of a GP over
     the scores seen so far, among grid points at least ``min_gap`` (a fraction of the log
     range) away from every LR already tried, so no LR is tried twice. A non-finite score
     (a diverged trial) enters the GP as worse than every finite one.
     """
 
     def __init__(self, min_lr: float, max_lr: float, kappa: float = 2.0, rng: np.random.Generator | None = None,
-                 grid: int = 1001, min_gap: float = 0.01):
+                 grid: int = 1001, min_gap: float = 0.01, first: float | None = None):
         self.min_lr, self.max_lr = min_lr, max_lr
         self.low, self.high = math.log(min_lr), math.log(max_lr)
-        self.kappa, self.min_gap = kappa, min_gap
+        self.kappa, self.min_gap, self.first = kappa, min_gap, first
         self.rng = rng if rng is not None else np.random.default_rng()
         self.grid = np.linspace(0.0, 1.0, grid)
         self.x: list[float] = []
@@ -198,7 +199,7 @@ class LogLRSearch:
 
     def ask(self) -> float:
         if not self.x:
-            return self.to_lr(float(self.rng.uniform()))
+            return self.first if self.first is not None else self.to_lr(float(self.rng.uniform()))
         free = np.min(np.abs(self.grid[:, None] - np.asarray(self.x)[None, :]), axis=1) >= self.min_gap
         if not free.any():
             raise RuntimeError(f"no untried LR left at min_gap={self.min_gap}; lower it or run fewer trials")
@@ -283,12 +284,15 @@ class Controller:
     Stages of ``val_tau`` steps or more (default ``tau_max``) score trials on ``val_points``
     validation losses per trial instead of training losses. ``warmup_steps`` at
     ``warmup_lr`` ramped linearly come first and are not searched. ``kappa`` weighs
-    exploration in the search, ``seed`` makes it repeatable.
+    exploration in the search, ``seed`` makes it repeatable. With ``warm_start`` (not in the
+    paper) each stage's first trial is the previous stage's LR rather than a random one, so
+    carrying on as before is always among the candidates.
     """
 
     def __init__(self, min_lr: float, max_lr: float, *, tau: int = 1000, tau_max: int = 8000, growth: int = 2,
                  trials: int = 10, trial_ratio: int = 10, val_tau: int | None = None, val_points: int = 16,
-                 warmup_steps: int = 0, warmup_lr: float = 0.0, kappa: float = 2.0, seed: int | None = 0):
+                 warmup_steps: int = 0, warmup_lr: float = 0.0, kappa: float = 2.0, warm_start: bool = True,
+                 seed: int | None = 0):
         self.min_lr, self.max_lr = _positive_float(min_lr, "min_lr"), _positive_float(max_lr, "max_lr")
         if self.min_lr >= self.max_lr:
             raise ValueError(f"min_lr must be below max_lr, got min_lr={min_lr!r} and max_lr={max_lr!r}")
@@ -309,7 +313,7 @@ class Controller:
         if warmup_steps and not (isinstance(warmup_lr, (int, float)) and warmup_lr > 0 and math.isfinite(warmup_lr)):
             raise ValueError(f"warmup_lr must be a finite number > 0 when warmup_steps > 0, got {warmup_lr!r}")
         self.warmup_steps, self.warmup_lr = warmup_steps, float(warmup_lr)
-        self.kappa = float(kappa)
+        self.kappa, self.warm_start = float(kappa), bool(warm_start)
         self.rng = np.random.default_rng(seed)
         self._lengths = stage_lengths(self.tau, self.tau_max, self.growth)
         self.stages: list[Stage] = []
@@ -392,7 +396,8 @@ class Controller:
             val_every = max(1, trial_steps // self.val_points)
             trial_steps = val_every * min(self.val_points, trial_steps)
         self.stages.append(Stage(len(self.stages), self.steps, tau, trial_steps, val_every))
-        self._search = LogLRSearch(self.min_lr, self.max_lr, self.kappa, self.rng)
+        previous = self.stages[-2].lr if len(self.stages) > 1 and self.warm_start else None
+        self._search = LogLRSearch(self.min_lr, self.max_lr, self.kappa, self.rng, first=previous)
         log.info("AutoLRS stage %d at step %d: tau=%d, %d trials of %d steps scored on %s losses",
                  self.stage.index, self.steps, tau, self.trials, trial_steps,
                  "training" if val_every is None else "validation")

@@ -86,7 +86,7 @@ class AutoLRS:
 
     def _replica_mean(self, loss: torch.Tensor | float) -> float:
         if self.replicas == 1:
-            return float(loss)
+            return float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         total = torch.as_tensor(loss).detach().reshape(1).to(self.device, torch.float64)
         collectives.all_reduce_sum_([total])
         return total.item() / self.replicas
