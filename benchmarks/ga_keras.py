@@ -6,7 +6,7 @@ drift in the machine hits both alike. Prints the median time per update of each,
 (aikit / Keras; the aim is <= 1.05), and the largest weight difference after one run (both
 compute the same updates with a constant LR).
 
-    python benchmarks/ga_keras.py [--repeats 7] [--updates 40] [--steps 4] [--micro-batch 64]
+    python benchmarks/ga_keras.py [--repeats 9] [--updates 40] [--steps 4] [--micro-batch 64] [--threads 1]
 """
 
 from __future__ import annotations
@@ -44,14 +44,18 @@ def compiled(kind: str, steps: int, args) -> keras.Model:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--updates", type=int, default=40, help="updates timed per run")
     parser.add_argument("--steps", type=int, default=4, help="GA micro-steps per update")
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="TensorFlow intra- and inter-op threads (1: steadier on a shared machine)")
     args = parser.parse_args()
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
     rng = np.random.default_rng(0)
     samples = args.updates * args.steps * args.micro_batch
@@ -63,10 +67,11 @@ def main() -> None:
     for model in models.values():  # trace and warm up outside the timing
         model.fit(data.take(args.steps * 2), epochs=1, verbose=0, shuffle=False)
     times: dict[str, list[float]] = {kind: [] for kind in models}
-    for _ in range(args.repeats):
-        for kind, model in models.items():
+    for repeat in range(args.repeats):
+        order = list(models) if repeat % 2 == 0 else list(models)[::-1]  # neither always runs first
+        for kind in order:
             start = time.perf_counter()
-            model.fit(data, epochs=1, verbose=0, shuffle=False)
+            models[kind].fit(data, epochs=1, verbose=0, shuffle=False)
             times[kind].append((time.perf_counter() - start) / args.updates)
 
     fresh = {kind: compiled(kind, args.steps, args) for kind in models}
@@ -81,7 +86,9 @@ def main() -> None:
           f"TF {tf.__version__}, Keras {keras.__version__}")
     for kind, median in medians.items():
         print(f"  {kind:>5}: median {median * 1e3:.2f} ms per update")
-    print(f"ratio aikit / keras: {medians['aikit'] / medians['keras']:.3f}")
+    paired = statistics.median(a / k for a, k in zip(times["aikit"], times["keras"], strict=True))
+    print(f"ratio aikit / keras: {medians['aikit'] / medians['keras']:.3f} "
+          f"(median of the {args.repeats} paired ratios: {paired:.3f})")
     print(f"largest weight difference after {args.updates} updates: {difference:.2e}")
 
 
