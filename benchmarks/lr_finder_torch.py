@@ -59,14 +59,14 @@ def make_problem(samples: int, features: int, classes: int, batch_size: int):
     return model, train, val
 
 
-def run(finder_class, model, weights, case, train, val, num_iter) -> tuple[float, dict]:
-    """One range test from ``weights``; returns (seconds, history)."""
+def run(finder_class, model, weights, case, train, val, num_iter) -> tuple[float, float, dict]:
+    """One range test from ``weights``; returns (wall seconds, CPU seconds, history)."""
     model.load_state_dict(weights)
     optimizer = case["optimizer"](model.parameters())
     finder = finder_class(model, optimizer, nn.CrossEntropyLoss())
     torch.manual_seed(1)  # the loader's shuffle
     sink = io.StringIO()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         finder.range_test(
             train,
@@ -75,10 +75,10 @@ def run(finder_class, model, weights, case, train, val, num_iter) -> tuple[float
             num_iter=num_iter,
             accumulation_steps=case["accumulation_steps"],
         )
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     history = copy.deepcopy(finder.history)
     finder.reset()
-    return seconds, history
+    return seconds, cpu_seconds, history
 
 
 def case(optimizer, end_lr, val=False, accumulation_steps=1) -> dict:
@@ -110,21 +110,24 @@ def main() -> None:
         run(finder_class, model, weights, CASES["sgd"], train, val, 5)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.num_iter} iterations, "
           f"batch {args.batch_size}, {args.repeats} alternating repeats per finder")
-    print(f"{'case':<22} {'aikit s':>9} {'original s':>11} {'ratio':>7}  identical histories")
+    print("medians; ratio = aikit / torch-lr-finder (wall clock, and CPU time of this process)")
+    print(f"{'case':<22} {'aikit s':>8} {'orig s':>8} {'wall ratio':>10} {'CPU ratio':>10}  identical histories")
     for name, case in CASES.items():
-        times = {"aikit": [], "original": []}
+        wall, cpu = {"aikit": [], "original": []}, {"aikit": [], "original": []}
         histories = {}
         for repeat in range(args.repeats):
             order = [("aikit", AikitFinder), ("original", original)]
             for label, finder_class in order if repeat % 2 == 0 else order[::-1]:
-                seconds, history = run(finder_class, model, weights, case, train, val, args.num_iter)
-                times[label].append(seconds)
+                seconds, cpu_seconds, history = run(finder_class, model, weights, case, train, val, args.num_iter)
+                wall[label].append(seconds)
+                cpu[label].append(cpu_seconds)
                 histories.setdefault(label, history)
                 if history != histories[label]:
                     raise SystemExit(f"{label} is not deterministic across repeats in case {name!r}")
-        ours, theirs = statistics.median(times["aikit"]), statistics.median(times["original"])
+        ours, theirs = statistics.median(wall["aikit"]), statistics.median(wall["original"])
+        cpu_ratio = statistics.median(cpu["aikit"]) / statistics.median(cpu["original"])
         same = histories["aikit"] == histories["original"]
-        print(f"{name:<22} {ours:9.3f} {theirs:11.3f} {ours / theirs:7.3f}  {same} "
+        print(f"{name:<22} {ours:8.3f} {theirs:8.3f} {ours / theirs:10.3f} {cpu_ratio:10.3f}  {same} "
               f"({len(histories['aikit']['loss'])} vs {len(histories['original']['loss'])} points)")
 
 
