@@ -137,6 +137,12 @@ def test_misuse_gets_errors_that_say_what_to_do():
         LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler)
     with pytest.raises(ValueError, match="needs the CustomSampler that feeds it, got 3"):
         ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), 3)
+    with pytest.raises(ValueError, match="ref_batchsize must be a positive integer, got 0"):
+        RootRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, ref_batchsize=0)
+    two = CustomSampler(data, 8, num_replicas=2, rank=0, minibatch_size=MINIBATCH)
+    with pytest.raises(ValueError, match=r"deals to 2 replicas but this run has 1 \(single\): give the sampler "
+                                         r"num_replicas=1"):
+        LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), two, ref_batchsize=8)
     optimizer = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler)
     train(model, sampler, optimizer, data, range(1))
     with pytest.raises(RuntimeError, match=r"epoch 0 has 5 steps and all are done: call set_epoch\(1\)"):

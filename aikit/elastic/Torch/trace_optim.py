@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from aikit.core.plan import positive_int
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
 from aikit.elastic.Torch.collectives import all_reduce_sum_, broadcast_, engine, mark_step, world
@@ -34,7 +35,7 @@ class TraceOptimizer(torch.optim.Optimizer):
     """
 
     rule = "linear"
-    _untouched = False  # True from set_epoch until the epoch's first micro-batch
+    _untouched = False  # True from an epoch's start (or resume point) until its next micro-batch
 
     def __init__(
         self,
@@ -55,26 +56,25 @@ class TraceOptimizer(torch.optim.Optimizer):
             )
         if ref_batchsize is None and rule_name(self.rule) != "constant":
             raise ValueError(f"{type(self).__name__} needs ref_batchsize, the global batch its LR was tuned for")
-        self.ref_batchsize = ref_batchsize
-        self.log_steps = log_steps
-        self.warmup_steps = warmup_steps
+        self.ref_batchsize = None if ref_batchsize is None else positive_int(ref_batchsize, "ref_batchsize")
+        self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
+        self.warmup_steps = 0 if warmup_steps == 0 else positive_int(warmup_steps, "warmup_steps")
         self.params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         if not self.params:
             raise ValueError("the wrapped optimizer has no parameters that require gradients")
         self.device = self.params[0].device
         replicas, self.rank = world(self.device)
-        if replicas != self.sampler.num_replicas and engine(self.device) != "single":
+        if replicas != self.sampler.num_replicas:
             raise ValueError(
-                f"the sampler deals to {self.sampler.num_replicas} replicas but the "
-                f"{engine(self.device)} engine runs {replicas}: give the sampler num_replicas={replicas}"
+                f"the sampler deals to {self.sampler.num_replicas} replicas but this run has {replicas} "
+                f"({engine(self.device)}): give the sampler num_replicas={replicas}, or leave it to the engine"
             )
         if broadcast and replicas > 1:
             with torch.no_grad():
                 broadcast_(self.params)
             mark_step(self.device)
         self.updates = 0  # updates made since training began: drives warmup
-        self._resume: tuple[int, int, int] | None = None
-        self.set_epoch(self.sampler.epoch)
+        self._start(self.sampler.epoch, 0, 0)
 
     # the wrapped optimizer's groups and state, so LR schedulers and checkpoints see them
     @property
@@ -90,18 +90,20 @@ class TraceOptimizer(torch.optim.Optimizer):
         return self.optimizer.defaults
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` (or continue it after ``load_state_dict``); join the all-reduces of the
-        steps it opens with in which this replica has no micro-batch."""
-        if self._untouched and epoch == self.epoch and self._resume is None:
-            return  # already at this epoch's start (its leading empty steps joined): nothing to redo
+        """Start ``epoch`` and join the all-reduces of the steps it opens with in which this
+        replica has no micro-batch. Before the epoch's first micro-batch (after the constructor
+        or ``load_state_dict``) a call for the same epoch keeps the position."""
+        if not (self._untouched and epoch == self.epoch):
+            self._start(epoch, 0, 0)
+
+    def _start(self, epoch: int, step: int, micro: int) -> None:
         sampler = self.sampler
         self.plan: EpochSchedule = (
             sampler.epoch_schedule if sampler.epoch == epoch else sampler.schedule.epoch(epoch)
         )
         self.counts = self.plan.counts(sampler.rank)
-        resume, self._resume = self._resume, None
-        self.step_index, self.micro = resume[1:] if resume and resume[0] == epoch else (0, 0)
-        if self.micro == 0:
+        self.step_index, self.micro = step, micro
+        if micro == 0:
             self._join_empty_steps()
         self._untouched = True
 
@@ -210,9 +212,7 @@ class TraceOptimizer(torch.optim.Optimizer):
             for p, grad in zip(self.params, trace["accumulated"], strict=True):
                 p.grad = None if grad is None else grad.to(p.device).clone()
         self.sampler.resume(trace["epoch"], trace["step"], trace["micro"])
-        self._resume = (trace["epoch"], trace["step"], trace["micro"])
-        self.set_epoch(trace["epoch"])
-        self._resume = (trace["epoch"], self.step_index, self.micro)
+        self._start(trace["epoch"], trace["step"], trace["micro"])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optimizer!r}, rule={self.rule!r}, ref_batchsize={self.ref_batchsize})"
