@@ -145,7 +145,27 @@ class ElasticState:
             self.directory.mkdir(parents=True, exist_ok=True)
             _atomic_save(payload, self.path)
         if _horovod_elastic():
+            self._check_every_worker_commits()
             self._horovod_state().check_host_updates()
+
+    def _check_every_worker_commits(self) -> None:
+        """Horovod's host check is a collective, so every worker must commit equally often; a
+        worker with no micro-batch in a step makes that update inside another ``step()`` call
+        and would commit less often than the others."""
+        opt = self.optimizer
+        if opt is None:
+            return
+        plan, workers = opt.plan, distributed.world_size()
+        short = np.flatnonzero(plan.micro_batches_per_step < workers)
+        if short.size:
+            step = int(short[0])
+            raise ValueError(
+                f"under Horovod elastic every worker must get a micro-batch in every step, but step {step} of "
+                f"epoch {plan.epoch} (global batch {int(plan.batch_sizes[step])}) has "
+                f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.minibatch_size} for {workers} "
+                f"workers: use a minibatch_size that divides every batch size and is at most "
+                f"{int(plan.batch_sizes.min())} / (--max-np)"
+            )
 
     # ---- restore -----------------------------------------------------------------------------
 
