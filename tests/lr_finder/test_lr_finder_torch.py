@@ -446,3 +446,27 @@ def test_plot_and_suggest_lr_agree_for_every_method(finder_11, method):
 def test_history_is_saved_to_csv(finder_11, tmp_path):
     finder_11.to_csv(tmp_path / "history.csv")
     assert read_history(tmp_path / "history.csv") == finder_11.history
+
+
+def test_list_inputs_and_labels_are_moved_and_passed_through_as_lists():
+    """torch-lr-finder's LSTM task feeds a list of tensors; _move keeps lists, tuples and dicts."""
+
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 1), nn.Linear(2, 1)
+
+        def forward(self, inputs):
+            assert isinstance(inputs, list)
+            return self.a(inputs[0]) + self.b(inputs[1])
+
+    class ListIter(TrainDataLoaderIter):
+        def inputs_labels_from_batch(self, batch_data):
+            x, y = batch_data
+            return [x, 1 - x], y
+
+    torch.manual_seed(0)
+    model = TwoInputs()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss(), device="cpu")
+    finder.range_test(ListIter(xor_data()), end_lr=1e-3, num_iter=4, non_blocking_transfer=False)
+    assert len(finder.history["loss"]) == 4
