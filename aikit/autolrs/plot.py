@@ -13,10 +13,6 @@ def plot_progress(controller: Controller, path: str | os.PathLike | None = None,
     """Two panels over all steps taken: the LR (log scale) and the training loss, coloured by
     phase (warmup, search trial, stage training), with each stage's start marked. Saved to
     ``path`` when given; returns the matplotlib figure."""
-    import matplotlib
-
-    if path is not None and matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "png"):
-        matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     fig, (ax_lr, ax_loss) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
@@ -30,6 +26,8 @@ def plot_progress(controller: Controller, path: str | os.PathLike | None = None,
         for ax in (ax_lr, ax_loss):
             ax.axvline(stage.start_step, color="k", lw=0.5, alpha=0.3)
     ax_lr.set_yscale("log")
+    if all(r.loss > 0 for r in controller.history):
+        ax_loss.set_yscale("log")  # a diverging trial would flatten everything else
     ax_lr.set_ylabel("learning rate")
     ax_loss.set_ylabel("training loss")
     ax_loss.set_xlabel("step (search included)")

@@ -135,7 +135,7 @@ def run_digits(data, lr_or_options, steps: int = 600) -> tuple[float, AutoLRS | 
     return val_loss(model, data), autolrs
 
 
-def test_short_digits_run_beats_its_first_trial_lr_held_constant(data):
+def test_short_digits_run_beats_its_first_trial_lr_held_constant(data, tmp_path):
     # Two stages of 100 and 200 steps (the second scored on validation losses), 5 trials of
     # 20 and 40 steps each: 600 steps in all, search included. Seed 2 draws 0.011 as the first
     # trial LR, a slow one; the search has to find better LRs, and pay for the search.
@@ -148,3 +148,6 @@ def test_short_digits_run_beats_its_first_trial_lr_held_constant(data):
     constant, _ = run_digits(data, first_lr)
     assert math.isfinite(tuned)
     assert tuned < constant, (tuned, constant, first_lr, [s.lr for s in stages])
+    figure = autolrs.plot(tmp_path / "autolrs.png")
+    assert (tmp_path / "autolrs.png").stat().st_size > 10_000
+    assert figure.axes[0].get_yscale() == "log"
