@@ -10,6 +10,7 @@ takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
+from numbers import Integral
 
 from torch.utils.data import Sampler
 
@@ -57,9 +58,9 @@ class CustomSampler(Sampler[list[int]]):
             num_replicas = engine_replicas if num_replicas is None else num_replicas
             rank = engine_rank if rank is None else rank
         self.schedule = Schedule(load_trace(trace, when_exhausted), size, num_replicas, minibatch_size, seed, shuffle)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.schedule.num_replicas:
+        if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < self.schedule.num_replicas:
             raise ValueError(f"rank must be an integer in 0..{self.schedule.num_replicas - 1}, got {rank!r}")
-        self.rank = rank
+        self.rank = int(rank)
         self.set_epoch(0)
         _latest = self
 
@@ -76,13 +77,15 @@ class CustomSampler(Sampler[list[int]]):
         return self.schedule.dataset_size
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` at its beginning, or where a loaded state left it within that epoch."""
-        self.epoch_schedule = self.schedule.epoch(epoch)
-        resume, self._resume = self._resume, None
-        self._start = resume[1:] if resume is not None and resume[0] == epoch else (0, 0)
-        self.step, self.micro = self._start  # the live position, which state_dict() records
+        """Start ``epoch`` at its beginning; right after a resume, a call for the resumed epoch
+        keeps the position (the training loop calls it either way)."""
+        if not (self._resumed and epoch == self.epoch):
+            self.epoch_schedule = self.schedule.epoch(epoch)
+            self._start = (0, 0)  # where the next iteration begins
+            self.step, self.micro = self._start  # the live position, which state_dict() records
+        self._resumed = False
 
-    _resume: tuple[int, int, int] | None = None
+    _resumed = False
 
     @property
     def epoch(self) -> int:
@@ -91,7 +94,7 @@ class CustomSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         """This replica's micro-batches of the epoch (from the loaded position after a resume)."""
         plan: EpochSchedule = self.epoch_schedule
-        (self.step, self.micro), self._start = self._start, (0, 0)
+        (self.step, self.micro), self._start, self._resumed = self._start, (0, 0), False
         while self.step < len(plan):
             batches = plan.micro_batches(self.step, self.rank)
             while self.micro < len(batches):
@@ -126,12 +129,12 @@ class CustomSampler(Sampler[list[int]]):
 
     def resume(self, epoch: int, step: int, micro: int) -> None:
         """Position at micro-batch ``micro`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
-        counts = self.schedule.epoch(epoch).counts(self.rank)
+        plan = self.schedule.epoch(epoch)
+        counts = plan.counts(self.rank)
         if not 0 <= step <= len(counts) or not 0 <= micro <= (counts[step] if step < len(counts) else 0):
             raise ValueError(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
-        self._resume = (epoch, step, micro)
-        self.set_epoch(epoch)
-        self._resume = (epoch, step, micro)
+        self.epoch_schedule, self._start, self._resumed = plan, (step, micro), True
+        self.step, self.micro = step, micro
 
 
 def _dataset_size(dataset: Sized | int | None, dataset_size: int | None) -> int:
@@ -140,8 +143,8 @@ def _dataset_size(dataset: Sized | int | None, dataset_size: int | None) -> int:
     if dataset is None and dataset_size is None:
         raise ValueError("CustomSampler needs the data set (or its size) as first argument, or dataset_size=")
     source = dataset if dataset is not None else dataset_size
-    if isinstance(source, int):
-        return source
+    if isinstance(source, Integral):
+        return source  # validated by the Schedule
     try:
         return len(source)
     except TypeError:
