@@ -74,7 +74,7 @@ def fit_exponential(
     """Fit ``loss = a*exp(b*step) + c`` with ``b < 0``; returns ``(a, b, c)``.
 
     For a fixed ``b`` the best ``a, c`` are a linear least-squares problem, so only ``b`` is
-    searched (a log grid, then a bounded refinement). The data are centred and scaled first,
+    searched (a log grid, then a least-squares polish). The data are centred and scaled first,
     so the fit is exact on clean data and moves with the losses under ``k*loss + m``. Noise
     spikes are down-weighted by Huber weights from the residuals' median absolute deviation.
     ``-b`` stays within ``[min_rate, 50/span]`` (default ``min_rate``: ``0.1/span``).
