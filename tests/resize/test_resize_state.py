@@ -30,6 +30,7 @@ from aikit.elastic.Torch import resize
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import LinearRuleOptimizer
+from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +167,26 @@ def test_the_sampler_is_not_kept_separately(tmp_path):
     sampler = CustomSampler(N, trace(), minibatch_size=MINIBATCH)
     with pytest.raises(ValueError, match="sampler= is a CustomSampler: its position is the trace optimizer's"):
         ElasticState(tmp_path, model=make_model(), sampler=sampler)
+
+
+def test_the_ga_optimizer_commits_between_updates_and_resumes_with_other_steps(tmp_path):
+    """Plan-driven GA (aikit.ga.Torch.optim.Optimizer): a new world size re-plans ``steps``."""
+    x = torch.randn(8, 64, dtype=torch.float64)
+    model = make_model()
+    opt = GAOptimizer(make_sgd(model), steps=2)
+    state = ElasticState(tmp_path, model=model, optimizer=opt, verbose=False)
+    model(x).sum().backward()
+    opt.step()
+    with pytest.raises(RuntimeError, match=r"commit\(\) in the middle of an update: optimizer has 1 of its 2 "
+                       r"micro-steps accumulated; commit right after the update, when optimizer.position == 0"):
+        state.commit()
+    model(x).sum().backward()
+    opt.step()
+    state.commit()
+    model2 = make_model()
+    opt2 = GAOptimizer(make_sgd(model2), steps=4)  # the plan for fewer devices
+    assert ElasticState(tmp_path, model=model2, optimizer=opt2, verbose=False).restore()
+    assert (opt2.steps, opt2.position) == (4, 0)
+    assert max_difference(model2.state_dict(), model.state_dict()) == 0.0
+    for p, p2 in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(opt2.state[p2]["momentum_buffer"], opt.state[p]["momentum_buffer"])

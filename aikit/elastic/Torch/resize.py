@@ -40,6 +40,7 @@ from aikit.core.schedule import Schedule
 from aikit.elastic.Torch import distributed
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
+from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
 CHECKPOINT = "aikit_state.pt"
 FORMAT = 1
@@ -131,6 +132,12 @@ class ElasticState:
                 f"({self.optimizer.micro} of its micro-batches accumulated): commit right after an update, "
                 "when optimizer.step() returns True"
             )
+        for name, obj in self._objects.items():
+            if isinstance(obj, GAOptimizer) and obj.position:
+                raise RuntimeError(
+                    f"commit() in the middle of an update: {name} has {obj.position} of its {obj.steps} "
+                    "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
+                )
         self.commits += 1
         if distributed.rank() == 0:
             payload = {
