@@ -76,6 +76,19 @@ def test_fit_counts_epochs_and_every_sample():
     assert int(model.optimizer.iterations) == 6 and model.optimizer.accumulated == 2
 
 
+def test_fit_on_a_dataset_batched_at_the_step_batch(float64):
+    x, y = data(24)
+    elastic_tf.init(12, 4, verbose=False)
+    from_arrays, from_dataset = elastic_tf.model.Model(mlp()), elastic_tf.model.Model(mlp())
+    for model in (from_arrays, from_dataset):
+        model.compile(keras.optimizers.SGD(0.1, momentum=0.5), loss="mse")
+    from_arrays.fit(x, y, epochs=2, shuffle=False, verbose=0)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(from_dataset.step_batch_size)
+    from_dataset.fit(dataset, epochs=2, shuffle=False, verbose=0)
+    assert max_difference(from_arrays, from_dataset) == 0.0
+    assert int(from_dataset.optimizer.iterations) == 4
+
+
 def test_fit_refuses_another_batch_size():
     elastic_tf.init(12, 4, verbose=False)
     model = elastic_tf.model.Model(mlp())
