@@ -23,7 +23,7 @@ from aikit.core.autolrs import Action, Controller
 class AutoLRS(keras.callbacks.Callback):
     """Searches a constant LR per training stage; see :class:`aikit.core.autolrs.Controller`
     for the options (``tau``, ``tau_max``, ``trials``, ``trial_ratio``, ``val_tau``,
-    ``val_points``, ``warmup_steps``, ``warmup_lr``, ``kappa``, ``seed``).
+    ``val_points``, ``warmup_steps``, ``warmup_lr``, ``kappa``, ``warm_start``, ``seed``).
 
     ``val_fn()`` returns the validation loss as a number; it runs only in validation-scored
     stages, so keep it cheap and leave the model's metrics alone (``model.evaluate`` resets
@@ -40,9 +40,9 @@ class AutoLRS(keras.callbacks.Callback):
         self._sums_before = (0.0, 0.0)
 
     @property
-    def lr(self) -> float:
-        """The LR the next step uses."""
-        return self.controller.lr
+    def lr(self) -> float | None:
+        """The LR the next step uses (None before training begins)."""
+        return None if self.action is None else self.action.lr
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer

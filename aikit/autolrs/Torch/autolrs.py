@@ -40,10 +40,11 @@ def set_rng_state(state: dict) -> None:
 class AutoLRS:
     """Searches a constant LR per training stage; see :class:`aikit.core.autolrs.Controller`
     for the options (``tau``, ``tau_max``, ``trials``, ``trial_ratio``, ``val_tau``,
-    ``val_points``, ``warmup_steps``, ``warmup_lr``, ``kappa``, ``seed``).
+    ``val_points``, ``warmup_steps``, ``warmup_lr``, ``kappa``, ``warm_start``, ``seed``).
 
     ``val_fn()`` returns the validation loss as a number; it is called only in the
-    validation-scored stages. The first LR is set on construction. Example::
+    validation-scored stages. The first LR is set on construction. Call the hook once per
+    real update (with gradient accumulation, after the step that updates). Example::
 
         autolrs = AutoLRS(model, optimizer, val_fn, min_lr=1e-3, max_lr=1.0)
         for x, y in loader:
@@ -66,8 +67,8 @@ class AutoLRS:
 
     @property
     def lr(self) -> float:
-        """The LR the next step uses."""
-        return self.controller.lr
+        """The LR the next step uses (on every replica)."""
+        return self.action.lr
 
     def on_train_batch_end(self, loss: torch.Tensor | float) -> None:
         """Report the loss of the step just taken and prepare the next step."""
