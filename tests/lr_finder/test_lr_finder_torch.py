@@ -470,3 +470,13 @@ def test_list_inputs_and_labels_are_moved_and_passed_through_as_lists():
     finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss(), device="cpu")
     finder.range_test(ListIter(xor_data()), end_lr=1e-3, num_iter=4, non_blocking_transfer=False)
     assert len(finder.history["loss"]) == 4
+
+
+def test_the_names_users_import_from_torch_lr_finder_and_its_lr_finder_module_exist():
+    import aikit.lr_finder.Torch as package
+    import aikit.lr_finder.Torch.lr_finder as module
+
+    for name in ("LRFinder", "TrainDataLoaderIter", "ValDataLoaderIter"):
+        assert getattr(package, name) is getattr(module, name)
+    assert issubclass(module.TrainDataLoaderIter, module.DataLoaderIter)
+    assert module.StateCacher is package.StateCacher

@@ -24,7 +24,10 @@ from tqdm.auto import tqdm
 from aikit.core import lr_range
 from aikit.core.plan import positive_int
 from aikit.lr_finder.results import RangeTestResults
-from aikit.lr_finder.Torch.data import TrainDataLoaderIter, ValDataLoaderIter
+from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
+
+# The names torch_lr_finder.lr_finder has, for users who import from the module.
+__all__ = ["DataLoaderIter", "LRFinder", "StateCacher", "TrainDataLoaderIter", "ValDataLoaderIter"]
 
 
 def _world_size() -> int:
