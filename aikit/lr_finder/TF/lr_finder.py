@@ -51,7 +51,7 @@ class LRFinder(RangeTestResults):
             raise ValueError("the model has no loss: compile it with one or pass criterion=")
         if not model.built:
             raise ValueError(
-                "the model is not built, so its weights cannot be saved for reset(): give it an "
+                "the model is not built, so its weights cannot be saved for reset(): give it a "
                 "keras.Input or call it on one batch first"
             )
         if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
