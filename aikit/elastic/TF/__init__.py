@@ -58,7 +58,8 @@ def init(
             "micro-batches of one size, so 'ragged' plans are for the PyTorch adapter"
         )
     chosen = strategy or strategies.available_strategy()
-    available = chosen.num_replicas_in_sync
+    hvd = strategies.horovod()
+    available = hvd.size() if hvd else chosen.num_replicas_in_sync
     if gpus is not None:
         gpus = positive_int(gpus, "gpus")
         if gpus > available:
@@ -66,8 +67,15 @@ def init(
                 f"gpus={gpus} but only {available} device(s) can be used here "
                 f"({type(chosen).__name__}): pass gpus={available} or fewer, or leave gpus out"
             )
-    new_plan = make_plan(g, m, gpus or available, policy=policy, rank=strategies.rank(chosen))
-    chosen = strategies.mirrored_on(chosen, new_plan.gpus)
+    new_plan = make_plan(g, m, gpus or available, policy=policy, rank=hvd.rank() if hvd else strategies.rank(chosen))
+    if hvd is None:
+        chosen = strategies.mirrored_on(chosen, new_plan.gpus)
+    elif new_plan.gpus != hvd.size():
+        raise ValueError(
+            f"the plan uses {new_plan.gpus} of the {hvd.size()} Horovod processes (global_batch_size {g}), "
+            f"but every process must train: launch {new_plan.gpus} processes, or use a global batch "
+            f"that splits evenly over {hvd.size()}"
+        )
 
     module = sys.modules[__name__]
     aikit.elastic.publish(new_plan, module)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import tensorflow as tf
 
@@ -35,6 +36,13 @@ def workers_in_tf_config() -> int:
     except (json.JSONDecodeError, AttributeError):
         raise ValueError(f"TF_CONFIG is not a JSON object with a 'cluster' entry: {raw[:200]!r}") from None
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def horovod():
+    """``horovod.tensorflow`` when the program imported and initialised it, else None: under
+    horovodrun every process is one device and Horovod all-reduces (aikit.elastic.TF.horovod)."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd if hvd is not None and hvd.is_initialized() else None
 
 
 def available_strategy() -> tf.distribute.Strategy:

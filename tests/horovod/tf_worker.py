@@ -1,0 +1,56 @@
+"""One Horovod rank training a Keras 3 model with aikit's Horovod GA; rank 0 also trains the
+single-process big-batch reference. Usage: horovodrun -np 2 -H localhost:2 --gloo python tf_worker.py OUT"""
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+
+import aikit.elastic
+import aikit.elastic.TF
+from aikit.core.windows import micro_batch_slices
+from aikit.elastic.TF import horovod
+
+G, M, UPDATES = 8, 2, 5
+
+
+def model(seed: int) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+
+
+def sgd() -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(0.1, momentum=0.9)
+
+
+def main(out: Path) -> None:
+    hvd.init()
+    keras.config.set_floatx("float64")
+    rank = hvd.rank()
+    plan = aikit.elastic.TF.init(G, M, verbose=False)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(G * UPDATES, 4)), rng.normal(size=(G * UPDATES, 1))
+    # this rank's micro-batches of every window of G samples, in training order
+    mine = np.concatenate([np.arange(w * G, (w + 1) * G)[s] for w in range(UPDATES)
+                           for s in micro_batch_slices(plan, rank)])
+    net = model(seed=100 + rank)  # ranks start apart: BroadcastVariables must make them equal
+    net.compile(horovod.DistributedOptimizer(sgd(), aikit.elastic.TF.steps), loss="mse", jit_compile=False)
+    net.fit(x[mine], y[mine], batch_size=aikit.elastic.TF.batch_size, shuffle=False, verbose=0,
+            callbacks=[horovod.BroadcastVariables()])
+    result = {"weights": [w.numpy() for w in net.weights], "updates": int(net.optimizer.iterations.numpy()),
+              "plan": {name: getattr(aikit.elastic, name) for name in aikit.elastic.PUBLIC}}
+    if rank == 0:  # one process, one step per window of G samples
+        big = model(seed=100)
+        big.compile(sgd(), loss="mse")
+        big.fit(x, y, batch_size=G, shuffle=False, verbose=0)
+        result["reference"] = [w.numpy() for w in big.weights]
+    np.save(out / f"rank{rank}.npy", np.array(result, dtype=object), allow_pickle=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
