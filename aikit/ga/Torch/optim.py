@@ -6,13 +6,14 @@ original re-created it as a dynamic subclass and lost them) and its ``step()`` r
 update, so its step count, Adam's bias correction, weight decay, gradient clipping and an LR
 scheduler stepped after updates all advance once per update.
 
-Gradients are averaged, not summed: with equal micro-batches the accumulated ``.grad`` is
-divided by ``steps`` at the update (one multiply per update, as cheap as a hand-written
-``(loss / steps).backward()``). For micro-batches of different sizes, say how many samples
-each holds with ``accumulate(model, samples=n)``: a hook on every parameter then weighs that
-micro-batch's gradient by ``n / G`` (times the world size under DDP or Horovod, which average
-over processes) before it is accumulated, so the update is exactly the big-batch mean even when
-ranks hold different numbers of samples.
+Gradients are averaged, not summed: the accumulated ``.grad`` is divided by ``steps`` at the
+update (one multiply per update; a hand-written loop divides the loss instead). For
+micro-batches of different sizes, say how many samples each holds with
+``accumulate(model, samples=n)``: a hook on every parameter then weighs that micro-batch's
+gradient by ``n / G`` (times the world size under DDP or Horovod, which average over
+processes) before it is accumulated, so the update is exactly the big-batch mean even when
+ranks hold different numbers of samples. Micro-batches of the even size ``G / (steps x
+world)`` need no multiply, so only ragged ones cost anything.
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ class Optimizer(torch.optim.Optimizer):
         self.updated = False  # whether the last step() call made a real update
         self._samples = 0  # samples declared in this window (accumulate(samples=...))
         self._weighted = 0  # micro-steps of this window that declared their samples
-        self._weight: float | None = None  # gradient weight of the running micro-step
-        self._handles: list[Any] = []
-        self._hook(self._params())
+        self._weight: float | None = None  # micro-step's gradient factor (None: 1) before the 1/steps
+        self._handles: list[Any] = []  # weighing hooks, registered when a ragged micro-batch needs them
+        self._world: int | None = None
 
     # --- the wrapped optimizer's state is the only state -------------------------------------
     @property
@@ -132,7 +133,14 @@ class Optimizer(torch.optim.Optimizer):
         sync = self.sync_gradients
         if samples is not None:
             samples = _count(samples)
-            self._weight = samples * _world_size() / self._global_batch_size(samples)
+            # relative to the 1/steps every gradient gets at the update: equal micro-batches
+            # need no multiply at all, only ragged ones pay one per parameter
+            if self._world is None:
+                self._world = _world_size()
+            factor = samples * self._world * self._steps / self._global_batch_size(samples)
+            self._weight = None if factor == 1 else factor
+            if self._weight is not None and not self._handles:
+                self._hook(self._params())
         no_sync = getattr(model, "no_sync", None)
         try:
             with contextlib.nullcontext() if sync or no_sync is None else no_sync():
@@ -171,7 +179,7 @@ class Optimizer(torch.optim.Optimizer):
                 f"only {weighted} of the {steps} micro-steps of this update declared samples= in "
                 "accumulate(): declare them in every micro-step or in none"
             )
-        if weighted and _world_size() == 1 and samples != self._global_batch_size(samples):
+        if weighted and self._world == 1 and samples != self._global_batch_size(samples):
             self.optimizer.zero_grad()
             raise ValueError(
                 f"the {steps} micro-batches of this update held {samples} samples, but "
@@ -180,7 +188,7 @@ class Optimizer(torch.optim.Optimizer):
             )
         params = self._params()
         grads = [p.grad for p in params if p.grad is not None]
-        if not weighted and steps > 1 and grads:
+        if steps > 1 and grads:
             torch._foreach_mul_(grads, 1.0 / steps)
         if self.scaler is not None:
             scale = self.scaler.get_scale()
@@ -268,7 +276,8 @@ class Optimizer(torch.optim.Optimizer):
     # --- parameters and their gradient hooks ---------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
-        self._hook(self.optimizer.param_groups[-1]["params"])
+        if self._handles:
+            self._hook(self.optimizer.param_groups[-1]["params"])
 
     def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """Hooks run around the real update (the wrapped optimizer's step)."""
@@ -282,7 +291,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def _hook(self, params: list[torch.Tensor]) -> None:
         # A tensor hook runs before the gradient is added to .grad and before DDP's reducer
-        # reads .grad, so each micro-batch enters the sum with its own weight.
+        # reads .grad, so each micro-batch enters the sum with its own weight. Registered only
+        # once a ragged micro-batch needs them, so even plans run no Python per parameter.
         self._handles += [p.register_hook(self._weigh) for p in params if p.requires_grad]
 
     def _weigh(self, grad: torch.Tensor) -> torch.Tensor | None:
