@@ -5,6 +5,7 @@ devices it finds (one CPU: 4 GA steps of 32; two GPUs: MirroredStrategy, 2 steps
 a TPU: TPUStrategy). Takes about half a minute on a CPU:
 
     python examples/keras_elastic_digits.py
+    python examples/keras_elastic_digits.py --cpu-replicas 2   # MirroredStrategy over 2 logical CPUs
     python examples/keras_elastic_digits.py --global-batch 256 --max-batch 64 --epochs 30
 """
 
@@ -17,6 +18,7 @@ import sys
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras
+import tensorflow as tf
 
 import aikit.elastic.TF
 from aikit.datasets import digits
@@ -28,9 +30,17 @@ def main() -> float:
     parser.add_argument("--max-batch", type=int, default=32, help="the largest batch one device holds")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--cpu-replicas", type=int, default=0,
+                        help="split the CPU into this many logical devices under MirroredStrategy "
+                             "(how several GPUs would run, without GPUs)")
     args = parser.parse_args()
 
-    aikit.elastic.TF.init(args.global_batch, args.max_batch)
+    strategy = None
+    if args.cpu_replicas > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.cpu_replicas)])
+    aikit.elastic.TF.init(args.global_batch, args.max_batch, strategy=strategy)
     x_train, y_train, x_test, y_test = digits()
     x_train, x_test = x_train.transpose(0, 2, 3, 1), x_test.transpose(0, 2, 3, 1)  # channels last
 
