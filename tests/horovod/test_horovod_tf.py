@@ -42,3 +42,11 @@ def test_keras_ga_over_horovod_equals_the_big_batch_steps(ranks):
 def test_tf_init_takes_the_world_from_horovod(ranks):
     for rank, result in enumerate(ranks):
         assert result["plan"] == {"steps": 2, "batch_size": 2, "global_batch_size": 8, "gpus": 2, "master": rank == 0}
+
+
+def test_tf_init_refuses_a_plan_that_leaves_horovod_processes_idle(ranks):
+    for rank in ranks:
+        assert rank["refused"] == (
+            "the plan uses 1 of the 2 Horovod processes (global_batch_size 3), but every process must "
+            "train: launch 1 process(es), or use a global batch that splits evenly over 2"
+        )

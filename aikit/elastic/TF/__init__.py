@@ -73,7 +73,7 @@ def init(
     elif new_plan.gpus != hvd.size():
         raise ValueError(
             f"the plan uses {new_plan.gpus} of the {hvd.size()} Horovod processes (global_batch_size {g}), "
-            f"but every process must train: launch {new_plan.gpus} processes, or use a global batch "
+            f"but every process must train: launch {new_plan.gpus} process(es), or use a global batch "
             f"that splits evenly over {hvd.size()}"
         )
 
