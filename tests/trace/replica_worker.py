@@ -1,9 +1,8 @@
-"""One replica of a real 2-process run through a random trace: torchrun (gloo) or Horovod.
+"""One replica of a real ``torchrun`` (gloo) run through a random trace.
 
 Saves, per rank, the parameters after every update, the sample indices it trained on, and the
 BatchNorm counters of a second run in which it has steps with no micro-batch.
 Usage: torchrun --standalone --nproc-per-node 2 replica_worker.py OUT_DIR SEED
-       horovodrun -np 2 -H localhost:2 --gloo python replica_worker.py OUT_DIR SEED horovod
 """
 
 import sys
@@ -18,15 +17,9 @@ from trace_common import MINIBATCH, dataset, make_model, random_trace
 from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer
 
 
-def main(out: Path, seed: int, engine: str) -> None:
-    if engine == "horovod":
-        import horovod.torch as hvd
-
-        hvd.init()
-        rank = hvd.rank()
-    else:
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
+def main(out: Path, seed: int) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
     data = dataset()
     sizes = random_trace(seed, len(data))
 
@@ -63,9 +56,8 @@ def main(out: Path, seed: int, engine: str) -> None:
          "bn_tracked": int(bn_model[1].num_batches_tracked), "bn_params": list(bn_model.parameters())},
         out / f"rank{rank}.pt",
     )
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "gloo")
+    main(Path(sys.argv[1]), int(sys.argv[2]))

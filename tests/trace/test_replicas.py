@@ -1,7 +1,7 @@
-"""Two real replicas (torchrun + gloo, and Horovod over gloo when it is installed) through a
-random trace: every update equals the single-process big-batch update, every sample is trained
-exactly once per epoch, and a replica with nothing to do in a step joins the all-reduce
-without a batch."""
+"""Two real replicas (torchrun + gloo) through a random trace: every update equals the
+single-process big-batch update, every sample is trained exactly once per epoch, and a replica
+with nothing to do in a step joins the all-reduce without a batch. (The same over Horovod:
+tests/horovod/test_horovod_trace.py.)"""
 
 import os
 import shutil
@@ -22,25 +22,15 @@ HERE = Path(__file__).resolve().parent
 SEED = 3
 
 
-def launch(engine: str, out: Path) -> list[str]:
-    worker = [str(HERE / "replica_worker.py"), str(out), str(SEED)]
-    if engine == "torchrun":
-        return [tool("torchrun"), "--standalone", "--nproc-per-node", "2", *worker]
-    pytest.importorskip("horovod.torch", reason="Horovod is not installed: scripts/install_horovod.sh builds it")
-    return [tool("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, *worker, "horovod"]
-
-
-def tool(name: str) -> str:
-    return shutil.which(name, path=str(Path(sys.executable).parent)) or name
-
-
-@pytest.fixture(scope="module", params=["torchrun", pytest.param("horovod", marks=pytest.mark.horovod)])
-def ranks(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(request.param)
-    command = launch(request.param, out)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1]),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torchrun")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", str(HERE / "replica_worker.py"), str(out), str(SEED)],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
