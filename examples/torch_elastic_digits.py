@@ -45,9 +45,12 @@ def main() -> float:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads per process: 8x8 images are too small to split, more only spin")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
+    torch.set_num_threads(args.threads)
     horovod_run = "HOROVOD_RANK" in os.environ  # launched by horovodrun
     multi_process = "WORLD_SIZE" in os.environ
     if horovod_run:

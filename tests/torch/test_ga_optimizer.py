@@ -197,6 +197,20 @@ def test_amp_grad_scaler_unscales_and_steps_once_per_update():
     assert_same(net, big_batch_run(make, data))
 
 
+def test_an_update_amp_skips_for_inf_is_reported_and_cleared():
+    net = model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2, scaler=scaler)
+    before = [p.detach().clone() for p in net.parameters()]
+    x, y = batches([4])[0]
+    for poison in (False, True):
+        scaler.scale(loss_fn(net, x, y) * (float("inf") if poison else 1.0)).backward()
+        opt.step()
+    assert not opt.updated and opt.position == 0 and scaler.get_scale() < 2.0**10
+    assert all(p.grad is None for p in net.parameters())  # the next update starts clean
+    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), before, strict=True))
+
+
 def test_zero_grad_mid_update_keeps_the_accumulated_gradient():
     net = model()
     opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
