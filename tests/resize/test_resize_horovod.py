@@ -106,7 +106,7 @@ def test_a_worker_killed_mid_epoch_the_survivor_finishes_alone_with_the_same_upd
 def test_a_host_added_mid_run_a_worker_joins_with_the_same_updates(tmp_path):
     x, y = prepare(tmp_path)
     set_hosts(tmp_path, "localhost")
-    proc = horovodrun(tmp_path, 1, "--solo-delay=1.0")
+    proc = horovodrun(tmp_path, 1, "--solo-delay=2.0")  # slow alone: the new worker must find it running
     try:
         wait_for(lambda r: sum(c["world"] == 1 for c in commits(r)) >= 2, tmp_path, 90, [proc],
                  "two committed steps by 1 worker")

@@ -93,7 +93,7 @@ def test_a_node_killed_mid_epoch_the_survivor_finishes_alone_with_the_same_updat
 def test_a_node_joins_mid_run_and_the_pair_finishes_with_the_same_updates(tmp_path):
     x, y = prepare(tmp_path)
     port = free_port()
-    a = agent(tmp_path, port, "agent_a", "--solo-delay=1.5")  # slow alone: the second node must find it running
+    a = agent(tmp_path, port, "agent_a", "--solo-delay=4")  # slow alone: the second node must find it running
     procs = [a]
     try:
         wait_for(world_committed(1, 2), tmp_path, 60, procs, "two committed steps by 1 worker")

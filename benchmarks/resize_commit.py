@@ -1,0 +1,72 @@
+"""What an ElasticState commit costs next to the update it follows.
+
+A commit is one ``torch.save`` (with fsync and an atomic rename) on rank 0, so its cost does not
+depend on the batch. What it is worth depends on the step: this script times updates of the
+digits CNN of examples/elastic_resize_digits.py (global batch 128 as 8 micro-batches of 16,
+one process) and commits of the same model and optimizer, interleaved, and prints the ratio
+of their medians.
+
+    python benchmarks/resize_commit.py [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aikit.datasets import digits
+from aikit.elastic.Torch import CustomSampler, ElasticState, LinearRuleOptimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from elastic_resize_digits import model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x, y, _, _ = digits()
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    sampler = CustomSampler(len(x), 128, minibatch_size=16)
+    net = model()
+    opt = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), sampler, ref_batchsize=128)
+    epoch, batches = 0, iter(sampler)
+    update_s, commit_s = [], []
+    with tempfile.TemporaryDirectory() as directory:
+        state = ElasticState(directory, model=net, optimizer=opt, verbose=False)
+        for _ in range(args.repeats + 3):  # the first 3 warm up
+            start = time.perf_counter()
+            updated = False
+            while not updated:
+                idx = next(batches, None)
+                if idx is None:  # the epoch is over: start the next one
+                    epoch += 1
+                    sampler.set_epoch(epoch)
+                    opt.set_epoch(epoch)
+                    batches = iter(sampler)
+                    continue
+                nn.functional.nll_loss(net(x[idx]), y[idx]).backward()
+                updated = opt.step()
+            middle = time.perf_counter()
+            state.commit()
+            end = time.perf_counter()
+            update_s.append(middle - start)
+            commit_s.append(end - middle)
+        size = state.path.stat().st_size
+    update, commit = statistics.median(update_s[3:]), statistics.median(commit_s[3:])
+    print(f"update (128 samples as 8 x 16): median {update * 1e3:.2f} ms")
+    print(f"commit ({size / 1024:.0f} KiB checkpoint):   median {commit * 1e3:.2f} ms")
+    print(f"commit / update = {commit / update:.3f}")
+
+
+if __name__ == "__main__":
+    main()
