@@ -62,6 +62,28 @@ def test_ga_equals_big_batch_for_any_split(steps, micro, updates):
     assert int(ga.iterations) == updates
 
 
+@pytest.mark.parametrize("name", ["sgd-nesterov", "adam-schedule-wd-clip"])
+def test_embedding_gradients_accumulate_to_the_dense_big_batch_step(float64, name):
+    """IndexedSlices are summed densely; the update is the big batch's with its gradient densified
+    (Keras' sparse Adam squares duplicate-index slices one by one, unlike its dense path)."""
+    def embedder():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(20, 4),
+                                 keras.layers.Flatten(), keras.layers.Dense(3)])
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 20, size=(24, 5)), rng.normal(size=(24, 3))
+    big, small = embedder(), embedder()
+    big_opt, ga = OPTIMIZERS[name](), Optimizer(OPTIMIZERS[name](), 3)
+    assert isinstance(gradients(small, x[:4], y[:4])[0], tf.IndexedSlices)
+    for u in range(2):
+        dense = [tf.convert_to_tensor(g) for g in gradients(big, x[u * 12:(u + 1) * 12], y[u * 12:(u + 1) * 12])]
+        big_opt.apply(dense, big.trainable_variables)
+    for m in range(6):
+        ga.apply(gradients(small, x[m * 4:(m + 1) * 4], y[m * 4:(m + 1) * 4]), small.trainable_variables)
+    assert max_difference(big, small) < 1e-12
+
+
 def test_steps_change_between_updates_without_retracing(float64):
     """Traces change the GA steps every update: a tf.Variable, so one trace serves them all."""
     sizes = [2, 3, 1, 4]
