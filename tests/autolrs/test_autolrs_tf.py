@@ -120,3 +120,22 @@ def test_short_digits_run_beats_its_first_trial_lr_held_constant(data):
     constant, _ = run_digits(data, first_lr)
     assert math.isfinite(tuned)
     assert tuned < constant, (tuned, constant, first_lr, [s.lr for s in stages])
+
+
+@pytest.mark.slow
+def test_under_mirrored_strategy_every_replica_restores_exactly_at_the_lr_decided():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("autolrs_mirrored_worker.py")
+    run = subprocess.run([sys.executable, str(worker)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["restores"] == 3 and result["restore_mismatches"] == 0
+    assert result["checkpointed_values"] > 0
+    assert result["step_lrs"] == result["history_lrs"]  # each step ran at the LR decided for it
+    seen = result["seen"]
+    assert np.mean(seen[:20]) == pytest.approx(result["epoch_losses"][0], rel=1e-5)  # the reduced step losses
+    assert np.mean(seen[20:]) == pytest.approx(result["epoch_losses"][1], rel=1e-5)
