@@ -87,8 +87,10 @@ class DistributedOptimizer(Optimizer):
         if size == 1 or not params:
             return self._rescale(params, float(self._samples))
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        counts = torch.tensor(
-            [float(self._samples), *(float(p.grad is not None) for p in params)], dtype=torch.float64
+        counts = torch.tensor(  # on the gradients' device: a Horovod group shares one device
+            [float(self._samples), *(float(p.grad is not None) for p in params)],
+            dtype=torch.float64,
+            device=params[0].device,
         )
         all_reduce_sum_([*grads, counts])
         for p, grad, used in zip(params, grads, counts[1:].tolist(), strict=True):
