@@ -3,8 +3,8 @@
 A commit is one ``torch.save`` (with fsync and an atomic rename) on rank 0, so its cost does not
 depend on the batch. What it is worth depends on the step: this script times updates of the
 digits CNN of examples/elastic_resize_digits.py (global batch 128 as 8 micro-batches of 16,
-one process) and commits of the same model and optimizer, interleaved, and prints the ratio
-of their medians.
+one process) and commits of the same model and optimizer, with and without fsync,
+interleaved, and prints the ratios of their medians.
 
     python benchmarks/resize_commit.py [--repeats 30]
 """
@@ -40,9 +40,10 @@ def main() -> None:
     net = model()
     opt = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), sampler, ref_batchsize=128)
     epoch, batches = 0, iter(sampler)
-    update_s, commit_s = [], []
+    update_s, commit_s, nosync_s = [], [], []
     with tempfile.TemporaryDirectory() as directory:
-        state = ElasticState(directory, model=net, optimizer=opt, verbose=False)
+        state = ElasticState(Path(directory) / "a", model=net, optimizer=opt, verbose=False)
+        nosync = ElasticState(Path(directory) / "b", model=net, optimizer=opt, verbose=False, fsync=False)
         for _ in range(args.repeats + 3):  # the first 3 warm up
             start = time.perf_counter()
             updated = False
@@ -59,13 +60,16 @@ def main() -> None:
             middle = time.perf_counter()
             state.commit()
             end = time.perf_counter()
+            nosync.commit()
             update_s.append(middle - start)
             commit_s.append(end - middle)
+            nosync_s.append(time.perf_counter() - end)
         size = state.path.stat().st_size
-    update, commit = statistics.median(update_s[3:]), statistics.median(commit_s[3:])
-    print(f"update (128 samples as 8 x 16): median {update * 1e3:.2f} ms")
-    print(f"commit ({size / 1024:.0f} KiB checkpoint):   median {commit * 1e3:.2f} ms")
-    print(f"commit / update = {commit / update:.3f}")
+    update, commit, fast = (statistics.median(times[3:]) for times in (update_s, commit_s, nosync_s))
+    print(f"update (128 samples as 8 x 16):      median {update * 1e3:.2f} ms")
+    print(f"commit ({size / 1024:.0f} KiB checkpoint):        median {commit * 1e3:.2f} ms")
+    print(f"commit with fsync=False:             median {fast * 1e3:.2f} ms")
+    print(f"commit / update = {commit / update:.3f}; with fsync=False {fast / update:.3f}")
 
 
 if __name__ == "__main__":

@@ -53,12 +53,14 @@ class ElasticState:
     (model, optimizer, LR scheduler, GradScaler) or a plain picklable value (read and set it as
     ``state.<name>``). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
     carries the epoch, step and sampler position; its sampler is re-dealt to the workers there
-    are on restore. Every worker builds the state and calls ``commit()``/``restore()`` together;
+    are on restore. ``fsync=False`` skips flushing each commit to disk: it still survives any
+    process being killed, not a crash of the host that holds ``directory``.
+    Every worker builds the state and calls ``commit()``/``restore()`` together;
     rank 0 reads and writes ``directory``, which must therefore be storage every host that can
     become rank 0 sees (a shared file system for several hosts).
     """
 
-    def __init__(self, directory: str | os.PathLike, *, verbose: bool = True, **objects):
+    def __init__(self, directory: str | os.PathLike, *, fsync: bool = True, verbose: bool = True, **objects):
         if not objects:
             raise ValueError("ElasticState needs something to keep, e.g. ElasticState(dir, model=model, optimizer=opt)")
         for name, obj in objects.items():
@@ -67,7 +69,7 @@ class ElasticState:
                     f"{name}= is a CustomSampler: its position is the trace optimizer's (the sampler can run "
                     "ahead of training in DataLoader workers), so keep the optimizer and leave the sampler out"
                 )
-        self.__dict__.update(directory=Path(directory), verbose=verbose, _objects=dict(objects))
+        self.__dict__.update(directory=Path(directory), fsync=fsync, verbose=verbose, _objects=dict(objects))
         self.__dict__.update(commits=0, restored_from=None, incarnation=None, _hvd_reset_callbacks=[])
         traced = [obj for obj in objects.values() if isinstance(obj, TraceOptimizer)]
         if len(traced) > 1:
@@ -150,7 +152,7 @@ class ElasticState:
                 "rng": _rng_state(),
             }
             self.directory.mkdir(parents=True, exist_ok=True)
-            _atomic_save(payload, self.path)
+            _atomic_save(payload, self.path, self.fsync)
         if _horovod_elastic():
             self._check_every_worker_commits()
             self._horovod_state().check_host_updates()
@@ -331,19 +333,25 @@ def _state_of(obj):
     return obj.state_dict() if hasattr(obj, "state_dict") else obj
 
 
-def _atomic_save(payload: dict, path: Path) -> None:
-    """Write ``payload`` to ``path`` so a reader sees the old file or the new one, whole."""
+def _atomic_save(payload: dict, path: Path, fsync: bool = True) -> None:
+    """Write ``payload`` to ``path`` so a reader sees the old file or the new one, whole.
+
+    The rename alone is atomic for any process that dies; ``fsync`` also makes the file and the
+    rename survive a crash of the host (or its power) that holds the directory.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a crash of the host
-    finally:
-        os.close(fd)
+    if fsync:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _rng_state() -> dict:
