@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import aikit.elastic
 from aikit.core.plan import POLICIES, Plan, make_plan, positive_int
-from aikit.elastic.TF import strategy as strategies
+from aikit.elastic.TF import strategies
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 
 keras_on_tensorflow()
@@ -46,7 +46,7 @@ def init(
     """Plan an update of ``global_batch_size`` samples with at most ``max_gpu_batch_size`` per device.
 
     ``gpus`` defaults to the replicas of ``strategy`` (or of the strategy found, see
-    :mod:`aikit.elastic.TF.strategy`). Keras feeds equal micro-batches, so a global batch
+    :mod:`aikit.elastic.TF.strategies`). Keras feeds equal micro-batches, so a global batch
     that does not split evenly either uses fewer devices (``policy="fewer_devices"``, the
     default) or is refused with the nearest batches that do split (``policy="error"``).
     """
