@@ -34,9 +34,11 @@ def make_model(name: str) -> nn.Module:
 
 
 def hand_written(model, opt, micro_batches):
-    """The textbook loop: scale the loss by 1/k, step and zero every k micro-batches."""
+    """The textbook loop: scale each loss by its share n/G (1/k when even), step and zero
+    every k micro-batches."""
+    total = sum(len(x) for x, _ in micro_batches)
     for x, y in micro_batches:
-        (nn.functional.cross_entropy(model(x), y) / len(micro_batches)).backward()
+        (nn.functional.cross_entropy(model(x), y) * (len(x) / total)).backward()
     opt.step()
     opt.zero_grad()
 
@@ -56,17 +58,19 @@ def aikit_weighted(model, opt, micro_batches):
         opt.step()
 
 
-def bench(model_name: str, steps: int, micro: int, rounds: int, updates: int, clock) -> dict[str, float]:
+def bench(model_name: str, sizes: list[int], rounds: int, updates: int, clock) -> dict[str, float]:
     gen = torch.Generator().manual_seed(1)
-    micro_batches = [(torch.randn(micro, 1, 8, 8, generator=gen), torch.randint(0, 10, (micro,), generator=gen))
-                     for _ in range(steps)]
+    micro_batches = [(torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen))
+                     for n in sizes]
+    variants = [("hand-written", hand_written), ("aikit accumulate(samples)", aikit_weighted)]
+    if len(set(sizes)) == 1:  # the seed's plain recipe is exact for equal micro-batches only
+        variants.insert(1, ("aikit step()", aikit_plain))
     loops = {}
-    for name, loop in (("hand-written", hand_written), ("aikit step()", aikit_plain),
-                       ("aikit accumulate(samples)", aikit_weighted)):
+    for name, loop in variants:
         model = make_model(model_name)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         if name != "hand-written":
-            opt = Optimizer(opt, steps, global_batch_size=steps * micro)
+            opt = Optimizer(opt, len(sizes), global_batch_size=sum(sizes))
         loops[name] = (loop, model, opt)
     times: dict[str, list[float]] = {name: [] for name in loops}
     for loop, model, opt in loops.values():  # warm up
@@ -98,12 +102,15 @@ def main() -> None:
     random.seed(0)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.steps} GA steps of {args.micro_batch}, "
           f"median of {args.rounds} rounds x {args.updates} updates, {args.clock} clock")
+    even = [args.micro_batch] * args.steps
+    ragged = [*even[:-1], args.micro_batch - 1]  # G - 1 samples: every micro-batch gets a hook weight
     for model_name in (["cnn", "mlp"] if args.model == "both" else [args.model]):
-        medians = bench(model_name, args.steps, args.micro_batch, args.rounds, args.updates, clock)
-        base = medians["hand-written"]
-        print(f"{model_name}:")
-        for name, median in medians.items():
-            print(f"  {name:<27} {median * 1e3:8.3f} ms/update   ratio {median / base:.3f}")
+        for label, sizes in (("even", even), ("ragged", ragged)):
+            medians = bench(model_name, sizes, args.rounds, args.updates, clock)
+            base = medians["hand-written"]
+            print(f"{model_name}, {label} micro-batches {sizes}:")
+            for name, median in medians.items():
+                print(f"  {name:<27} {median * 1e3:8.3f} ms/update   ratio {median / base:.3f}")
 
 
 if __name__ == "__main__":

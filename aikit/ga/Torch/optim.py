@@ -80,7 +80,7 @@ class Optimizer(torch.optim.Optimizer):
         self.updated = False  # whether the last step() call made a real update
         self._samples = 0  # samples declared in this window (accumulate(samples=...))
         self._weighted = 0  # micro-steps of this window that declared their samples
-        self._weight: float | None = None  # micro-step's gradient factor (None: 1) before the 1/steps
+        self._weight: float | None = None  # running micro-step's gradient factor (None: 1)
         self._handles: list[Any] = []  # weighing hooks, registered when a ragged micro-batch needs them
         self._world: int | None = None
 
@@ -133,11 +133,9 @@ class Optimizer(torch.optim.Optimizer):
         sync = self.sync_gradients
         if samples is not None:
             samples = _count(samples)
-            # relative to the 1/steps every gradient gets at the update: equal micro-batches
-            # need no multiply at all, only ragged ones pay one per parameter
-            if self._world is None:
-                self._world = _world_size()
-            factor = samples * self._world * self._steps / self._global_batch_size(samples)
+            # relative to the micro-batch size most of the update shares, which the update
+            # then scales once: only micro-batches of the other size pay a multiply
+            factor = samples / self._common_size(samples)
             self._weight = None if factor == 1 else factor
             if self._weight is not None and not self._handles:
                 self._hook(self._params())
@@ -188,8 +186,11 @@ class Optimizer(torch.optim.Optimizer):
             )
         params = self._params()
         grads = [p.grad for p in params if p.grad is not None]
-        if steps > 1 and grads:
-            torch._foreach_mul_(grads, 1.0 / steps)
+        # the mean over the update: 1/steps, or the common micro-batch's share n * world / G
+        share = self._common_size(samples) * self._world / self._global_batch_size(samples) if weighted else 0
+        mean = share or 1.0 / steps
+        if mean != 1 and grads:
+            torch._foreach_mul_(grads, mean)
         if self.scaler is not None:
             scale = self.scaler.get_scale()
             self.scaler.unscale_(self.optimizer)
@@ -301,6 +302,14 @@ class Optimizer(torch.optim.Optimizer):
         # an empty micro-batch (a rank that sits a step out) has a NaN mean-loss gradient:
         # it contributes exactly nothing, yet its backward still joins DDP's all-reduce
         return torch.zeros_like(grad) if self._weight == 0 else grad * self._weight
+
+    def _common_size(self, samples: int) -> int:
+        """The micro-batch size most of an update has: a plan splits G over steps x world
+        micro-batches of ``G // (steps x world)`` samples or one more."""
+        if self._world is None:
+            self._world = _world_size()
+        base, extra = divmod(self._global_batch_size(samples), self._steps * self._world)
+        return max(base + (2 * extra > self._steps * self._world), 1)
 
     def _global_batch_size(self, samples: int) -> int:
         if self.global_batch_size is not None:
