@@ -205,3 +205,15 @@ def test_bad_steps_assignment_is_named():
     with pytest.raises(ValueError, match="steps must be a positive integer, got -1"):
         ga.steps = -1
     assert ga.steps == 2
+
+
+def test_fit_compiled_with_xla_equals_big_batch(float64):
+    """Keras compiles with XLA on a single GPU by default; the GA update runs inside it."""
+    x, y = data(48)
+    big, small = mlp(), mlp()
+    big.compile(keras.optimizers.Adam(0.01, weight_decay=0.1), loss="mse", jit_compile=True)
+    small.compile(Optimizer(keras.optimizers.Adam(0.01, weight_decay=0.1), 3), loss="mse", jit_compile=True)
+    big.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+    small.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    assert small.jit_compile and max_difference(big, small) < 1e-12
+    assert int(small.optimizer.iterations) == 8
