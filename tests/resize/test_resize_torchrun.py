@@ -90,6 +90,33 @@ def test_a_node_killed_mid_epoch_the_survivor_finishes_alone_with_the_same_updat
         stop(procs)
 
 
+def test_a_worker_killed_mid_epoch_is_restarted_and_the_pair_goes_on_with_the_same_updates(tmp_path):
+    """Only the worker dies (its node is fine): its agent restarts it, both re-rendezvous at 2."""
+    x, y = prepare(tmp_path)
+    port = free_port()
+    procs = [agent(tmp_path, port, "agent_a")]
+    time.sleep(0.5)
+    procs.append(agent(tmp_path, port, "agent_b"))
+    try:
+        recs = wait_for(world_committed(2, 2), tmp_path, 60, procs, "two committed steps by 2 workers")
+        killed_at = time.time()
+        os.kill(next(r["pid"] for r in recs if r["ppid"] == procs[1].pid), signal.SIGKILL)
+        finish(procs, tmp_path)
+        recs = wait_for(lambda r: True, tmp_path, 1)
+        restarts = [r for r in recs if r["event"] == "start" and r["restored"]]
+        assert restarts and {r["restored"]["world_size"] for r in restarts} == {2}
+        assert min(r["restored"]["commit"] for r in restarts) < 7, "the kill was not mid-epoch 0"
+        restarted = {r["inc"] for r in restarts}
+        resumed = min((c for c in commits(recs) if c["inc"] in restarted), key=lambda c: c["t"])
+        steps = check_accounting(recs)
+        assert {entry["world"] for entry in steps.values()} == {2}
+        difference = check_final_weights(tmp_path, x, y, total_steps())
+        print(f"\nworker restart: {resumed['t'] - killed_at:.2f} s from SIGKILL to the first update after it; "
+              f"final weights within {difference:.1e} of the big-batch run")
+    finally:
+        stop(procs)
+
+
 def test_a_node_joins_mid_run_and_the_pair_finishes_with_the_same_updates(tmp_path):
     x, y = prepare(tmp_path)
     port = free_port()
