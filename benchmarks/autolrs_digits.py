@@ -110,6 +110,8 @@ def main() -> None:
     parser.add_argument("--tau", type=int, default=200, help="AutoLRS first stage (paper: 1000)")
     parser.add_argument("--tau-max", type=int, default=1600, help="AutoLRS longest stage (paper: 8000)")
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--val-tau", type=int, default=None,
+                        help="stages this long score trials on validation losses (default: --tau-max)")
     parser.add_argument("--quick", action="store_true", help="2 seeds, a coarse grid: a smoke run")
     parser.add_argument("--verbose", action="store_true", help="log AutoLRS's trials")
     args = parser.parse_args()
@@ -136,10 +138,11 @@ def main() -> None:
           f"(of {len(cosines)} tried)")
 
     options = {"min_lr": args.min_lr, "max_lr": args.max_lr, "tau": args.tau, "tau_max": args.tau_max,
-               "trials": args.trials}
+               "trials": args.trials, "val_tau": args.val_tau}
     runs = [task.run(s, autolrs_options=options) for s in seeds]
     autolrs = median(runs)
-    print(f"AutoLRS (tau {args.tau}->{args.tau_max}, {args.trials} trials of tau/10): steps per seed {runs}, "
+    print(f"AutoLRS (tau {args.tau}->{args.tau_max}, {args.trials} trials of tau/10, validation-scored from "
+          f"tau={args.val_tau or args.tau_max}): steps per seed {runs}, "
           f"median {autolrs}")
     print(f"\nratio best constant / AutoLRS: {constant[best_lr] / autolrs:.2f}  (lr={best_lr:.4g})")
     print(f"ratio best cosine / AutoLRS:   {cosines[best_cosine] / autolrs:.2f}")
