@@ -93,8 +93,9 @@ class DistributedOptimizer(Optimizer):
             device=params[0].device,
         )
         all_reduce_sum_([*grads, counts])
+        torch._foreach_mul_(grads, 1.0 / size)
         for p, grad, used in zip(params, grads, counts[1:].tolist(), strict=True):
-            p.grad = grad.div_(size) if used else None  # no rank touched it: no gradient, as in one process
+            p.grad = grad if used else None  # no rank touched it: no gradient, as in one process
         self._rescale(params, counts[0].item())
 
     def _rescale(self, params: list[torch.Tensor], samples: float) -> None:
