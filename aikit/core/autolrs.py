@@ -177,10 +177,11 @@ class GaussianProcess:
 class LogLRSearch:
     """Ask/tell Bayesian optimisation of one LR in ``[min_lr, max_lr]`` on a log scale.
 
-    The first LR is ``first`` or else drawn at random; later ones minimise ``mean - kappa*std`` of a GP over
-    the scores seen so far, among grid points at least ``min_gap`` (a fraction of the log
-    range) away from every LR already tried, so no LR is tried twice. A non-finite score
-    (a diverged trial) enters the GP as worse than every finite one.
+    The first LR is ``first`` or else drawn at random; later ones minimise
+    ``mean - kappa*std`` of a GP over the scores seen so far, among grid points at least
+    ``min_gap`` (a fraction of the log range) away from every LR already tried, so no LR is
+    tried twice. A non-finite score (a diverged trial) enters the GP as worse than every
+    finite one.
     """
 
     def __init__(self, min_lr: float, max_lr: float, kappa: float = 2.0, rng: np.random.Generator | None = None,
