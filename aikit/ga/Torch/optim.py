@@ -12,8 +12,10 @@ micro-batches of different sizes, say how many samples each holds with
 ``accumulate(model, samples=n)``: a hook on every parameter then weighs that micro-batch's
 gradient by ``n / G`` (times the world size under DDP or Horovod, which average over
 processes) before it is accumulated, so the update is exactly the big-batch mean even when
-ranks hold different numbers of samples. Micro-batches of the even size ``G / (steps x
-world)`` need no multiply, so only ragged ones cost anything.
+ranks hold different numbers of samples. The weights are taken relative to the micro-batch
+size most of the update shares (a plan's micro-batches differ by at most one sample), which the
+update scales once; so even micro-batches cost no multiply and ragged plans pay one only for
+the micro-batches of the other size.
 """
 
 from __future__ import annotations
