@@ -212,12 +212,17 @@ class LogLRSearch:
         self.scores.append(float(score))
 
     def _filled_scores(self) -> np.ndarray:
+        """Scores for the GP: a blow-up (finite but far above the rest, or inf) is capped just
+        above the others, so it marks its region bad without flattening every other score."""
         s = np.asarray(self.scores)
         finite = np.isfinite(s)
         if not finite.any():
             return np.zeros_like(s)
-        lo, hi = s[finite].min(), s[finite].max()
-        return np.where(finite, s, hi + ((hi - lo) or 1.0))
+        best, middle = s[finite].min(), np.median(s[finite])
+        cap = middle + 3.0 * (middle - best) if middle > best else s[finite].max()
+        s = np.where(finite, np.minimum(s, cap), np.inf)
+        top = s[finite].max()
+        return np.where(finite, s, top + ((top - best) or 1.0))
 
 
 # --------------------------------------------------------------------------------------------

@@ -124,6 +124,16 @@ def test_search_finds_the_minimum_of_a_smooth_score():
     assert 10 ** (-4 + 4 * best) == pytest.approx(1e-2, rel=0.25)
 
 
+def test_a_blown_up_trial_does_not_blind_the_search():
+    search = LogLRSearch(1e-4, 1.0, rng=np.random.default_rng(0), first=0.9)
+    search.tell(search.ask(), 1e30)  # a diverging but finite forecast
+    for _ in range(9):
+        lr = search.ask()
+        search.tell(lr, (math.log10(lr) + 2.0) ** 2)
+    best = search.x[int(np.argmin(search.scores))]
+    assert 10 ** (-4 + 4 * best) == pytest.approx(1e-2, rel=0.25)
+
+
 def test_stage_lengths_follow_the_paper():
     lengths = stage_lengths(1000, 8000)
     assert [next(lengths) for _ in range(6)] == [1000, 2000, 4000, 8000, 8000, 8000]
