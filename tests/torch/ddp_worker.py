@@ -18,6 +18,7 @@ SCENARIOS = {
     "even": (16, 4, "sgd", True),  # 2 GA steps of 4 samples per rank
     "ragged": (11, 3, "adam", True),  # steps [3, 3] then [3, 2]: ranks hold different counts
     "plain": (16, 4, "sgd", False),  # the seed recipe: backward + step(), no context manager
+    "empty": (3, 1, "adam", True),  # steps [1, 1] then [1, 0]: rank 1 joins with an empty batch
 }
 UPDATES = 3
 

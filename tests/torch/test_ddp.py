@@ -59,9 +59,10 @@ def test_plan_is_split_over_both_ranks(ranks):
     assert [r["even"]["gpus"] for r in ranks] == [2, 2]
     assert [r["ragged"]["local_sizes"] for r in ranks] == [[3, 3], [3, 2]]  # 11 samples, none lost
     assert sum(sum(r["ragged"]["local_sizes"]) for r in ranks) == 11
+    assert [r["empty"]["local_sizes"] for r in ranks] == [[1, 1], [1, 0]]
 
 
-@pytest.mark.parametrize("name", ["even", "ragged"])
+@pytest.mark.parametrize("name", ["even", "ragged", "empty"])
 def test_accumulate_all_reduces_exactly_once_per_update(ranks, name):
     for result in ranks:
         assert result[name]["allreduce_rounds"] == worker.UPDATES
