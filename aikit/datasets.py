@@ -17,7 +17,8 @@ def digits(test_fraction: float = 0.2, seed: int = 0, dtype=np.float32):
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
     data = load_digits()
-    x = (data.images / 16.0).astype(dtype)[:, None, :, :]
+    images = (data.images / 16.0).astype(dtype)
+    x = images.reshape(len(images), 1, 8, 8)  # reshape, not [:, None]: canonical strides for torch
     y = data.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(y))
     n_test = round(len(y) * test_fraction)
