@@ -19,10 +19,7 @@ def test_without_horovod_the_import_error_says_how_to_install_it(monkeypatch):
         importlib.import_module("aikit.elastic.Torch.horovod")
 
 
-def test_before_hvd_init_the_glue_says_to_initialise(monkeypatch):
-    from conftest import require_horovod
-
-    require_horovod()
+def test_before_hvd_init_the_glue_says_to_initialise(monkeypatch, require_horovod):
     from aikit.elastic.Torch import horovod
 
     model = torch.nn.Linear(2, 1)

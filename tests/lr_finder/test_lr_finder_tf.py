@@ -20,10 +20,9 @@ matplotlib.use("Agg")
 
 
 @pytest.fixture(autouse=True)
-def float64():
-    keras.config.set_floatx("float64")
+def _float64(float64):
+    """Every test here in float64 (the fixture is in tests/conftest.py)."""
     yield
-    keras.config.set_floatx("float32")
 
 
 def data(samples=64, seed=0):

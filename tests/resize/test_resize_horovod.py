@@ -37,18 +37,8 @@ STEP_DELAY = 0.25
 
 
 @pytest.fixture(autouse=True)
-def horovod_built():
-    try:
-        import horovod.torch as hvd
-
-        missing = None if HOROVODRUN.exists() and hvd.gloo_built() else f"{HOROVODRUN} or gloo support missing"
-    except ImportError as error:
-        missing = f"import horovod.torch failed: {error}"
-    if missing:
-        message = f"Horovod is not installed ({missing}): run scripts/install_horovod.sh"
-        if os.environ.get("AIKIT_REQUIRE_HOROVOD") == "1":
-            pytest.fail(f"AIKIT_REQUIRE_HOROVOD=1 but {message}")
-        pytest.skip(message)
+def _horovod(require_horovod):
+    """Every test here needs Horovod (the fixture is in tests/conftest.py)."""
 
 
 def set_hosts(run_dir: Path, *hosts: str) -> None:

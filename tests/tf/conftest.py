@@ -1,4 +1,4 @@
-"""TensorFlow/Keras tests: Keras on its TF backend, float64 where a test compares updates."""
+"""TensorFlow/Keras tests: Keras on its TF backend (the ``float64`` fixture is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,3 @@ import pytest
 pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-
-@pytest.fixture
-def float64():
-    """Keras layers in float64 for the test, so GA and a big batch agree to ~1e-12."""
-    previous = keras.config.floatx()
-    keras.config.set_floatx("float64")
-    yield
-    keras.config.set_floatx(previous)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tf_common import data, gradients, keras, max_difference, mlp
 
@@ -49,15 +49,10 @@ def test_ga_equals_big_batch(float64, name):
         np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-10, atol=1e-13)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.integers(1, 4), micro=st.integers(1, 3), updates=st.integers(1, 3))
-def test_ga_equals_big_batch_for_any_split(steps, micro, updates):
-    previous = keras.config.floatx()
-    keras.config.set_floatx("float64")
-    try:
-        big, small, _, ga = train_big_and_ga(OPTIMIZERS["adam-schedule-wd-clip"], steps, micro, updates)
-    finally:
-        keras.config.set_floatx(previous)
+def test_ga_equals_big_batch_for_any_split(float64, steps, micro, updates):
+    big, small, _, ga = train_big_and_ga(OPTIMIZERS["adam-schedule-wd-clip"], steps, micro, updates)
     assert max_difference(big, small) < 1e-12
     assert int(ga.iterations) == updates
 
