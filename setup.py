@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
@@ -5,7 +7,7 @@ setup(
     version="0.1.0",
     description="Elastic batch sizes for PyTorch and TensorFlow/Keras: plans, gradient "
     "accumulation, batch-size traces, LR range tests and AutoLRS",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["aikit", "aikit.*"]),
