@@ -11,30 +11,13 @@ across them); rank 0's value is used.
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from aikit.autolrs.plot import plot_progress
 from aikit.core.autolrs import Action, Controller
-from aikit.elastic.Torch import collectives
-
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+from aikit.elastic.Torch import collectives, random_state
 
 
 class AutoLRS:
@@ -121,11 +104,11 @@ class AutoLRS:
         self._checkpoint = {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "rng": rng_state(),
+            "rng": random_state.get_state(),
         }
 
     def _restore(self) -> None:
         self.model.load_state_dict(self._checkpoint["model"])
         # A copy: the optimizer updates its loaded state tensors in place.
         self.optimizer.load_state_dict(copy.deepcopy(self._checkpoint["optimizer"]))
-        set_rng_state(self._checkpoint["rng"])
+        random_state.set_state(self._checkpoint["rng"])

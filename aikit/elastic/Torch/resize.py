@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from aikit.core.schedule import Schedule
-from aikit.elastic.Torch import distributed
+from aikit.elastic.Torch import distributed, random_state
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
@@ -149,7 +149,7 @@ class ElasticState:
                 "world_size": distributed.world_size(),
                 "schedule": self._schedule_identity(),
                 "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
-                "rng": _rng_state(),
+                "rng": random_state.get_state(),
             }
             self.directory.mkdir(parents=True, exist_ok=True)
             _atomic_save(payload, self.path, self.fsync)
@@ -354,21 +354,10 @@ def _atomic_save(payload: dict, path: Path, fsync: bool = True) -> None:
             os.close(fd)
 
 
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
 def _set_rng_state(state: dict, rank: int) -> None:
     """Rank 0 continues the saved random streams; every other rank gets its own streams,
     seeded from them and its rank (workers must not draw the same dropout masks)."""
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+    random_state.set_state(state)
     if rank:
         digest = hashlib.sha256(state["torch"].numpy().tobytes() + rank.to_bytes(8, "little")).digest()
         seed = int.from_bytes(digest[:8], "little") >> 1
