@@ -106,3 +106,25 @@ def test_a_trace_that_runs_out_is_an_error_naming_the_fix_not_an_index_error():
     stopping = CustomSampler(40, [8, 8, 8, 8, 8, 8], minibatch_size=4, when_exhausted="stop")
     stopping.set_epoch(1)  # the policy 'stop' trains the last, partial epoch
     assert len(list(stopping)) == 2
+
+
+def test_set_world_re_deals_the_rest_of_the_epoch_without_losing_or_repeating_a_sample():
+    trace, size = [64, 96, 128, 64, 32], 384  # one full epoch
+    two = [CustomSampler(size, trace, num_replicas=2, rank=r, minibatch_size=32) for r in range(2)]
+    trained = []
+    for sampler in two:  # both ranks train steps 0 and 1, then the world shrinks/grows
+        batches = iter(sampler)
+        for _ in range(sampler.epoch_schedule.counts(sampler.rank)[:2].sum()):
+            trained += next(batches)
+    three = []
+    for r in range(3):
+        sampler = CustomSampler(size, trace, num_replicas=2, rank=min(r, 1), minibatch_size=32)
+        sampler.resume(0, 2, 0)
+        sampler.set_world(3, r)
+        assert (sampler.num_replicas, sampler.rank, sampler.step) == (3, r, 2)
+        three += [i for batch in sampler for i in batch]
+    whole_epoch = CustomSampler(size, trace, num_replicas=1, rank=0, minibatch_size=32)
+    expected = [i for batch in whole_epoch for i in batch]
+    assert sorted(trained + three) == sorted(expected) and len(set(trained + three)) == len(expected)
+    with pytest.raises(ValueError, match=r"rank must be an integer in 0..2, got 3"):
+        CustomSampler(size, trace, num_replicas=2, rank=0, minibatch_size=32).set_world(3, 3)

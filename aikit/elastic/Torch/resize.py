@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aikit.core.schedule import Schedule
 from aikit.elastic.Torch import distributed, random_state
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
@@ -261,10 +260,7 @@ class ElasticState:
             return
         sampler, (replicas, rank) = opt.sampler, _world()
         if (sampler.num_replicas, sampler.rank) != (replicas, rank):
-            old = sampler.schedule
-            sampler.schedule = Schedule(old.trace, old.dataset_size, replicas, old.minibatch_size, old.seed,
-                                        old.shuffle, old.balanced)
-            sampler.rank = rank
+            sampler.set_world(replicas, rank)
             if opt.micro == 0:
                 opt.load_state_dict(opt.state_dict())
 

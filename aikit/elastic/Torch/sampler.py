@@ -58,9 +58,7 @@ class CustomSampler(Sampler[list[int]]):
             num_replicas = engine_replicas if num_replicas is None else num_replicas
             rank = engine_rank if rank is None else rank
         self.schedule = Schedule(load_trace(trace, when_exhausted), size, num_replicas, minibatch_size, seed, shuffle)
-        if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < self.schedule.num_replicas:
-            raise ValueError(f"rank must be an integer in 0..{self.schedule.num_replicas - 1}, got {rank!r}")
-        self.rank = int(rank)
+        self.rank = _checked_rank(rank, self.schedule.num_replicas)
         self.set_epoch(0)
         _latest = self
 
@@ -127,6 +125,16 @@ class CustomSampler(Sampler[list[int]]):
             )
         self.resume(state["epoch"], state["step"], state["micro"])
 
+    def set_world(self, num_replicas: int, rank: int) -> None:
+        """Deal the same schedule to a new world (an elastic resize): every step keeps its global
+        batch and samples, only their deal to replicas changes. Position: the start of the
+        current step (a step cut short by the resize is retrained)."""
+        old = self.schedule
+        self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, old.minibatch_size, old.seed,
+                                 old.shuffle, old.balanced)
+        self.rank = _checked_rank(rank, num_replicas)
+        self.resume(self.epoch, self.step, 0)
+
     def resume(self, epoch: int, step: int, micro: int) -> None:
         """Position at micro-batch ``micro`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
         plan = self.schedule.epoch(epoch)
@@ -135,6 +143,12 @@ class CustomSampler(Sampler[list[int]]):
             raise ValueError(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
         self.epoch_schedule, self._start, self._resumed = plan, (step, micro), True
         self.step, self.micro = step, micro
+
+
+def _checked_rank(rank: object, num_replicas: int) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be an integer in 0..{num_replicas - 1}, got {rank!r}")
+    return int(rank)
 
 
 def _dataset_size(dataset: Sized | int | None, dataset_size: int | None) -> int:
