@@ -167,7 +167,7 @@ def make_plan(
         raise ValueError(
             f"global_batch_size {g} does not split evenly over {devices} devices with at most "
             f"{m} samples each: use global_batch_size {below} or {above}, or policy "
-            f"'ragged' (exact weighted micro-batches) or 'fewer_devices'"
+            f"'fewer_devices' (an even split on fewer devices) or, in PyTorch, 'ragged' (exact weighted micro-batches)"
         )
     sizes = tuple(tuple(base + (s * devices + d < extra) for d in range(devices)) for s in range(steps))
     return Plan(g, m, n, sizes, policy, rank)
