@@ -1,8 +1,10 @@
-"""One replica of a real ``torchrun`` (gloo) run through a random trace.
+"""One replica of a real 2-process run through a random trace, over torch.distributed (gloo)
+or Horovod.
 
 Saves, per rank, the parameters after every update, the sample indices it trained on, and the
 BatchNorm counters of a second run in which it has steps with no micro-batch.
 Usage: torchrun --standalone --nproc-per-node 2 replica_worker.py OUT_DIR SEED
+       horovodrun -np 2 -H localhost:2 --gloo python replica_worker.py OUT_DIR SEED horovod
 """
 
 import sys
@@ -14,12 +16,24 @@ from torch import nn
 from torch.utils.data import DataLoader
 from trace_common import MINIBATCH, dataset, make_model, random_trace
 
-from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer
+from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer, distributed
 
 
-def main(out: Path, seed: int) -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+def start(engine: str) -> int:
+    """Join the 2-process world of ``engine``; aikit must detect it on its own."""
+    if engine == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+    else:
+        dist.init_process_group("gloo")
+    rank = distributed.rank()
+    assert (distributed.engine(), distributed.world_size()) == (engine, 2)
+    return rank
+
+
+def main(out: Path, seed: int, engine: str) -> None:
+    rank = start(engine)
     data = dataset()
     sizes = random_trace(seed, len(data))
 
@@ -56,8 +70,9 @@ def main(out: Path, seed: int) -> None:
          "bn_tracked": int(bn_model[1].num_batches_tracked), "bn_params": list(bn_model.parameters())},
         out / f"rank{rank}.pt",
     )
-    dist.destroy_process_group()
+    if engine == "torch.distributed":
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "torch.distributed")
