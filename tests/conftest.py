@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
+# torchrun sets these for its workers; inherited from a surrounding launch they would confuse it
+TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(scope="session")
+def torchrun():
+    """``run(script, *args)``: a real ``torchrun --standalone --nproc-per-node 2`` (gloo on CPU)
+    of a Python script; fails the test with the end of its output when it exits non-zero."""
+
+    def run(script: Path | str, *args: object, timeout: float = 240) -> subprocess.CompletedProcess:
+        env = {name: value for name, value in os.environ.items() if name not in TORCHRUN_VARIABLES}
+        env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   str(script), *map(str, args)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if done.returncode:
+            pytest.fail(f"torchrun {script} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}")
+        return done
+
+    return run
 
 
 def horovod_missing() -> str | None:

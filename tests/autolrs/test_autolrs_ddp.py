@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,18 +12,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as out:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(name, None)
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                   str(WORKER), out]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(2)]
+def ranks(torchrun, tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("autolrs_ddp")
+    torchrun(WORKER, out)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def test_every_rank_steps_at_rank_0s_lrs(ranks):

@@ -4,9 +4,6 @@ LRs and records the rank-averaged loss, so every rank stops together; one plot, 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,15 +13,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
+def ranks(torchrun, tmp_path_factory) -> tuple[Path, list[dict]]:
     out = tmp_path_factory.mktemp("lr_finder_ddp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-               str(WORKER), str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    torchrun(WORKER, out)
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -3,10 +3,6 @@ single-process big-batch update, every sample is trained exactly once per epoch,
 with nothing to do in a step joins the all-reduce without a batch. (The same over Horovod:
 tests/horovod/test_horovod_trace.py.)"""
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +19,9 @@ SEED = 3
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def ranks(torchrun, tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun")
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
-    done = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node", "2", str(HERE / "replica_worker.py"), str(out), str(SEED)],
-        env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    torchrun(HERE / "replica_worker.py", out, SEED)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
