@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
-from aikit.core.plan import Plan, make_plan, positive_int
+from aikit.core.plan import Plan, make_plan, nearest_even_batches, positive_int
 from aikit.elastic import PUBLIC, publish
-from aikit.elastic.Torch import distributed
+from aikit.elastic.Torch import distributed, spmd
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import (
@@ -31,13 +31,17 @@ __all__ = [
     "TraceOptimizer",
     "distributed",
     "init",
+    "spmd",
     "summary",
 ]
 
 
 def init(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = None, policy: str = "ragged") -> Plan:
     """Plan how ``global_batch_size`` samples per update run here, at most
-    ``max_gpu_batch_size`` per device, and publish the plan on this module."""
+    ``max_gpu_batch_size`` per device, and publish the plan on this module. Under torch_xla's
+    SPMD the devices are the mesh's data axis and the split must be even (one shard shape);
+    each GA step then feeds ``batch_size x gpus`` samples, sharded by
+    :func:`aikit.elastic.Torch.spmd.shard`."""
     processes = distributed.world_size()
     devices = distributed.device_count() if gpus is None else positive_int(gpus, "gpus")
     if processes > 1 and devices != processes:
@@ -51,6 +55,13 @@ def init(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = Non
             f"the plan uses {plan.gpus} of the {processes} processes (policy {policy!r}, "
             f"global_batch_size {plan.global_batch_size}), but every process of a "
             f"{distributed.engine()} run must train: launch {plan.gpus} processes or use policy 'ragged'"
+        )
+    if distributed.spmd_devices() > 1 and not (plan.is_even and plan.gpus == devices):
+        below, above = nearest_even_batches(plan.global_batch_size, plan.max_gpu_batch_size, devices)
+        raise ValueError(
+            f"global_batch_size {plan.global_batch_size} does not split evenly over the {devices} devices of the "
+            f"SPMD mesh with at most {plan.max_gpu_batch_size} samples each (every device gets one shard of the "
+            f"same shape): use global_batch_size {below} or {above}"
         )
     publish(plan, sys.modules[__name__])
     return plan

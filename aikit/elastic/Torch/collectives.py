@@ -5,54 +5,44 @@ The engine is torch_xla when the tensors live on an XLA device; otherwise the on
 GPU), Horovod when the program initialised it, or a single process with nothing to do.
 No engine is imported here unless it is in use.
 
-Multi-host TPU follows seed 001: every host runs its own XLA world of local devices, and the
-hosts are joined by a gloo group over TCP among their local ordinal 0 processes, configured by
-``MY_HOST_WORLD_SIZE``, ``MY_HOST_ORDINAL`` and ``MY_DIST_ROOT`` (``host:port`` of host 0).
-An all-reduce then sums on each host, sums across hosts on ordinal 0, and shares the result
-on each host with a second local sum in which the other ordinals contribute zeros.
+Multi-host XLA follows eth-easl's scheme: every host runs its own XLA world of local devices,
+and the hosts are joined by a gloo group over TCP among their local ordinal 0 processes,
+configured by ``MY_HOST_WORLD_SIZE``, ``MY_HOST_ORDINAL`` and ``MY_DIST_ROOT`` (``host:port`` of
+host 0). The group is aikit's own (not torch.distributed's default group, which stays the
+user's), made by the first collective that needs it. An all-reduce sums on each host, sums
+across hosts on ordinal 0, and shares the result on each host with a second local sum in which
+the other ordinals contribute zeros; a broadcast goes from the source replica to its host's
+ordinal 0, across the hosts, and from each ordinal 0 to its host.
+
+An SPMD process is one replica (its devices are reduced over by the partitioner), so every
+collective here is the identity there.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections import defaultdict
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from aikit.elastic.Torch import distributed
 
-
-def _hosts() -> tuple[int, int]:
-    """(number of hosts, this host's ordinal) from seed 001's environment variables."""
-    hosts, host = int(os.environ.get("MY_HOST_WORLD_SIZE", "1")), int(os.environ.get("MY_HOST_ORDINAL", "0"))
-    if hosts < 1 or not 0 <= host < hosts:
-        raise ValueError(
-            f"MY_HOST_ORDINAL={host} must lie in 0..MY_HOST_WORLD_SIZE-1 and MY_HOST_WORLD_SIZE={hosts} be "
-            ">= 1: set them to this host's index and the number of hosts"
-        )
-    return hosts, host
+HOST_TIMEOUT = timedelta(minutes=30)  # torch.distributed's default for gloo
 
 
 def engine(device: torch.device | str | None = None) -> str:
     """The engine collectives on ``device`` go through: "xla" for tensors on an XLA device, else
-    :func:`aikit.elastic.Torch.distributed.engine` ("torch.distributed", "horovod", "single")."""
+    :func:`aikit.elastic.Torch.distributed.engine`."""
     if device is not None and torch.device(device).type == "xla":
         return "xla"
     return distributed.engine()
 
 
 def world(device: torch.device | str | None = None) -> tuple[int, int]:
-    """(replicas, this replica's rank): torch_xla's world (times the hosts of seed 001's scheme)
-    when ``device`` is an XLA device or, with no device given, torch_xla is imported; else the
-    world of :mod:`aikit.elastic.Torch.distributed`."""
-    if engine(device) == "xla" or (device is None and "torch_xla" in sys.modules):
-        import torch_xla.runtime as xr
-
-        hosts, host = _hosts()
-        local = xr.world_size()
-        return hosts * local, host * local + xr.global_ordinal()
+    """(replicas, this replica's rank), as :mod:`aikit.elastic.Torch.distributed` detects them
+    (``device`` is accepted for callers that have one; the world does not depend on it)."""
     return distributed.world_size(), distributed.rank()
 
 
@@ -64,53 +54,78 @@ def _buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
-def _torch_all_reduce_(tensors: list[torch.Tensor], group=None) -> None:
+def _torch_all_reduce_(tensors: list[torch.Tensor]) -> None:
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     for bucket in _buckets(tensors):
         flat = _flatten_dense_tensors(bucket)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         for tensor, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
             tensor.copy_(reduced)
 
 
-_host_group_ready = False
+_host_group: dist.ProcessGroupGloo | None = None
 
 
-def _init_host_group() -> None:
-    """Join the hosts' local ordinal 0 processes in a gloo group (seed 001's ``init_group``)."""
-    global _host_group_ready
-    if not _host_group_ready:
-        hosts, host = _hosts()
-        root = os.environ.get("MY_DIST_ROOT")
-        if not root:
+def _hosts_group() -> dist.ProcessGroupGloo:
+    """The gloo group of the hosts' local ordinal 0 processes (eth-easl's ``init_group``)."""
+    global _host_group
+    if _host_group is None:
+        hosts, host = distributed.hosts()
+        root = os.environ.get("MY_DIST_ROOT", "")
+        address, _, port = root.rpartition(":")
+        if not address or not port.isdigit():
             raise RuntimeError(
-                f"MY_HOST_WORLD_SIZE={hosts} needs MY_DIST_ROOT=host:port of host 0 for the gloo group "
-                "that joins the hosts"
+                f"MY_HOST_WORLD_SIZE={hosts} needs MY_DIST_ROOT=host:port of host 0 for the gloo group that "
+                f"joins the hosts, got {root!r}"
             )
-        dist.init_process_group("gloo", init_method=f"tcp://{root}", world_size=hosts, rank=host)
-        _host_group_ready = True
+        store = dist.TCPStore(address, int(port), hosts, is_master=host == 0, timeout=HOST_TIMEOUT)
+        _host_group = dist.ProcessGroupGloo(dist.PrefixStore("aikit-hosts", store), host, hosts, HOST_TIMEOUT)
+    return _host_group
+
+
+def _across_hosts(tensors: list[torch.Tensor], collective) -> None:
+    """Run ``collective(flat_cpu_buffer)`` over the host group on a copy of ``tensors`` (one
+    flat host-memory buffer per dtype) and write the result back to their device."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    for bucket in _buckets(tensors):
+        flat = _flatten_dense_tensors([tensor.detach().cpu() for tensor in bucket])
+        collective(flat).wait()
+        for tensor, result in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
+            tensor.copy_(result.to(tensor.device))
 
 
 def _xla_all_reduce_(tensors: list[torch.Tensor]) -> None:
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
-    local = xr.world_size()
+    local = 1 if xr.is_spmd() else xr.world_size()
     if local > 1:
         xm.all_reduce(xm.REDUCE_SUM, tensors)
-    if _hosts()[0] > 1:
+    if distributed.hosts()[0] > 1:
         if xr.global_ordinal() == 0:
-            _init_host_group()
-            on_cpu = [tensor.cpu() for tensor in tensors]
-            _torch_all_reduce_(on_cpu)
-            for tensor, reduced in zip(tensors, on_cpu, strict=True):
-                tensor.copy_(reduced.to(tensor.device))
+            _across_hosts(tensors, lambda flat: _hosts_group().allreduce([flat]))
         else:
             for tensor in tensors:
                 tensor.zero_()
         if local > 1:
             xm.all_reduce(xm.REDUCE_SUM, tensors)
+
+
+def _xla_broadcast_(tensors: list[torch.Tensor], src: int) -> None:
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    local = 1 if xr.is_spmd() else xr.world_size()
+    src_host, src_local = divmod(src, local)
+    if local > 1:  # the source's value to its host's ordinal 0 (other hosts: overwritten below)
+        xm.collective_broadcast(tensors, root_ordinal=src_local)
+    if distributed.hosts()[0] > 1:
+        if xr.global_ordinal() == 0:
+            _across_hosts(tensors, lambda flat: _hosts_group().broadcast([flat], src_host))
+        if local > 1:
+            xm.collective_broadcast(tensors, root_ordinal=0)
 
 
 def _horovod():
@@ -151,13 +166,7 @@ def broadcast_(tensors: list[torch.Tensor], src: int = 0) -> None:
         return
     kind = _checked(engine(tensors[0].device))
     if kind == "xla":
-        import torch_xla.core.xla_model as xm
-        import torch_xla.runtime as xr
-
-        if _hosts()[0] > 1:
-            raise NotImplementedError("broadcast across TPU hosts is not supported: seed every host's model alike")
-        if xr.world_size() > 1:
-            xm.collective_broadcast(tensors, root_ordinal=src)
+        _xla_broadcast_(tensors, src)
     elif kind == "horovod" and _horovod().size() > 1:
         for tensor in tensors:
             _horovod().broadcast_(tensor, root_rank=src)

@@ -16,7 +16,7 @@ from torch.utils.data import Sampler
 
 from aikit.core.schedule import EpochSchedule, Schedule
 from aikit.core.trace import Trace, load_trace
-from aikit.elastic.Torch.collectives import world
+from aikit.elastic.Torch import distributed, spmd
 
 _latest: CustomSampler | None = None
 
@@ -33,7 +33,9 @@ class CustomSampler(Sampler[list[int]]):
     thing. ``trace`` is a CSV path (``step,batchsize``), a list of sizes, an int (constant) or a
     :class:`~aikit.core.trace.Trace`; ``when_exhausted`` overrides its end-of-trace policy.
     ``num_replicas`` and ``rank`` default to the running engine (torch.distributed, Horovod or
-    torch_xla). Every epoch is a fresh permutation seeded by ``seed`` and the epoch.
+    torch_xla). Every epoch is a fresh permutation seeded by ``seed`` and the epoch. Under
+    torch_xla's SPMD the process is one replica and each micro-batch holds ``minibatch_size``
+    samples for every device of the mesh (see :mod:`aikit.elastic.Torch.spmd`).
     """
 
     def __init__(
@@ -54,10 +56,13 @@ class CustomSampler(Sampler[list[int]]):
         if trace is None:
             raise ValueError("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
         if num_replicas is None or rank is None:
-            engine_replicas, engine_rank = world()
+            engine_replicas, engine_rank = distributed.world_size(), distributed.rank()
             num_replicas = engine_replicas if num_replicas is None else num_replicas
             rank = engine_rank if rank is None else rank
-        self.schedule = Schedule(load_trace(trace, when_exhausted), size, num_replicas, minibatch_size, seed, shuffle)
+        trace = load_trace(trace, when_exhausted)
+        self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
+        micro = spmd.micro_batch(trace, minibatch_size, self.devices)
+        self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle)
         self.rank = _checked_rank(rank, self.schedule.num_replicas)
         self.set_epoch(0)
         _latest = self
@@ -68,7 +73,8 @@ class CustomSampler(Sampler[list[int]]):
 
     @property
     def minibatch_size(self) -> int:
-        return self.schedule.minibatch_size
+        """Samples per device in a micro-batch (an SPMD micro-batch spans ``devices`` of them)."""
+        return self.schedule.minibatch_size // self.devices
 
     @property
     def dataset_size(self) -> int:
