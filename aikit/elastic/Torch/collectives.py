@@ -105,7 +105,7 @@ def _xla_all_reduce_(tensors: list[torch.Tensor]) -> None:
         xm.all_reduce(xm.REDUCE_SUM, tensors)
     if distributed.hosts()[0] > 1:
         if xr.global_ordinal() == 0:
-            _across_hosts(tensors, lambda flat: _hosts_group().allreduce([flat]))
+            _across_hosts(tensors, lambda flat: _hosts_group().allreduce(flat))
         else:
             for tensor in tensors:
                 tensor.zero_()
@@ -123,7 +123,7 @@ def _xla_broadcast_(tensors: list[torch.Tensor], src: int) -> None:
         xm.collective_broadcast(tensors, root_ordinal=src_local)
     if distributed.hosts()[0] > 1:
         if xr.global_ordinal() == 0:
-            _across_hosts(tensors, lambda flat: _hosts_group().broadcast([flat], src_host))
+            _across_hosts(tensors, lambda flat: _hosts_group().broadcast(flat, src_host))
         if local > 1:
             xm.collective_broadcast(tensors, root_ordinal=0)
 
