@@ -83,7 +83,7 @@ def main(out: Path, seed: int) -> None:
     samples, compiles = [], []
     for epoch in range(EPOCHS):
         train_epoch(model, sampler, optimizer, data, device, epoch, samples)
-        compiles.append(met.metric_data("CompileTime")[0])
+        compiles.append((met.metric_data("CompileTime") or [0])[0])
         for i, p in enumerate(model.parameters()):
             result[f"epoch{epoch}_param{i}"] = p.detach().cpu().numpy()
     result["samples"] = np.array(samples)

@@ -73,7 +73,7 @@ def main(out: Path, seed: int) -> None:
                 result["sharding"] = np.array(torch_xla._XLAC._get_xla_sharding_spec(x))
             nn.functional.mse_loss(model(x), y[:, :1]).backward()
             optimizer.step()
-        compiles.append(met.metric_data("CompileTime")[0])
+        compiles.append((met.metric_data("CompileTime") or [0])[0])
         for i, p in enumerate(model.parameters()):
             result[f"epoch{epoch}_param{i}"] = p.detach().cpu().numpy()
     result["samples"], result["compiles"] = np.array(samples), np.array(compiles)
