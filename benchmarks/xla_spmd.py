@@ -140,7 +140,7 @@ def main() -> None:
         return
     results = []
     for devices in args.devices:
-        env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices),
+        env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices),
                "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         command = [sys.executable, __file__, "--child", str(devices), "--rounds", str(args.rounds),
                    "--updates", str(args.updates), "--trace-steps", str(args.trace_steps)]

