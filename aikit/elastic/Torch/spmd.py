@@ -98,6 +98,7 @@ def shard(batch: Any, mesh=None) -> Any:
     """``batch`` (a tensor, or a tuple, list or dict of them) on the XLA device, every tensor
     split along its first dimension over the mesh's ``"data"`` axis."""
     import torch_xla
+    import torch_xla.core.xla_model as xm
     import torch_xla.distributed.spmd as xs
 
     mesh = _mesh(mesh)
@@ -110,9 +111,12 @@ def shard(batch: Any, mesh=None) -> Any:
                 f"'{DATA_AXIS}' axis: its first dimension must be a multiple of {devices} (CustomSampler's "
                 "micro-batches are)"
             )
-        on_device = tensor.to(torch_xla.device())
-        xs.mark_sharding(on_device, mesh, (DATA_AXIS,) + (None,) * (tensor.dim() - 1))
-        return on_device
+        spec = (DATA_AXIS,) + (None,) * (tensor.dim() - 1)
+        if tensor.device.type == "xla":
+            return xs.mark_sharding(tensor, mesh, spec).global_tensor
+        # from host memory, each device receives only its shard (torch_xla's MpDeviceLoader path)
+        sharding = xs.ShardingSpec(mesh, spec)
+        return xm.send_cpu_data_to_device([tensor.cpu()], torch_xla.device(), input_sharding=sharding)[0]
 
     return _map_tensors(batch, place)
 
