@@ -17,6 +17,7 @@ the nearest valid sizes) rather than padded: padding needs dummy samples, which 
 training mode would average into its statistics, and masking them out of every layer is not
 something a wrapper can do for an arbitrary model.
 
+    import torch_xla
     import torch_xla.runtime as xr
     from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer, spmd
 
