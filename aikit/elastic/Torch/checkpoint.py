@@ -158,10 +158,10 @@ def _encode(value, where: str, tensors: dict[str, torch.Tensor]):
     if isinstance(value, torch.Tensor):
         return {"tensor": _add_tensor(value, where, tensors)}
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
-        array = np.asarray(value)
-        native = array.astype(array.dtype.newbyteorder("="), copy=False)
-        name = _add_tensor(torch.from_numpy(np.ascontiguousarray(native).reshape(array.shape)), where, tensors)
-        return {"ndarray": name, "dtype": array.dtype.str, "scalar": isinstance(value, np.generic)}
+        array = np.asarray(value)  # its bytes as they are: any dtype and byte order, any torch version
+        raw = torch.from_numpy(np.frombuffer(bytearray(array.tobytes()), np.uint8))
+        return {"ndarray": _add_tensor(raw, where, tensors), "dtype": array.dtype.str, "shape": list(array.shape),
+                "scalar": isinstance(value, np.generic)}
     raise InvalidType(
         f"commit() cannot keep {where}: a {type(value).__module__}.{type(value).__qualname__} is not data a "
         "checkpoint holds (tensors, NumPy arrays, None, bool, int, float, str, and lists, tuples and dicts of "
@@ -258,7 +258,8 @@ def _decode(value, tensors: dict[str, torch.Tensor]):
     if tag == "tensor":
         return tensors[value["tensor"]]
     if tag == "ndarray":
-        array = tensors[value["ndarray"]].numpy().astype(np.dtype(value["dtype"]))
+        raw = tensors[value["ndarray"]].numpy().tobytes()
+        array = np.frombuffer(raw, np.dtype(value["dtype"])).reshape(value["shape"]).copy()
         return array[()] if value["scalar"] else array
     raise CheckpointError(f"unknown entry {str(value)[:80]!r} in the checkpoint's state")
 
