@@ -229,11 +229,11 @@ def load_trace(
 
 def multiple_problems(trace: Trace, multiple: int, what: str) -> list[str]:
     """One line per trace entry that is not a multiple of ``multiple``, with nearby valid sizes."""
-    bad = np.flatnonzero(trace.sizes % multiple)
+    bad = np.flatnonzero(trace.sizes % multiple) if multiple <= MAX_BATCH_SIZE else np.arange(len(trace))
     problems = []
     for row in bad.tolist():
         size = int(trace.sizes[row])
-        below, above = (size // multiple) * multiple, math.ceil(size / multiple) * multiple
+        below, above = (size // multiple) * multiple, -(-size // multiple) * multiple
         nearest = f"{below} or {above}" if below else f"{above}"
         problems.append(
             f"row {row} (step {row}): batch size {size} is not a multiple of {what} {multiple}; use {nearest}"
