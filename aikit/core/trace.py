@@ -68,7 +68,7 @@ def exact_int(value: Real | decimal.Decimal) -> int | None:
     if isinstance(value, Integral):
         return int(value)
     if isinstance(value, decimal.Decimal):
-        exact = value.is_finite() and abs(value) <= 2**64 and value == value.to_integral_value()
+        exact = value.is_finite() and abs(value) <= 10**100 and value == value.to_integral_value()
         return int(value) if exact else None
     value = float(value)
     return int(value) if math.isfinite(value) and value.is_integer() and abs(value) <= _EXACT_FLOAT else None
@@ -149,8 +149,8 @@ def _text(path: Path) -> str:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
-        raise TraceFileError(f"trace {path}, line {line}: byte {raw[error.start]:#04x} is not UTF-8 text: "
-                             "save the trace as UTF-8 (plain 'step,batchsize' CSV)") from None
+        raise TraceFileError(f"trace {path}, line {line}: byte {raw[error.start]:#04x} is not UTF-8 text: save it as "
+                             "UTF-8 (plain 'step,batchsize' CSV)") from None
     if "\0" in text:
         line = text[: text.index("\0")].count("\n") + 1
         raise TraceFileError(f"trace {path}, line {line}: a NUL byte; a trace is plain 'step,batchsize' CSV text")
@@ -171,7 +171,7 @@ def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error") -> Tr
     """Load a ``step,batchsize`` CSV, naming the file, row, line and value of anything malformed.
     Blank lines are skipped (and counted in line numbers); sizes are read as exact integers."""
     path = Path(path)
-    reader = csv.reader(io.StringIO(_text(path)), skipinitialspace=True)
+    reader = csv.reader(io.StringIO(_text(path)), skipinitialspace=True, strict=True)
     header, sizes = None, []
     try:
         for cells in reader:
