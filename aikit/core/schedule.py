@@ -159,7 +159,7 @@ class Schedule:
         if problems:
             shown = "\n  ".join(problems[:10])
             more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-            raise ValueError(f"trace {self.trace.source} cannot be scheduled:\n  {shown}{more}")
+            raise InvalidValue(f"trace {self.trace.source} cannot be scheduled:\n  {shown}{more}")
         self._starts = [0]  # first trace step of each epoch found so far
         self._tail: tuple[int, int] | None = None  # (start, end) of the trace's last, partial epoch
 
@@ -192,8 +192,10 @@ class Schedule:
 
     def epoch_bounds(self, epoch: int) -> tuple[int, int, bool]:
         """``(first, end, complete)``: the trace steps ``first..end-1`` that make up ``epoch``."""
-        if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, Integral):
+            raise InvalidType(f"epoch must be a non-negative integer, got {epoch!r:.60}")
+        if epoch < 0:
+            raise InvalidValue(f"epoch must be a non-negative integer, got {epoch}")
         epoch = int(epoch)
         self._find_epochs(epoch + 1)
         if epoch + 1 < len(self._starts):

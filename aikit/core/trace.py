@@ -266,7 +266,7 @@ def step_increase(
     the learning rate, increase the batch size" (Smith et al., 2018)."""
     initial, every, steps = (positive_int(v, n) for v, n in ((initial, "initial"), (every, "every"), (steps, "steps")))
     if not factor > 0:
-        raise ValueError(f"factor must be positive, got {factor!r}")
+        raise InvalidValue(f"factor must be positive, got {factor!r}")
     sizes = initial * float(factor) ** (np.arange(steps) // every)
     if maximum is not None:
         sizes = np.minimum(sizes, positive_int(maximum, "maximum"))

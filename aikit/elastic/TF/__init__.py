@@ -71,7 +71,7 @@ def init(
     if gpus is not None:
         gpus = positive_int(gpus, "gpus")
         if gpus > available:
-            raise ValueError(
+            raise InvalidValue(
                 f"gpus={gpus} but only {available} device(s) can be used here "
                 f"({type(chosen).__name__}): pass gpus={available} or fewer, or leave gpus out"
             )
@@ -84,7 +84,7 @@ def init(
     if hvd is None:
         chosen = strategies.mirrored_on(chosen, new_plan.gpus)
     elif new_plan.gpus != hvd.size():
-        raise ValueError(
+        raise InvalidValue(
             f"the plan uses {new_plan.gpus} of the {hvd.size()} Horovod processes (global_batch_size {g}), "
             f"but every process must train: launch {new_plan.gpus} process(es), or use a global batch "
             f"that splits evenly over {hvd.size()}"
