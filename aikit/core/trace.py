@@ -172,42 +172,50 @@ def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error") -> Tr
     Blank lines are skipped (and counted in line numbers); sizes are read as exact integers."""
     path = Path(path)
     reader = csv.reader(io.StringIO(_text(path)), skipinitialspace=True, strict=True)
-    header, sizes = None, []
+    header, columns, sizes = None, (0, 0), []
     try:
         for cells in reader:
-            line = reader.line_num
+            if header is not None and len(cells) == len(header):  # the common case, kept fast
+                step, size = cells[columns[0]].strip(), cells[columns[1]].strip()
+                if step.isascii() and step.isdigit() and size.isascii() and size.isdigit() \
+                        and int(step) == len(sizes) and 0 < int(size) <= MAX_BATCH_SIZE:
+                    sizes.append(int(size))
+                    continue
             if not any(cell.strip() for cell in cells):
                 continue  # a blank line
             if header is None:
                 header = [cell.strip().lower() for cell in cells]
                 missing = {"step", "batchsize"} - set(header)
                 if missing:
-                    raise TraceFileError(f"trace {path}, line {line}: columns must be 'step,batchsize', found "
-                                         f"{header!r:.200} (missing {sorted(missing)})")
-                step_at, size_at = header.index("step"), header.index("batchsize")
+                    raise TraceFileError(f"trace {path}, line {reader.line_num}: columns must be 'step,batchsize', "
+                                         f"found {header!r:.200} (missing {sorted(missing)})")
+                columns = header.index("step"), header.index("batchsize")
                 continue
             row = len(sizes)
-            where = row_name(str(path), row, line)
-            if len(cells) != len(header):
-                raise TraceFileError(f"{where} has {len(cells)} fields, the header has {len(header)} "
-                                     f"({','.join(header)!r:.100}): write one 'step,batchsize' pair per line")
-            step = _integer_cell(cells[step_at])
-            if step != row:
-                raise TraceFileError(f"{where} has step {cells[step_at]!r:.60}, expected {row}: "
-                                     "steps must be 0, 1, 2, ... in order")
-            size = _integer_cell(cells[size_at])
-            if size is None:
-                raise TraceFileError(f"{where} has batch size {cells[size_at]!r:.60}; it must be a positive integer")
-            sizes.append(exact_size(size, where))
+            sizes.append(_checked_row(cells, header, columns, row, row_name(str(path), row, reader.line_num)))
     except csv.Error as error:
         raise TraceFileError(f"trace {path}, line {reader.line_num}: not CSV ({error})") from None
-    except InvalidValue as error:
-        if isinstance(error, TraceFileError):
-            raise
-        raise TraceFileError(str(error)) from None
     if not sizes:
         raise TraceFileError(f"trace {path} has no rows: write one 'step,batchsize' line per step after the header")
     return Trace(np.array(sizes, dtype=np.int64), when_exhausted, source=str(path))
+
+
+def _checked_row(cells: list[str], header: list[str], columns: tuple[int, int], row: int, where: str) -> int:
+    """The batch size of a row the fast path did not take, or the error that names what is wrong."""
+    step_at, size_at = columns
+    if len(cells) != len(header):
+        raise TraceFileError(f"{where} has {len(cells)} fields, the header has {len(header)} "
+                             f"({','.join(header)!r:.100}): write one 'step,batchsize' pair per line")
+    if _integer_cell(cells[step_at]) != row:
+        raise TraceFileError(f"{where} has step {cells[step_at]!r:.60}, expected {row}: "
+                             "steps must be 0, 1, 2, ... in order")
+    size = _integer_cell(cells[size_at])
+    if size is None:
+        raise TraceFileError(f"{where} has batch size {cells[size_at]!r:.60}; it must be a positive integer")
+    try:
+        return exact_size(size, where)
+    except InvalidValue as error:
+        raise TraceFileError(str(error)) from None
 
 
 def load_trace(
