@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.cli import main
+from aikit.core.errors import AikitError, InvalidType, InvalidValue
+from aikit.core.trace import Trace
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.lr_finder.Torch import LRFinder
 
@@ -59,3 +63,22 @@ def test_lr_finder_names_an_empty_val_loader():
 def test_lr_finder_names_a_model_without_parameters():
     with pytest.raises(InvalidValue, match="the model has no parameters: the range test trains them"):
         finder(torch.nn.ReLU())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 12).map(lambda k: 4 * k), min_size=1, max_size=6),
+       dataset_size=st.integers(1, 60), minibatch=st.sampled_from([1, 2, 4, 8]), replicas=st.integers(1, 3),
+       when_exhausted=st.sampled_from([None, "error", "stop", "repeat_last", "cycle"]))
+def test_trace_check_refuses_exactly_what_custom_sampler_refuses(tmp_path, capsys, sizes, dataset_size, minibatch,
+                                                                 replicas, when_exhausted):
+    path = tmp_path / "trace.csv"
+    Trace(sizes).to_csv(path)
+    try:
+        CustomSampler(dataset_size, str(path), replicas, 0, minibatch, when_exhausted=when_exhausted)
+        accepted = True
+    except AikitError:
+        accepted = False
+    argv = ["trace", "check", str(path), "--minibatch-size", str(minibatch), "--dataset-size", str(dataset_size),
+            "--replicas", str(replicas)] + (["--when-exhausted", when_exhausted] if when_exhausted else [])
+    assert (main(argv) == 0) == accepted
+    capsys.readouterr()
