@@ -48,8 +48,9 @@ class ElasticState:
     """The state a run resumes from after workers join or leave, kept in ``directory``.
 
     ``objects`` are what to keep, by name: anything with ``state_dict()``/``load_state_dict()``
-    (model, optimizer, LR scheduler, GradScaler) or a plain picklable value (read and set it as
-    ``state.<name>``). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
+    (model, optimizer, LR scheduler, GradScaler) or a plain data value (read and set it as
+    ``state.<name>``: tensors, arrays, numbers, strings, and lists, tuples and dicts of them; see
+    :mod:`aikit.elastic.Torch.checkpoint`). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
     carries the epoch, step and sampler position; its sampler is re-dealt to the workers there
     are on restore. ``fsync=False`` skips flushing each commit to disk: it still survives any
     process being killed, not a crash of the host that holds ``directory``.
