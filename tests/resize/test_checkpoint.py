@@ -100,6 +100,13 @@ def test_every_kind_of_value_comes_back_exactly(tmp_path):
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
+def test_a_module_state_dict_keeps_its_version_metadata(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    checkpoint.write(tmp_path, 1, {"model": model.state_dict()})
+    back = checkpoint.read_latest(tmp_path)["model"]
+    assert back._metadata == model.state_dict()._metadata and list(back) == list(model.state_dict())
+
+
 @pytest.mark.parametrize("value, what", [
     ({1, 2}, r"objects\['best'\]: a builtins.set .*; convert it to those, or keep an object with state_dict"),
     ([1, lambda: 0], r"objects\['best'\]\[1\]: a builtins.function"),

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -153,8 +154,11 @@ def _encode(value, where: str, tensors: dict[str, torch.Tensor]):
     if type(value) is tuple:
         return {"tuple": [_encode(v, f"{where}[{i}]", tensors) for i, v in enumerate(value)]}
     if isinstance(value, dict):
-        return {"dict": [[_encode_key(k, where), _encode(v, f"{where}[{k!r}]" if where else str(k), tensors)]
-                         for k, v in value.items()]}
+        encoded = {"dict": [[_encode_key(k, where), _encode(v, f"{where}[{k!r}]" if where else str(k), tensors)]
+                            for k, v in value.items()]}
+        if isinstance(getattr(value, "_metadata", None), dict):  # a module state_dict's versions
+            encoded["metadata"] = _encode(value._metadata, f"{where}._metadata", tensors)
+        return encoded
     if isinstance(value, torch.Tensor):
         return {"tensor": _add_tensor(value, where, tensors)}
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
@@ -254,7 +258,12 @@ def _decode(value, tensors: dict[str, torch.Tensor]):
     if tag == "tuple":
         return tuple(_decode(v, tensors) for v in value["tuple"])
     if tag == "dict":
-        return {_decode(k, tensors): _decode(v, tensors) for k, v in value["dict"]}
+        items = {_decode(k, tensors): _decode(v, tensors) for k, v in value["dict"]}
+        if "metadata" not in value:
+            return items
+        state_dict = OrderedDict(items)
+        state_dict._metadata = _decode(value["metadata"], tensors)
+        return state_dict
     if tag == "tensor":
         return tensors[value["tensor"]]
     if tag == "ndarray":
