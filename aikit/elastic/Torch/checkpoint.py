@@ -113,8 +113,8 @@ def _fsync_directory(directory: Path) -> None:
 def _prune(directory: Path, number: int) -> None:
     """Keep commit ``number`` and the newest one before it; remove older and abandoned newer
     commits (a run that started over) and temporary files of commits killed half way."""
-    older = [path for n, path in commit_files(directory) if n < number]
-    doomed = [path for n, path in commit_files(directory) if n > number] + older[1:]
+    found = commit_files(directory)
+    doomed = [path for n, path in found if n > number] + [path for n, path in found if n < number][1:]
     doomed += [directory / n for n in os.listdir(directory) if n.startswith(".aikit_state.") and n.endswith(".tmp")]
     for path in doomed:
         try:
@@ -123,7 +123,7 @@ def _prune(directory: Path, number: int) -> None:
             warnings.warn(f"aikit: could not remove the old checkpoint file {path}: {error}", stacklevel=3)
 
 
-def _serialize(tensors: dict[str, torch.Tensor], structure: str) -> bytes:
+def _serialize(tensors: dict[str, torch.Tensor], structure: str) -> bytearray:
     """safetensors bytes whose metadata holds ``structure`` and the digest of all the rest."""
     placeholder = "0" * 64
     blob = bytearray(safetensors.torch.save(tensors, metadata={"format": FORMAT, "state": structure,
@@ -132,7 +132,7 @@ def _serialize(tensors: dict[str, torch.Tensor], structure: str) -> bytes:
     digest = _digest(header, memoryview(blob)[start:])
     at = blob.index(f'"{_DIGEST}":"{placeholder}"'.encode(), 8, start) + len(_DIGEST) + 4
     blob[at:at + 64] = digest.encode()
-    return bytes(blob)
+    return blob
 
 
 def _digest(header: dict, data) -> str:
