@@ -26,7 +26,6 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import safetensors.torch
 import torch
 
 from aikit.core.errors import CheckpointError, CommitError, InvalidType
@@ -123,10 +122,20 @@ def _prune(directory: Path, number: int) -> None:
             warnings.warn(f"aikit: could not remove the old checkpoint file {path}: {error}", stacklevel=3)
 
 
+def _safetensors():
+    """safetensors, imported when a commit is written or read (``import aikit.elastic.Torch``
+    works without it, e.g. in an XLA environment that never checkpoints)."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise ImportError("ElasticState's checkpoints are safetensors files: pip install safetensors") from None
+    return safetensors
+
+
 def _serialize(tensors: dict[str, torch.Tensor], structure: str) -> bytearray:
     """safetensors bytes whose metadata holds ``structure`` and the digest of all the rest."""
     placeholder = "0" * 64
-    blob = bytearray(safetensors.torch.save(tensors, metadata={"format": FORMAT, "state": structure,
+    blob = bytearray(_safetensors().torch.save(tensors, metadata={"format": FORMAT, "state": structure,
                                                                 _DIGEST: placeholder}))
     header, start = _header(memoryview(blob), len(blob))
     digest = _digest(header, memoryview(blob)[start:])
@@ -221,8 +230,9 @@ def parse(raw: bytes, path: Path | str = "checkpoint") -> dict:
     if metadata.get(_DIGEST) != _digest(header, memoryview(raw)[start:]):
         raise CheckpointError(f"checkpoint {path} is corrupt: its SHA-256 does not match its content (a changed "
                               "byte, a partial copy or a truncated file)")
+    safetensors = _safetensors()
     try:
-        tensors = safetensors.torch.load(raw)
+        tensors = safetensors.torch.load(bytes(raw))
         return _decode(json.loads(metadata["state"]), tensors)
     except CheckpointError:
         raise
