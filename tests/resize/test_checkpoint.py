@@ -4,6 +4,8 @@ newest commit falls back loudly to the one before, and a failed commit changes n
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import math
 import multiprocessing
 import os
@@ -230,25 +232,42 @@ def test_sigkill_at_random_moments_always_leaves_a_complete_commit(tmp_path):
 # ---- a commit that cannot be written ---------------------------------------------------------
 
 
-@contextlib.contextmanager
-def small_file_system(directory, size: str = "64k"):
-    """A real tmpfs of ``size`` at ``directory`` (needs root and mount(8))."""
+def mount_tmpfs(directory, size: str = "64k") -> bool:
+    """A real tmpfs of ``size`` at ``directory``; False where mounting is impossible (not root)."""
     directory.mkdir()
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                                 capture_output=True).returncode == 0
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                              capture_output=True).returncode == 0
     except FileNotFoundError:
-        mounted = False
-    if not mounted:
-        pytest.skip("cannot mount a tmpfs here (needs root): the disk-full and read-only tests need one")
-    try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=True)
+        return False
 
 
-def test_a_full_disk_fails_the_commit_and_changes_nothing(tmp_path):
-    with small_file_system(tmp_path / "small") as directory:
+@contextlib.contextmanager
+def small_file_system(directory, monkeypatch=None):
+    """A 64 KiB file system at ``directory``: a real tmpfs, or, where mounting is impossible and
+    ``monkeypatch`` is given, a stand-in whose writes past 64 KiB fail with ENOSPC."""
+    if mount_tmpfs(directory):
+        try:
+            yield directory
+        finally:
+            subprocess.run(["umount", "-l", str(directory)], check=True)
+        return
+    if monkeypatch is None:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+
+    class SmallFile(io.FileIO):
+        def write(self, data):
+            if len(data) > 64 * 1024:
+                super().write(bytes(data)[: 64 * 1024])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(data)
+
+    monkeypatch.setattr(checkpoint, "open", SmallFile, raising=False)
+    yield directory
+
+
+def test_a_full_disk_fails_the_commit_and_changes_nothing(tmp_path, monkeypatch):
+    with small_file_system(tmp_path / "small", monkeypatch) as directory:
         state = make_state(directory, best=np.zeros(10))
         state.commit()
         before = sorted(p.name for p in directory.iterdir())
