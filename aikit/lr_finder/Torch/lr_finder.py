@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from aikit.core import lr_range
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
@@ -86,7 +87,11 @@ class LRFinder(RangeTestResults):
         self.amp_config = amp_config
         self.grad_scaler = grad_scaler
 
-        self.model_device = next(self.model.parameters()).device
+        first = next(self.model.parameters(), None)
+        if first is None:
+            raise InvalidValue("the model has no parameters: the range test trains them, so give it a model with "
+                               "parameters (and an optimizer over them)")
+        self.model_device = first.device
         self.state_cacher = StateCacher(memory_cache, cache_dir=cache_dir)
         self.state_cacher.store("model", self.model.state_dict())
         self.state_cacher.store("optimizer", self.optimizer.state_dict())
@@ -211,6 +216,9 @@ class LRFinder(RangeTestResults):
             totals = torch.tensor([running_loss, samples], dtype=torch.float64, device=self.device)
             dist.all_reduce(totals)
             running_loss, samples = totals.tolist()
+        if not samples:
+            raise InvalidValue("val_loader yields no samples: give a validation loader with data, or leave "
+                               "val_loader out")
         return running_loss / (samples if average == "seen" else len(val_iter.dataset))
 
     def _no_sync(self, last: bool):
