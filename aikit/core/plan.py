@@ -29,6 +29,8 @@ import math
 import operator
 from dataclasses import dataclass
 
+from aikit.core.ga import sample_weight
+
 POLICIES = ("ragged", "fewer_devices", "error")
 
 
@@ -96,7 +98,7 @@ class Plan:
 
     def weight(self, step: int, device: int) -> float:
         """Share of the update's gradient owed to one micro-batch (its samples / G)."""
-        return self.micro_batch_sizes[step][device] / self.global_batch_size
+        return sample_weight(self.micro_batch_sizes[step][device], self.global_batch_size)
 
     def summary(self) -> str:
         """A few readable lines: what runs where, and why."""

@@ -23,6 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
+from aikit.core.ga import sample_weight
 from aikit.core.plan import positive_int
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
 
@@ -81,7 +82,7 @@ class EpochSchedule:
 
     def weight(self, step: int) -> float:
         """Weight of one micro-batch's mean-loss gradient in the update of ``step``."""
-        return self.minibatch_size / int(self.batch_sizes[step])
+        return sample_weight(self.minibatch_size, int(self.batch_sizes[step]))
 
 
 def schedule_problems(
