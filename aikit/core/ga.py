@@ -33,7 +33,7 @@ from __future__ import annotations
 import operator
 
 
-def _count(value: object, name: str) -> int:
+def sample_count(value: object, name: str) -> int:
     """``value`` as a non-negative int, or a ValueError naming it."""
     try:
         if isinstance(value, bool):
@@ -49,8 +49,8 @@ def _count(value: object, name: str) -> int:
 def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1) -> float:
     """Weight of a micro-batch of ``samples`` in an update over ``window_samples`` samples, when
     the reduction over replicas averages over ``averaging_replicas`` (1 when it sums)."""
-    samples = _count(samples, "samples")
-    window = _count(window_samples, "window_samples")
+    samples = sample_count(samples, "samples")
+    window = sample_count(window_samples, "window_samples")
     if window == 0:
         raise ValueError("window_samples must be positive: an update needs at least one sample")
     if samples > window:
@@ -60,7 +60,7 @@ def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1
 
 def equal_weight(micro_steps: int) -> float:
     """Weight of each of ``micro_steps`` equal micro-batches: their mean."""
-    steps = _count(micro_steps, "micro_steps")
+    steps = sample_count(micro_steps, "micro_steps")
     if steps == 0:
         raise ValueError("an update needs at least one micro-step")
     return 1.0 / steps
@@ -69,7 +69,7 @@ def equal_weight(micro_steps: int) -> float:
 def common_size(window_samples: int, micro_batches: int) -> int:
     """The micro-batch size most of a window of ``window_samples`` split into ``micro_batches``
     shares: a plan's ragged split gives ``G // k`` or one more samples to each."""
-    window, parts = _count(window_samples, "window_samples"), _count(micro_batches, "micro_batches")
+    window, parts = sample_count(window_samples, "window_samples"), sample_count(micro_batches, "micro_batches")
     if window == 0 or parts == 0:
         raise ValueError("a window needs samples and micro-batches")
     base, extra = divmod(window, parts)
@@ -79,14 +79,14 @@ def common_size(window_samples: int, micro_batches: int) -> int:
 def relative_weight(samples: int, unit_samples: int) -> float | None:
     """Factor that turns a micro-batch of ``unit_samples`` samples' weight into one of
     ``samples``; None when it is 1 (nothing to multiply)."""
-    factor = _count(samples, "samples") / unit_samples
+    factor = sample_count(samples, "samples") / unit_samples
     return None if factor == 1 else factor
 
 
 def short_window_factor(planned_samples: int, seen_samples: int) -> float:
     """Correction for weights computed against a window of ``planned_samples`` when the window
     held ``seen_samples`` (an epoch's last, short update): planned / seen."""
-    planned, seen = _count(planned_samples, "planned_samples"), _count(seen_samples, "seen_samples")
+    planned, seen = sample_count(planned_samples, "planned_samples"), sample_count(seen_samples, "seen_samples")
     if seen == 0:
         raise ValueError("an update with no samples has no mean gradient: skip it instead")
     if seen > planned:

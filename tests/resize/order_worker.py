@@ -5,8 +5,8 @@
 1. *start small*: trace [8, 16, 16] with micro-batches of 8, so rank 1 has nothing in the first
    step; ``ElasticState.restore()`` from an empty directory, then one epoch.
 2. *resume where a replica is idle*: trace [16, 8, 16, 8, 16]; for every commit point and every
-   order of the kept objects, a run trained to that commit is dropped (a kill: fresh objects
-   with other weights) and resumed by ``restore()`` to the end of the epoch.
+   order of the kept objects, a run whose last commit is that one is dropped (a kill right after
+   the commit: fresh objects with other weights) and resumed by ``restore()`` to the epoch's end.
 
 Each rank saves what it ended with; the test compares the ranks with each other, with an
 uninterrupted run (bit for bit) and with single-process big-batch SGD.
@@ -48,15 +48,15 @@ def build(directory: Path, trace: list[int], order: tuple[str, ...], seed: int):
     return model, opt, state
 
 
-def train(model, opt, state, x, y, stop_after_updates: int | None = None) -> None:
+def train(model, opt, state, x, y, last_commit: int | None = None) -> None:
+    """One epoch, committing after every update up to ``last_commit``: the run then goes on
+    as if killed right after that commit (its later work is dropped with its objects)."""
     for _ in state.epochs(1):
         for batch in opt.sampler:
             torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
-            if opt.step():
+            if opt.step() and (last_commit is None or opt.updates <= last_commit):
                 state.note = f"update {opt.updates}"
                 state.commit()
-                if opt.updates == stop_after_updates:
-                    return
 
 
 def params(model) -> list[torch.Tensor]:
@@ -84,7 +84,7 @@ def main(out: Path) -> None:
             directory = out / f"resume_{commit}_{'_'.join(order)}"
             model, opt, state = build(directory, IDLE_STEPS, order, seed=rank)
             state.restore()
-            train(model, opt, state, x, y, stop_after_updates=commit)
+            train(model, opt, state, x, y, last_commit=commit)
             model, opt, state = build(directory, IDLE_STEPS, order, seed=10 + rank)  # killed and restarted
             assert state.restore() is True and state.note == f"update {commit}"
             train(model, opt, state, x, y)

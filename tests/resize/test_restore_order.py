@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from order_worker import IDLE_STEPS, MINIBATCH, N, REF, START_SMALL, data, net
+from order_worker import IDLE_STEPS, MINIBATCH, REF, START_SMALL, N, data, net
 
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
