@@ -441,7 +441,7 @@ def test_sparse_gradients_with_clipping_get_an_aikit_error_and_nothing_changes()
     before = emb.weight.detach().clone()
     opt = Optimizer(torch.optim.SGD(emb.parameters(), lr=0.1), 1, max_grad_norm=1.0)
     emb(torch.tensor([1, 2])).sum().backward()
-    with pytest.raises(ValueError, match=r"max_grad_norm=1.0 cannot clip sparse gradients \(nn.Embedding\(sparse=True\)"):
+    with pytest.raises(ValueError, match=r"max_grad_norm=1.0 cannot clip sparse gradients \(nn.Embedding"):
         opt.step()
     assert torch.equal(emb.weight, before) and emb.weight.grad is None and opt.position == 0
     unclipped = Optimizer(torch.optim.SGD(emb.parameters(), lr=0.1), 2)  # without clipping, sparse works

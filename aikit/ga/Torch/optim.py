@@ -209,7 +209,10 @@ class Optimizer(WrappingOptimizer):
             scale = equal_weight(steps) / (world if self.reduce else 1)
         else:
             total = self._global_batch_size(samples)
-            if (self.reduce or world == 1) and samples != total and not short:
+            # reducing, the samples are summed with the gradients: a short window (an epoch's last)
+            # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
+            if (samples > total and (self.reduce or world == 1)) or (world == 1 and not self.reduce
+                                                                   and not short and samples != total):
                 self.optimizer.zero_grad()
                 raise ValueError(
                     f"the {steps} micro-batches of this update held {samples} samples, but "
@@ -218,7 +221,7 @@ class Optimizer(WrappingOptimizer):
                 )
             averaging = 1 if self.reduce else world  # DDP averages over the processes
             scale = sample_weight(unit, total, averaging)
-            if short:
+            if samples != total and (self.reduce or world == 1):
                 scale *= short_window_factor(total, samples)
         return self.engine.step(scale)
 
