@@ -114,17 +114,47 @@ class Accumulator:
         self.max_grad_norm = max_grad_norm
         self.scaler = scaler
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
+        self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
         self._handles: list[Any] = []  # weighing hooks, registered once a micro-batch needs them
 
     def params(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
 
     # --- per micro-batch -----------------------------------------------------------------------
-    def weigh_next(self, factor: float | None) -> None:
-        """Weigh the next backward's gradients by ``factor`` (None: as they come)."""
+    def weigh_next(self, factor: float | None, *, fold: bool = True) -> None:
+        """Weigh the next backward's gradients by ``factor`` relative to the unit (None: 1).
+
+        ``fold``: fold the factor into what ``.grad`` already holds instead: ``.grad`` keeps
+        the sum divided by the running factor, rescaled in place only when the factor changes
+        (a ragged plan: about once per update), and the update multiplies by it once. Not for
+        the backward in which DDP all-reduces (each rank would carry its own factor): there a
+        gradient hook weighs each incoming gradient, as for an empty micro-batch (weight 0,
+        whose NaN mean-loss gradient must be dropped, not scaled)."""
+        if fold and factor != 0:
+            factor = 1.0 if factor is None else factor
+            if factor != self.carried:
+                self._rescale(self.carried / factor)
+                self.carried = factor
+            self.factor = None
+            return
+        if factor != 0 and self.carried != 1:
+            self._rescale(self.carried)
+            self.carried = 1.0
         self.factor = factor
         if factor is not None and not self._handles:
             self.hook(self.params())
+
+    def _rescale(self, factor: float) -> None:
+        grads = [p.grad for p in self.params() if p.grad is not None]
+        if grads:
+            with torch.no_grad():
+                _mul_(grads, factor)
+
+    def pending(self) -> list[torch.Tensor | None]:
+        """Copies of the accumulated gradients, the folded factor applied (for checkpoints)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return [None if p.grad is None else p.grad.detach() * self.carried if self.carried != 1
+                else p.grad.detach().clone() for p in params]
 
     def hook(self, params: list[torch.Tensor]) -> None:
         # A tensor hook runs before the gradient is added to .grad and before DDP's reducer
@@ -183,12 +213,9 @@ class Accumulator:
         Returns False when AMP skipped the update for an inf/NaN gradient."""
         params = self.params()
         grads = [p.grad for p in params if p.grad is not None]
+        scale, self.carried = scale * self.carried, 1.0
         if scale != 1 and grads:
-            dense = [g for g in grads if not g.is_sparse]
-            torch._foreach_mul_(dense, scale) if dense else None
-            for g in grads:
-                if g.is_sparse:
-                    g.mul_(scale)
+            _mul_(grads, scale)
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()
             self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's
@@ -210,3 +237,13 @@ class Accumulator:
         self.optimizer.zero_grad(set_to_none=True)
         return stepped
 
+
+
+def _mul_(grads: list[torch.Tensor], factor: float) -> None:
+    """Multiply gradients in place: one grouped kernel for the dense ones."""
+    dense = [g for g in grads if not g.is_sparse]
+    if dense:
+        torch._foreach_mul_(dense, factor)
+    for g in grads:
+        if g.is_sparse:
+            g.mul_(factor)

@@ -147,14 +147,15 @@ class Optimizer(WrappingOptimizer):
             samples = sample_count(samples, "samples")
             if self._unit is None:
                 self._unit = common_size(self._global_batch_size(samples), self._steps * _world_size())
-            self.engine.weigh_next(relative_weight(samples, self._unit))
+            ddp_reduces = no_sync is not None and not self.reduce and self.sync_gradients
+            self.engine.weigh_next(relative_weight(samples, self._unit), fold=not ddp_reduces)
         sync = self.sync_gradients or self.reduce
         try:
             with contextlib.nullcontext() if sync or no_sync is None else no_sync():
                 yield
         finally:
             if samples is not None:
-                self.engine.weigh_next(None)
+                self.engine.factor = None
                 self._samples += samples
                 self._weighted += 1
 
@@ -231,7 +232,7 @@ class Optimizer(WrappingOptimizer):
         accumulated so far when saved mid-update, so a resume continues identically."""
 
         def build() -> dict[str, Any]:
-            pending = [None if p.grad is None else p.grad.detach().clone() for p in self._params()]
+            pending = self.engine.pending() if self.position else []
             return {
                 "optimizer": self.optimizer.state_dict(),
                 "ga": {
@@ -240,7 +241,7 @@ class Optimizer(WrappingOptimizer):
                     "samples": self._samples,
                     "weighted": self._weighted,
                     "unit": self._unit,
-                    "pending_grads": pending if self.position else [],
+                    "pending_grads": pending,
                 },
             }
 
@@ -260,6 +261,7 @@ class Optimizer(WrappingOptimizer):
         for p, grad in zip(params, ga["pending_grads"] if position else [None] * len(params), strict=True):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
         self.position, self._samples, self._weighted, self._unit = position, ga["samples"], ga["weighted"], ga["unit"]
+        self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
         self.updated = False
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
