@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "horovod"))
-from hvd_case import CASES, train  # noqa: E402
+from hvd_case import CASES, train
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
