@@ -183,6 +183,9 @@ class Accumulator:
         params = self.params()
         if not params:
             return list(counts)
+        if self.carried != 1:  # each replica folded its own factor: unfold it before summing
+            self._rescale(self.carried)
+            self.carried = 1.0
         device = params[0].device
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         if any(g.is_sparse for g in grads):
