@@ -23,11 +23,22 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+class Net(torch.nn.Module):
+    """A classifier with one parameter no rank ever uses: it must keep no gradient (weight decay
+    and momentum leave it alone), as in a single-process step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES))
+        self.unused = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
 def model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES)
-    ).double()
+    return Net().double()
 
 
 @dataclass(frozen=True)

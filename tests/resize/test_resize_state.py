@@ -213,3 +213,19 @@ def test_a_failed_restore_changes_nothing(tmp_path, data):
         state2.restore()
     assert (scheduler.state_dict(), opt2.param_groups[0]["lr"], opt2.epoch, opt2.step_index, opt2.updates) == before
     assert max_difference(wide.state_dict(), weights) == 0.0 and state2.commits == 0
+
+
+def test_a_restore_that_fails_while_loading_puts_back_what_it_loaded(tmp_path):
+    """A state aikit cannot check beforehand (a GradScaler's) fails while loading: the objects
+    loaded before it (a scheduler) are put back."""
+    model = make_model()
+    opt = make_sgd(model)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ElasticState(tmp_path, a_scheduler=scheduler, scaler=torch.amp.GradScaler("cpu", enabled=False),
+                 verbose=False).commit()
+    fresh = torch.optim.lr_scheduler.StepLR(make_sgd(make_model()), step_size=3, gamma=0.1)
+    before = fresh.state_dict()
+    state = ElasticState(tmp_path, a_scheduler=fresh, scaler=torch.amp.GradScaler("cpu"), verbose=False)
+    with pytest.raises(RuntimeError, match="source state dict is empty"):
+        state.restore()
+    assert fresh.state_dict() == before

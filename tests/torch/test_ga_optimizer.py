@@ -130,6 +130,27 @@ def test_an_empty_micro_batch_contributes_nothing():
     assert_same(net, big_batch_run(make, data))
 
 
+def test_an_empty_micro_batch_with_a_nan_gradient_is_dropped():
+    """With a learned loss weight (Kendall et al.'s uncertainty weighting), an empty
+    micro-batch's NaN mean loss gives its parameter a NaN gradient: weight 0 must drop it."""
+    data = batches([6, 6])
+
+    def run(micro_sizes):
+        net = model()
+        log_var = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        opt = Optimizer(torch.optim.SGD([*net.parameters(), log_var], lr=0.1), len(micro_sizes),
+                        global_batch_size=6)
+        for x, y in data:
+            for xm, ym in zip(split(x, micro_sizes), split(y, micro_sizes), strict=True):
+                with opt.accumulate(net, samples=len(xm)):
+                    (torch.exp(-log_var) * loss_fn(net, xm, ym) + log_var).backward()
+                opt.step()
+        return [*net.parameters(), log_var]
+
+    for got, want in zip(run([4, 0, 2]), run([6]), strict=True):
+        torch.testing.assert_close(got, want, **TOL)
+
+
 def test_scheduler_and_step_count_advance_once_per_update():
     make = OPTIMIZERS["adam"]
     schedule = lambda update: 0.5**update  # noqa: E731
