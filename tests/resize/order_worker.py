@@ -3,7 +3,8 @@
     order_worker.py OUT_DIR
 
 1. *start small*: trace [8, 16, 16] with micro-batches of 8, so rank 1 has nothing in the first
-   step; ``ElasticState.restore()`` from an empty directory, then one epoch.
+   step; ``ElasticState.restore()`` from an empty directory, then one epoch with a StepLR in an
+   ``UpdateScheduler`` stepped after every ``step()`` (rank 1 makes two updates in some calls).
 2. *resume where a replica is idle*: trace [16, 8, 16, 8, 16]; for every commit point and every
    order of the kept objects, a run whose last commit is that one is dropped (a kill right after
    the commit: fresh objects with other weights) and resumed by ``restore()`` to the epoch's end.
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer
 from aikit.elastic.Torch.resize import ElasticState
+from aikit.ga.Torch.optim import UpdateScheduler
 
 N, MINIBATCH, REF = 64, 8, 16
 START_SMALL, IDLE_STEPS = [8, 16, 16], [16, 8, 16, 8, 16]
@@ -48,13 +50,17 @@ def build(directory: Path, trace: list[int], order: tuple[str, ...], seed: int):
     return model, opt, state
 
 
-def train(model, opt, state, x, y, last_commit: int | None = None) -> None:
+def train(model, opt, state, x, y, last_commit: int | None = None, scheduler=None) -> None:
     """One epoch, committing after every update up to ``last_commit``: the run then goes on
-    as if killed right after that commit (its later work is dropped with its objects)."""
+    as if killed right after that commit (its later work is dropped with its objects).
+    ``scheduler`` is stepped after every ``opt.step()``, as in a loop written for plain torch."""
     for _ in state.epochs(1):
         for batch in opt.sampler:
             torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
-            if opt.step() and (last_commit is None or opt.updates <= last_commit):
+            updated = opt.step()
+            if scheduler is not None:
+                scheduler.step()
+            if updated and (last_commit is None or opt.updates <= last_commit):
                 state.note = f"update {opt.updates}"
                 state.commit()
 
@@ -70,8 +76,9 @@ def main(out: Path) -> None:
     result = {}
 
     model, opt, state = build(out / "start_small", START_SMALL, ("model", "optimizer", "note"), seed=rank)
-    assert state.restore() is False
-    train(model, opt, state, x, y)
+    scheduler = UpdateScheduler(torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    assert state.restore() is False  # rank 1 joins step 0, in which it is idle, here
+    train(model, opt, state, x, y, scheduler=scheduler)
     result["start_small"] = params(model)
 
     order = ("model", "optimizer", "note")

@@ -25,25 +25,27 @@ def ranks(torchrun, tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
-def big_batch(trace: list[int]) -> list[torch.Tensor]:
-    """Plain SGD, one step per global batch on all its samples, at the linear rule's LR. The
-    samples come from a 1-replica schedule: only which samples form each step is taken from it."""
+def big_batch(trace: list[int], halve_every: int | None = None) -> list[torch.Tensor]:
+    """Plain SGD, one step per global batch on all its samples, at the linear rule's LR (halved
+    every ``halve_every`` updates: a StepLR). The samples come from a 1-replica schedule: only
+    which samples form each step is taken from it."""
     x, y = data()
     model = net(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     epoch = Schedule(Trace(trace, "cycle"), N, 1, MINIBATCH, seed=1).epoch(0)
     for step in range(len(epoch)):
         index = torch.as_tensor(epoch.step_indices(step))
-        opt.param_groups[0]["lr"] = 0.1 * len(index) / REF
+        decay = 0.5 ** (step // halve_every) if halve_every else 1.0
+        opt.param_groups[0]["lr"] = 0.1 * decay * len(index) / REF
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x[index]), y[index]).backward()
         opt.step()
     return [p.detach() for p in model.parameters()]
 
 
-def test_a_first_step_with_an_idle_replica_restores_and_trains_the_big_batch_steps(ranks):
+def test_a_first_step_with_an_idle_replica_restores_and_trains_the_big_batch_steps_at_the_schedules_lr(ranks):
     for rank in ranks:
-        for got, want in zip(rank["start_small"], big_batch(START_SMALL), strict=True):
+        for got, want in zip(rank["start_small"], big_batch(START_SMALL, halve_every=2), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
 

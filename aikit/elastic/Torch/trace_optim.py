@@ -91,7 +91,8 @@ class TraceOptimizer(WrappingOptimizer):
             )
         self._broadcast_pending = broadcast and replicas > 1
         self.updates = 0  # updates made since training began: drives warmup
-        self.updated = False  # whether the last step() call made an update (for UpdateScheduler)
+        self.updated = False  # whether the last update was applied (AMP did not skip it)
+        self.applied = 0  # updates applied by this object (AMP skips not counted): for UpdateScheduler
         self._start(self.sampler.epoch, 0, 0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -180,6 +181,7 @@ class TraceOptimizer(WrappingOptimizer):
         lr = self.param_groups[0]["lr"]
         try:
             self.updated = self.engine.step(self.plan.weight(self.step_index))
+            self.applied += self.updated
         finally:
             for group, lr_base in zip(self.param_groups, base, strict=True):
                 group["lr"] = lr_base

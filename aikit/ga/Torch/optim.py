@@ -91,6 +91,7 @@ class Optimizer(WrappingOptimizer):
         self.reduce = bool(reduce)
         self.position = 0  # micro-steps taken towards the next update
         self.updated = False  # whether the last step() call made a real update
+        self.applied = 0  # real updates applied by this object (AMP skips not counted): for schedulers
         self._samples = 0  # samples declared in this window (accumulate(samples=...))
         self._weighted = 0  # micro-steps of this window that declared their samples
         self._unit: int | None = None  # the micro-batch size this window's weights are relative to
@@ -224,7 +225,9 @@ class Optimizer(WrappingOptimizer):
             scale = sample_weight(unit, total, averaging)
             if samples != total and (self.reduce or world == 1):
                 scale *= short_window_factor(total, samples)
-        return self.engine.step(scale)
+        stepped = self.engine.step(scale)
+        self.applied += stepped
+        return stepped
 
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -345,16 +348,21 @@ class UpdateScheduler:
 
     def __init__(self, scheduler: Any) -> None:
         optimizer = getattr(scheduler, "optimizer", None)
-        if not hasattr(optimizer, "updated"):
+        if not hasattr(optimizer, "applied"):
             raise TypeError(
                 f"UpdateScheduler schedules an aikit optimizer (GA or trace), but {type(scheduler).__name__} "
                 f"was built on {type(optimizer).__name__}: build it on the aikit optimizer"
             )
         self.scheduler = scheduler
+        self._seen = optimizer.applied
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        if self.scheduler.optimizer.updated:
+        """Advance the scheduler once per update applied since the last call: none between
+        updates, several where a trace optimizer's idle replica made several in one call."""
+        applied = self.scheduler.optimizer.applied
+        for _ in range(applied - self._seen):
             self.scheduler.step(*args, **kwargs)
+        self._seen = applied
 
     def __getattr__(self, name: str) -> Any:
         if name == "scheduler":
