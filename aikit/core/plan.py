@@ -32,6 +32,7 @@ import random
 from dataclasses import dataclass
 
 from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.ga import sample_weight
 
 POLICIES = ("ragged", "fewer_devices", "error")
 
@@ -126,7 +127,7 @@ class Plan:
 
     def weight(self, step: int, device: int) -> float:
         """Share of the update's gradient owed to one micro-batch (its samples / G)."""
-        return self.size(step, device) / self.global_batch_size
+        return sample_weight(self.size(step, device), self.global_batch_size)
 
     def summary(self) -> str:
         """A few readable lines: what runs where, and why."""

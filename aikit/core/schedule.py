@@ -25,6 +25,7 @@ from numbers import Integral
 import numpy as np
 
 from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.ga import sample_weight
 from aikit.core.plan import positive_int
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
 
@@ -86,7 +87,7 @@ class EpochSchedule:
 
     def weight(self, step: int) -> float:
         """Weight of one micro-batch's mean-loss gradient in the update of ``step``."""
-        return self.minibatch_size / int(self.batch_sizes[step])
+        return sample_weight(self.minibatch_size, int(self.batch_sizes[step]))
 
 
 def schedule_problems(

@@ -137,12 +137,17 @@ class CustomSampler(Sampler[list[int]]):
         self.rank = _checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
-    def resume(self, epoch: int, step: int, micro: int) -> None:
-        """Position at micro-batch ``micro`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
+    def check_position(self, epoch: int, step: int, micro: int) -> EpochSchedule:
+        """The schedule of ``epoch`` if micro-batch ``micro`` of ``step`` exists for this rank."""
         plan = self.schedule.epoch(epoch)
         counts = plan.counts(self.rank)
         if not 0 <= step <= len(counts) or not 0 <= micro <= (counts[step] if step < len(counts) else 0):
             raise InvalidValue(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
+        return plan
+
+    def resume(self, epoch: int, step: int, micro: int) -> None:
+        """Position at micro-batch ``micro`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
+        plan = self.check_position(epoch, step, micro)
         self.epoch_schedule, self._start, self._resumed = plan, (step, micro), True
         self.step, self.micro = step, micro
 

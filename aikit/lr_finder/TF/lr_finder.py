@@ -48,6 +48,12 @@ class LRFinder(RangeTestResults):
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if optimizer is None:
             raise ValueError("the model has no optimizer: compile it with one or pass optimizer=")
+        if hasattr(optimizer, "inner") and hasattr(optimizer, "accumulated"):  # aikit's GA Optimizer
+            raise TypeError(
+                f"the optimizer is aikit's GA Optimizer (steps={optimizer.steps}), which updates once per "
+                f"{optimizer.steps} batches, so the range test's LRs would not match its losses: pass its wrapped "
+                "optimizer, LRFinder(model, optimizer=model.optimizer.inner), and feed batches of the global batch"
+            )
         if criterion is None and getattr(model, "loss", None) is None:
             raise ValueError("the model has no loss: compile it with one or pass criterion=")
         if not model.built:

@@ -64,6 +64,16 @@ class LRFinder(RangeTestResults):
         amp_config: dict | None = None,
         grad_scaler: torch.amp.GradScaler | None = None,
     ):
+        from aikit.ga.Torch.engine import WrappingOptimizer
+
+        if isinstance(optimizer, WrappingOptimizer):
+            steps = getattr(optimizer, "steps", None)
+            raise TypeError(
+                f"optimizer is an aikit {optimizer.kind}, which updates only once per "
+                f"{steps if steps else 'several'} optimizer.step() calls, so the range test's LRs would not "
+                "match its losses: pass the wrapped optimizer, LRFinder(model, optimizer.optimizer, criterion), "
+                "and range_test(..., accumulation_steps=optimizer.steps) to test at the same global batch"
+            )
         self.optimizer = optimizer
         self._check_for_scheduler()
         self.model = model
