@@ -13,7 +13,7 @@ setup(
     packages=find_packages(include=["aikit", "aikit.*"]),
     install_requires=["numpy>=1.24", "pandas>=2.0", "scipy>=1.10", "tqdm>=4.60", "matplotlib>=3.6"],
     extras_require={
-        "torch": ["torch>=2.1"],
+        "torch": ["torch>=2.1", "safetensors>=0.4.3"],
         "tf": ["tensorflow>=2.16", "keras>=3.3"],
         "horovod": ["horovod==0.28.1"],  # built by scripts/install_horovod.sh (needs a patch)
         "xla": ["torch==2.9.0", "torch_xla==2.9.0"],

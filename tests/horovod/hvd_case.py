@@ -23,11 +23,22 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+class Net(torch.nn.Module):
+    """A classifier with one parameter no rank ever uses: it must keep no gradient (weight decay
+    and momentum leave it alone), as in a single-process step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES))
+        self.unused = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
 def model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES)
-    ).double()
+    return Net().double()
 
 
 @dataclass(frozen=True)
@@ -89,22 +100,30 @@ def reference(case: Case, seed: int = 100) -> list[torch.Tensor]:
     return [p.detach().clone() for p in net.parameters()]
 
 
-def train(case: Case) -> dict:
-    """Train ``case`` on this Horovod rank with aikit's Horovod GA (hvd.init() done by the caller)."""
-    import horovod.torch as hvd
-
+def train(case: Case, engine: str = "horovod") -> dict:
+    """Train ``case`` on this rank with aikit's reduce-at-update GA: Horovod's DistributedOptimizer
+    (hvd.init() done by the caller), or ``Optimizer(reduce=True)`` under torchrun without DDP."""
     import aikit.elastic
     import aikit.elastic.Torch
     from aikit.core.windows import micro_batch_slices
-    from aikit.elastic.Torch import horovod
+    from aikit.elastic.Torch import distributed
+    from aikit.elastic.Torch.collectives import broadcast_
+    from aikit.ga.Torch.optim import Optimizer
 
-    rank = hvd.rank()
+    rank = distributed.rank()
     plan = aikit.elastic.Torch.init(case.G, case.M)
     x, y = data()
-    net = model(seed=100 + rank)  # ranks start apart: broadcast_state must make them equal
+    net = model(seed=100 + rank)  # ranks start apart: the broadcast must make them equal
     inner, scheduler = case.inner(net)
-    optimizer = horovod.DistributedOptimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm)
-    horovod.broadcast_state(net, optimizer)
+    if engine == "horovod":
+        from aikit.elastic.Torch import horovod
+
+        optimizer = horovod.DistributedOptimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm)
+        horovod.broadcast_state(net, optimizer)
+    else:
+        optimizer = Optimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm, reduce=True)
+        with torch.no_grad():
+            broadcast_(list(net.state_dict().values()))
     mine, whole = micro_batch_slices(plan, rank), micro_batch_slices(plan)
     for window in case.window_indices():
         for step_slice, my_slice in zip(whole, mine, strict=True):

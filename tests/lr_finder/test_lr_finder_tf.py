@@ -216,3 +216,15 @@ def test_mixed_precision_with_a_loss_scale_optimizer_tracks_the_float32_curve():
         finder.reset()
         assert weights_equal([v.numpy() for v in optimizer.variables], before)  # the loss scale too
     assert histories["mixed_float16"] == pytest.approx(histories["float32"], rel=1e-2)
+
+
+def test_the_ga_optimizer_of_aikits_model_wrapper_is_refused_with_what_to_pass():
+    import aikit.elastic.TF
+    from aikit.elastic.TF.model import Model
+
+    aikit.elastic.TF.init(16, 4, gpus=1)
+    wrapped = Model(make_model())
+    wrapped.compile(keras.optimizers.SGD(1e-3), loss="mse")
+    with pytest.raises(TypeError, match=r"aikit's GA Optimizer \(steps=4\), which updates once per 4 batches.*"
+                                        r"LRFinder\(model, optimizer=model.optimizer.inner\)"):
+        LRFinder(wrapped.model)

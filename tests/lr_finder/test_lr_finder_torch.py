@@ -480,3 +480,13 @@ def test_the_names_users_import_from_torch_lr_finder_and_its_lr_finder_module_ex
         assert getattr(package, name) is getattr(module, name)
     assert issubclass(module.TrainDataLoaderIter, module.DataLoaderIter)
     assert module.StateCacher is package.StateCacher
+
+
+def test_a_ga_optimizer_is_refused_with_what_to_pass_instead():
+    from aikit.ga.Torch.optim import Optimizer as GAOptimizer
+
+    net = torch.nn.Linear(3, 1)
+    ga = GAOptimizer(torch.optim.SGD(net.parameters(), lr=1e-3), 4)
+    with pytest.raises(TypeError, match=r"aikit GA Optimizer, which updates only once per 4 optimizer.step\(\) calls"
+                                        r".*LRFinder\(model, optimizer.optimizer, criterion\).*accumulation_steps="):
+        LRFinder(net, ga, torch.nn.MSELoss())

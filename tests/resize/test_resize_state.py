@@ -26,7 +26,7 @@ from resize_common import (
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.trace import Trace
-from aikit.elastic.Torch import resize
+from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import LinearRuleOptimizer
@@ -113,11 +113,10 @@ def test_a_crash_while_writing_leaves_the_previous_commit(tmp_path, data, monkey
     train(x, y, model, opt, state, stop_after_micro=6)  # steps 0 and 1 committed
     committed = {k: v.clone() for k, v in model.state_dict().items()}
 
-    def dies_half_way(payload, f):
-        f.write(b"half a checkpoint")
+    def dies_before_the_rename(tmp, path):
         raise KeyboardInterrupt("killed while writing")
 
-    monkeypatch.setattr(resize.torch, "save", dies_half_way)
+    monkeypatch.setattr(checkpoint.os, "replace", dies_before_the_rename)
     with pytest.raises(KeyboardInterrupt):
         train(x, y, model, opt, state, stop_after_micro=6)
     monkeypatch.undo()
@@ -190,3 +189,42 @@ def test_the_ga_optimizer_commits_between_updates_and_resumes_with_other_steps(t
     assert max_difference(model2.state_dict(), model.state_dict()) == 0.0
     for p, p2 in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(opt2.state[p2]["momentum_buffer"], opt.state[p]["momentum_buffer"])
+
+
+def test_a_failed_restore_changes_nothing(tmp_path, data):
+    """A checkpoint whose model does not fit is refused before any object (the scheduler, which
+    would load first, included) or the sampler position changes."""
+    x, y, _ = data
+    model, opt, _ = build(tmp_path)
+    state = ElasticState(tmp_path, model=model, optimizer=opt, verbose=False,
+                         scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+    train(x, y, model, opt, state, stop_after_micro=6)  # two commits
+    wide = torch.nn.Sequential(torch.nn.Linear(64, 17), torch.nn.Tanh(), torch.nn.Linear(17, 10)).double()
+    sampler = CustomSampler(N, trace(), minibatch_size=MINIBATCH, seed=SEED)
+    opt2 = LinearRuleOptimizer(make_sgd(wide), sampler, ref_batchsize=REF_BATCH)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
+    scheduler.step()
+    state2 = ElasticState(tmp_path, scheduler=scheduler, optimizer=opt2, model=wide, verbose=False)
+    weights = {k: v.clone() for k, v in wide.state_dict().items()}
+    before = (scheduler.state_dict(), opt2.param_groups[0]["lr"], opt2.epoch, opt2.step_index, opt2.updates)
+    with pytest.raises(ValueError, match=r"cannot be restored into model=: 0.weight has shape \(16, 64\) in the "
+                                         r"checkpoint, \(17, 64\) here"):
+        state2.restore()
+    assert (scheduler.state_dict(), opt2.param_groups[0]["lr"], opt2.epoch, opt2.step_index, opt2.updates) == before
+    assert max_difference(wide.state_dict(), weights) == 0.0 and state2.commits == 0
+
+
+def test_a_restore_that_fails_while_loading_puts_back_what_it_loaded(tmp_path):
+    """A state aikit cannot check beforehand (a GradScaler's) fails while loading: the objects
+    loaded before it (a scheduler) are put back."""
+    model = make_model()
+    opt = make_sgd(model)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ElasticState(tmp_path, a_scheduler=scheduler, scaler=torch.amp.GradScaler("cpu", enabled=False),
+                 verbose=False).commit()
+    fresh = torch.optim.lr_scheduler.StepLR(make_sgd(make_model()), step_size=3, gamma=0.1)
+    before = fresh.state_dict()
+    state = ElasticState(tmp_path, a_scheduler=fresh, scaler=torch.amp.GradScaler("cpu"), verbose=False)
+    with pytest.raises(RuntimeError, match="source state dict is empty"):
+        state.restore()
+    assert fresh.state_dict() == before

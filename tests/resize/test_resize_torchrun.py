@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from resize_checks import (
@@ -137,3 +138,13 @@ def test_a_node_joins_mid_run_and_the_pair_finishes_with_the_same_updates(tmp_pa
               f"update at world size 2; final weights within {difference:.1e} of the big-batch run")
     finally:
         stop(procs)
+
+
+def test_a_checkpoint_no_rank_can_use_fails_on_every_rank_without_a_hang(torchrun, tmp_path):
+    """Rank 0 reads the directory; when no commit in it is intact, every rank must raise (the
+    others used to wait in the broadcast until the gloo timeout)."""
+    (tmp_path / "aikit_state.000000001.safetensors").write_bytes(b"not a checkpoint at all" * 10)
+    done = torchrun(Path(__file__).with_name("corrupt_restore_worker.py"), tmp_path, timeout=120)
+    for rank in (0, 1):
+        assert f"rank {rank} raised CheckpointError" in done.stdout, done.stdout
+    assert "aikit_state.000000001.safetensors" in done.stdout

@@ -212,3 +212,41 @@ def test_fit_compiled_with_xla_equals_big_batch(float64):
     small.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
     assert small.jit_compile and max_difference(big, small) < 1e-12
     assert int(small.optimizer.iterations) == 8
+
+
+def test_steps_lowered_below_the_micro_steps_accumulated_divides_by_what_was_accumulated(float64):
+    """3 micro-steps accumulated when the update ends at steps=2: the mean of 3, not a sum / 2."""
+    x, y = data(6)
+    big, small = mlp(), mlp()
+    big_opt, ga = keras.optimizers.SGD(0.1), Optimizer(keras.optimizers.SGD(0.1), 4)
+    ga.apply(gradients(small, x[:2], y[:2]), small.trainable_variables)
+    ga.apply(gradients(small, x[2:4], y[2:4]), small.trainable_variables)
+    ga.steps = 2
+    ga.apply(gradients(small, x[4:], y[4:]), small.trainable_variables)
+    big_opt.apply(gradients(big, x, y), big.trainable_variables)
+    assert max_difference(big, small) < 1e-12 and ga.accumulated == 0
+
+
+def test_load_weights_keeps_the_steps_compiled_now(tmp_path):
+    x, y = data(16, seed=2)
+    saved = mlp()
+    saved.compile(Optimizer(keras.optimizers.Adam(0.01), 4), loss="mse")
+    saved.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    saved.save_weights(tmp_path / "ga4.weights.h5")
+    other = mlp()
+    other.compile(Optimizer(keras.optimizers.Adam(0.01), 2), loss="mse")
+    other.optimizer.build(other.trainable_variables)
+    other.load_weights(tmp_path / "ga4.weights.h5")
+    assert other.optimizer.steps == 2
+    assert int(other.optimizer.iterations) == int(saved.optimizer.iterations) == 1
+    np.testing.assert_array_equal(other.get_weights()[0], saved.get_weights()[0])
+
+
+def test_apply_on_a_variable_it_was_not_built_for_is_named():
+    x, y = data(4)
+    first, second = mlp(), mlp()
+    ga = Optimizer(keras.optimizers.SGD(0.1), 2)
+    ga.apply(gradients(first, x, y), first.trainable_variables)
+    with pytest.raises(ValueError, match=r"apply\(\) got a gradient for variable '.*', which this GA optimizer was "
+                                         r"not built for"):
+        ga.apply(gradients(second, x, y), second.trainable_variables)

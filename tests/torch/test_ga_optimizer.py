@@ -130,6 +130,27 @@ def test_an_empty_micro_batch_contributes_nothing():
     assert_same(net, big_batch_run(make, data))
 
 
+def test_an_empty_micro_batch_with_a_nan_gradient_is_dropped():
+    """With a learned loss weight (Kendall et al.'s uncertainty weighting), an empty
+    micro-batch's NaN mean loss gives its parameter a NaN gradient: weight 0 must drop it."""
+    data = batches([6, 6])
+
+    def run(micro_sizes):
+        net = model()
+        log_var = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        opt = Optimizer(torch.optim.SGD([*net.parameters(), log_var], lr=0.1), len(micro_sizes),
+                        global_batch_size=6)
+        for x, y in data:
+            for xm, ym in zip(split(x, micro_sizes), split(y, micro_sizes), strict=True):
+                with opt.accumulate(net, samples=len(xm)):
+                    (torch.exp(-log_var) * loss_fn(net, xm, ym) + log_var).backward()
+                opt.step()
+        return [*net.parameters(), log_var]
+
+    for got, want in zip(run([4, 0, 2]), run([6]), strict=True):
+        torch.testing.assert_close(got, want, **TOL)
+
+
 def test_scheduler_and_step_count_advance_once_per_update():
     make = OPTIMIZERS["adam"]
     schedule = lambda update: 0.5**update  # noqa: E731
@@ -329,7 +350,7 @@ def test_an_update_with_the_wrong_number_of_samples_is_refused():
                 opt.step()
         else:
             opt.step()
-    with pytest.raises(ValueError, match=r"samples must be a non-negative integer .* got -3"), \
+    with pytest.raises(ValueError, match=r"samples must be a non-negative integer, got -3"), \
             opt.accumulate(net, samples=-3):
         pass
 
@@ -355,3 +376,147 @@ def test_wrapping_keeps_the_optimizer_and_its_state():
     opt = Optimizer(inner, 2)
     assert opt.optimizer is inner and opt.defaults["betas"] == (0.8, 0.9)
     assert opt.state_dict()["optimizer"]["state"][0]["exp_avg"].equal(before["state"][0]["exp_avg"])
+
+
+# --- a real torch.optim.Optimizer: schedulers, hooks, AMP with clipping, sparse gradients -------
+
+SCHEDULERS = {
+    "step": lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+    "one_cycle": lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=6),
+    "lambda_warmup": lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda update: min(1.0, (update + 1) / 3)),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_a_plain_torch_loop_moves_the_lr_once_per_update_with_update_scheduler(name):
+    """The loop calls scheduler.step() after every optimizer.step(), as written for plain torch."""
+    from aikit.ga.Torch.optim import UpdateScheduler
+
+    make = OPTIMIZERS["sgd_momentum_wd"]
+    data = batches([12] * 6)
+    net = model()
+    inner = make(net.parameters())
+    opt = Optimizer(inner, 3)
+    scheduler = UpdateScheduler(SCHEDULERS[name](opt))
+    used = []
+    inner.register_step_pre_hook(lambda o, *_: used.append(o.param_groups[0]["lr"]))
+    for x, y in data:
+        for xm, ym in zip(split(x, [4] * 3), split(y, [4] * 3), strict=True):
+            loss_fn(net, xm, ym).backward()
+            opt.step()
+            scheduler.step()
+    reference = model()
+    ref_opt = make(reference.parameters())
+    ref_scheduler, expected = SCHEDULERS[name](ref_opt), []
+    for x, y in data:
+        ref_opt.zero_grad()
+        loss_fn(reference, x, y).backward()
+        expected.append(ref_opt.param_groups[0]["lr"])
+        ref_opt.step()
+        ref_scheduler.step()
+    assert used == pytest.approx(expected, rel=1e-12) and len(set(used)) > 1
+    assert scheduler.get_last_lr() == ref_scheduler.get_last_lr()
+    assert_same(net, reference)
+
+
+def test_update_scheduler_refuses_a_scheduler_of_a_plain_optimizer():
+    from aikit.ga.Torch.optim import UpdateScheduler
+
+    plain = torch.optim.SGD(model().parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"UpdateScheduler schedules an aikit optimizer .* built on SGD: build it on"):
+        UpdateScheduler(torch.optim.lr_scheduler.StepLR(plain, 2))
+
+
+def test_state_dict_hooks_registered_on_the_wrapper_run():
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
+    calls = []
+    opt.register_state_dict_pre_hook(lambda o: calls.append(("save_pre", o is opt)))
+    opt.register_state_dict_post_hook(lambda o, sd: {**sd, "note": "added"})
+    opt.register_load_state_dict_pre_hook(lambda o, sd: {k: v for k, v in sd.items() if k != "note"})
+    opt.register_load_state_dict_post_hook(lambda o: calls.append(("load_post", o is opt)))
+    saved = opt.state_dict()
+    assert saved["note"] == "added"
+    opt.load_state_dict(saved)
+    assert calls == [("save_pre", True), ("load_post", True)]
+    assert isinstance(opt, torch.optim.Optimizer) and opt.param_groups is opt.optimizer.param_groups
+
+
+def test_amp_with_clipping_unscales_before_it_clips():
+    """Clipping the still-scaled gradient would cut it to max_grad_norm / scale."""
+    make = OPTIMIZERS["sgd_momentum_wd"]
+    data = batches([16, 16])
+    net = model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    opt = Optimizer(make(net.parameters()), 2, scaler=scaler, max_grad_norm=0.05)
+    for x, y in data:
+        for xm, ym in zip(split(x, [8, 8]), split(y, [8, 8]), strict=True):
+            scaler.scale(loss_fn(net, xm, ym)).backward()
+            opt.step()
+            assert opt.updated == (opt.position == 0)  # a successful AMP update says so
+    assert_same(net, big_batch_run(make, data, max_grad_norm=0.05))
+
+
+def test_sparse_gradients_with_clipping_get_an_aikit_error_and_nothing_changes():
+    emb = torch.nn.Embedding(10, 3, sparse=True).double()
+    before = emb.weight.detach().clone()
+    opt = Optimizer(torch.optim.SGD(emb.parameters(), lr=0.1), 1, max_grad_norm=1.0)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(ValueError, match=r"max_grad_norm=1.0 cannot clip sparse gradients \(nn.Embedding"):
+        opt.step()
+    assert torch.equal(emb.weight, before) and emb.weight.grad is None and opt.position == 0
+    unclipped = Optimizer(torch.optim.SGD(emb.parameters(), lr=0.1), 2)  # without clipping, sparse works
+    for _ in range(2):
+        emb(torch.tensor([1, 2])).sum().backward()
+        unclipped.step()
+    torch.testing.assert_close(emb.weight[1], before[1] - 0.1)
+    assert torch.equal(emb.weight[3], before[3])
+
+
+def test_a_failed_load_changes_nothing():
+    net = model()
+    opt = Optimizer(torch.optim.Adam(net.parameters(), lr=0.01), 3, global_batch_size=12)
+    _train(net, opt, batches([12]), [4, 4, 4], stop=2)
+    saved = opt.state_dict()
+    saved["ga"]["pending_grads"][0] = torch.zeros(2, 2, dtype=torch.float64)
+    other_net = model(seed=3)
+    other = Optimizer(torch.optim.Adam(other_net.parameters(), lr=0.01), 3, global_batch_size=12)
+    _train(other_net, other, batches([12], seed=4), [4, 4, 4], stop=4)
+    before = copy.deepcopy(other.state_dict())
+    with pytest.raises(ValueError, match=r"pending gradient 0 has shape \(2, 2\), its parameter \(7, 5\)"):
+        other.load_state_dict(saved)
+    after = other.state_dict()
+    assert after["ga"] == {**before["ga"], "pending_grads": after["ga"]["pending_grads"]}
+    for a, b in zip(after["ga"]["pending_grads"], before["ga"]["pending_grads"], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(after["optimizer"]["state"][0]["exp_avg"], before["optimizer"]["state"][0]["exp_avg"])
+
+
+def test_reduce_at_update_in_one_process_flushes_a_short_window_to_its_mean():
+    """An epoch of 12 + 12 + 7 samples with G = 12: the last update is the mean over its 7."""
+    make = OPTIMIZERS["adam"]
+    sizes_per_window = [[5, 4, 3], [5, 4, 3], [5, 2]]
+    data = batches([sum(s) for s in sizes_per_window])
+    net = model()
+    opt = Optimizer(make(net.parameters()), 3, global_batch_size=12, reduce=True)
+    for (x, y), sizes in zip(data, sizes_per_window, strict=True):
+        for xm, ym in zip(split(x, sizes), split(y, sizes), strict=True):
+            with opt.accumulate(net, samples=len(xm)):
+                loss_fn(net, xm, ym).backward()
+            opt.step()
+        opt.flush()
+    assert opt.position == 0
+    assert_same(net, big_batch_run(make, data))
+
+
+def test_the_divisor_is_the_micro_steps_accumulated_when_a_short_window_is_flushed():
+    make = OPTIMIZERS["sgd_momentum_wd"]
+    data = batches([16, 8])
+    net = model()
+    opt = Optimizer(make(net.parameters()), 4, reduce=True)
+    for x, y in data:
+        for xm, ym in zip(split(x, [4] * (len(x) // 4)), split(y, [4] * (len(x) // 4)), strict=True):
+            loss_fn(net, xm, ym).backward()
+            opt.step()
+        opt.flush()
+    assert_same(net, big_batch_run(make, data))

@@ -149,3 +149,44 @@ def test_misuse_gets_errors_that_say_what_to_do():
         optimizer.step()
     with pytest.raises(ValueError, match=r"not a ConstantOptimizer state.*load the wrapped optimizer's own state"):
         optimizer.load_state_dict(optimizer.optimizer.state_dict())
+
+
+def test_clipping_and_amp_apply_to_each_traced_update():
+    """max_grad_norm and a GradScaler on a trace optimizer: each update is the clipped big-batch
+    update (the scaler unscales before clipping)."""
+    data = dataset(60)
+    model, reference = make_model(), make_model()
+    sampler = CustomSampler(data, [8, 12, 4, 16], minibatch_size=MINIBATCH, when_exhausted="cycle")
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    optimizer = LinearRuleOptimizer(inner, sampler, ref_batchsize=8, max_grad_norm=0.1, scaler=scaler)
+    history = []
+    inner.register_step_post_hook(lambda *_: history.append([p.detach().clone() for p in model.parameters()]))
+    for x, y in DataLoader(data, batch_sampler=sampler):
+        scaler.scale(nn.functional.mse_loss(model(x), y[:, :1])).backward()
+        optimizer.step()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    x, y = data.tensors
+    plan = sampler.schedule.epoch(0)
+    assert len(history) == len(plan)
+    for step, got in enumerate(history):
+        index = torch.as_tensor(plan.step_indices(step))  # which samples: the step's, from the schedule
+        ref_opt.param_groups[0]["lr"] = 0.05 * len(index) / 8
+        ref_opt.zero_grad()
+        nn.functional.mse_loss(reference(x[index]), y[index, :1]).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.1)
+        ref_opt.step()
+        for a, b in zip(got, reference.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_a_trace_optimizer_refuses_to_wrap_a_ga_optimizer():
+    from aikit.ga.Torch.optim import Optimizer as GAOptimizer
+
+    model = make_model()
+    sampler = CustomSampler(dataset(40), [8], minibatch_size=MINIBATCH, when_exhausted="cycle")
+    ga = GAOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), 2)
+    with pytest.raises(TypeError, match=r"optimizer is already an aikit GA Optimizer \(Optimizer\), which accumulates "
+                                        r"and updates by itself: give this trace optimizer the plain torch optimizer"):
+        LinearRuleOptimizer(ga, sampler, ref_batchsize=8)
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import Plan, make_plan, nearest_even_batches, positive_int
 from aikit.elastic import PUBLIC, publish
 from aikit.elastic.Torch import distributed, spmd
@@ -58,7 +59,7 @@ def init(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = Non
         )
     if distributed.spmd_devices() > 1 and not (plan.is_even and plan.gpus == devices):
         below, above = nearest_even_batches(plan.global_batch_size, plan.max_gpu_batch_size, devices)
-        raise ValueError(
+        raise InvalidValue(
             f"global_batch_size {plan.global_batch_size} does not split evenly over the {devices} devices of the "
             f"SPMD mesh with at most {plan.max_gpu_batch_size} samples each (every device gets one shard of the "
             f"same shape): use global_batch_size {below} or {above}"

@@ -26,6 +26,8 @@ import sys
 
 import torch
 
+from aikit.core.errors import InvalidValue
+
 ENGINES = ("torch.distributed", "horovod", "xla", "single")
 
 
@@ -75,7 +77,7 @@ def hosts() -> tuple[int, int]:
     and ``MY_HOST_ORDINAL`` ((1, 0) when unset)."""
     count, host = os.environ.get("MY_HOST_WORLD_SIZE", "1"), os.environ.get("MY_HOST_ORDINAL", "0")
     if not (count.isdigit() and host.isdigit() and 0 <= int(host) < int(count)):
-        raise ValueError(
+        raise InvalidValue(
             f"MY_HOST_WORLD_SIZE={count!r} and MY_HOST_ORDINAL={host!r}: set them to the number of hosts (>= 1) "
             "and this host's index in 0..hosts-1"
         )
@@ -90,7 +92,7 @@ def spmd_devices() -> int:
     if xr is None or not xr.is_spmd():
         return 1
     if hosts()[0] > 1 or xr.process_count() > 1:
-        raise ValueError(
+        raise InvalidValue(
             f"SPMD over {xr.process_count()} processes and MY_HOST_WORLD_SIZE={hosts()[0]} hosts: aikit's SPMD "
             "mode is one process over its local devices; use the multi-host scheme (one XLA world per host, "
             "without use_spmd()) to train on several hosts"

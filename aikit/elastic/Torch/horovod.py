@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from aikit.elastic.Torch.collectives import all_reduce_sum_, broadcast_
+from aikit.elastic.Torch.collectives import broadcast_
 from aikit.ga.Torch.optim import Optimizer
 
 try:
@@ -52,7 +52,8 @@ def _check_initialised() -> None:
 
 
 class DistributedOptimizer(Optimizer):
-    """``aikit.ga.Torch.optim.Optimizer`` whose update first sums gradients over Horovod ranks.
+    """``aikit.ga.Torch.optim.Optimizer(..., reduce=True)`` on Horovod: the update first sums the
+    gradients and the samples over the ranks in one grouped all-reduce.
 
     Takes the GA wrapper's arguments (``steps``, ``global_batch_size``, ``max_grad_norm``,
     ``scaler``) and trains the same way: ``with optimizer.accumulate(model, samples=len(x))``
@@ -60,53 +61,14 @@ class DistributedOptimizer(Optimizer):
     it. Call :meth:`flush` at the end of an epoch whose last window holds fewer micro-steps.
     Every rank must make the same number of ``step()`` calls; a rank with an empty micro-batch
     still calls ``step()`` (with ``samples=0``) and joins the all-reduce with zero gradients.
+    The world size is read at every update, so a Horovod elastic resize scales right.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, steps: int, **ga_options: Any) -> None:
         _check_initialised()
-        super().__init__(optimizer, steps, **ga_options)
-
-    def flush(self) -> bool:
-        """Update now on the micro-steps accumulated so far (an epoch's last, shorter window);
-        True if it updated. Every rank must call it at the same point."""
-        if self.position == 0:
-            return False
-        self.updated = self._update()
-        return self.updated
-
-    def _update(self) -> bool:
-        self._all_reduce()
-        return super()._update()
-
-    @torch.no_grad()
-    def _all_reduce(self) -> None:
-        """Sum gradients and declared samples over the ranks in one grouped all-reduce, then scale
-        them to what one process that saw every sample of this window would hold."""
-        size = hvd.size()
-        params = [p for p in self._params() if p.requires_grad]
-        if size == 1 or not params:
-            return self._rescale(params, float(self._samples))
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        counts = torch.tensor(  # on the gradients' device: a Horovod group shares one device
-            [float(self._samples), *(float(p.grad is not None) for p in params)],
-            dtype=torch.float64,
-            device=params[0].device,
-        )
-        all_reduce_sum_([*grads, counts])
-        torch._foreach_mul_(grads, 1.0 / size)
-        for p, grad, used in zip(params, grads, counts[1:].tolist(), strict=True):
-            p.grad = grad if used else None  # no rank touched it: no gradient, as in one process
-        self._rescale(params, counts[0].item())
-
-    def _rescale(self, params: list[torch.Tensor], samples: float) -> None:
-        """With declared samples, each gradient was weighted by n * size / G: make the update the
-        mean over the ``samples`` the window held over all ranks (G for a full window)."""
-        if not self._weighted or samples == 0:
-            return
-        total = self._global_batch_size(int(samples))
-        if samples != total:
-            torch._foreach_mul_([p.grad for p in params if p.grad is not None], total / samples)
-            self._samples = total  # the gradient now stands for a full window's mean
+        if "reduce" in ga_options:
+            raise TypeError("DistributedOptimizer always reduces at the update: leave out reduce=")
+        super().__init__(optimizer, steps, reduce=True, **ga_options)
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0) -> None:

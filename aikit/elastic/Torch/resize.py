@@ -23,6 +23,7 @@ after every reset; that reloads the last commit and re-deals the sampler to the 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import queue
@@ -36,12 +37,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aikit.elastic.Torch import distributed, random_state
+from aikit.core.errors import CheckpointError
+from aikit.elastic.Torch import checkpoint, distributed, random_state
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
+from aikit.ga.Torch.optim import check_groups
 
-CHECKPOINT = "aikit_state.pt"
 FORMAT = 1
 
 
@@ -49,8 +51,9 @@ class ElasticState:
     """The state a run resumes from after workers join or leave, kept in ``directory``.
 
     ``objects`` are what to keep, by name: anything with ``state_dict()``/``load_state_dict()``
-    (model, optimizer, LR scheduler, GradScaler) or a plain picklable value (read and set it as
-    ``state.<name>``). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
+    (model, optimizer, LR scheduler, GradScaler) or a plain data value (read and set it as
+    ``state.<name>``: tensors, arrays, numbers, strings, and lists, tuples and dicts of them; see
+    :mod:`aikit.elastic.Torch.checkpoint`). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
     carries the epoch, step and sampler position; its sampler is re-dealt to the workers there
     are on restore. ``fsync=False`` skips flushing each commit to disk: it still survives any
     process being killed, not a crash of the host that holds ``directory``.
@@ -89,9 +92,10 @@ class ElasticState:
             super().__setattr__(name, value)
 
     @property
-    def path(self) -> Path:
-        """The checkpoint file of the last commit."""
-        return self.directory / CHECKPOINT
+    def path(self) -> Path | None:
+        """The newest commit file in the directory (None before the first commit)."""
+        found = checkpoint.commit_files(self.directory)
+        return found[0][1] if found else None
 
     @property
     def epoch(self) -> int:
@@ -139,19 +143,19 @@ class ElasticState:
                     f"commit() in the middle of an update: {name} has {obj.position} of its {obj.steps} "
                     "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
                 )
-        self.commits += 1
+        number = self.commits + 1  # counted once written: a failed commit changes nothing
         if distributed.rank() == 0:
             payload = {
                 "format": FORMAT,
-                "commit": self.commits,
+                "commit": number,
                 "time": time.time(),
                 "world_size": distributed.world_size(),
                 "schedule": self._schedule_identity(),
                 "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
                 "rng": random_state.get_state(),
             }
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _atomic_save(payload, self.path, self.fsync)
+            checkpoint.write(self.directory, number, payload, fsync=self.fsync)
+        self.commits = number
         if _horovod_elastic():
             self._check_every_worker_commits()
             self._horovod_state().check_host_updates()
@@ -197,31 +201,23 @@ class ElasticState:
 
     def sync(self) -> bool:
         """Same as :meth:`restore`; the name ``hvd.elastic.run`` calls after every reset."""
-        found = self.path.exists() if distributed.rank() == 0 else None
-        payload = torch.load(self.path, map_location="cpu", weights_only=False) if found else None
-        payload = _broadcast_object((payload, time.time_ns()))
-        payload, self.incarnation = payload
+        payload, failure = None, None
+        if distributed.rank() == 0:
+            try:
+                payload = checkpoint.read_latest(self.directory)
+            except CheckpointError as error:  # every rank must hear of it, or the others wait for ever
+                failure = error
+        payload, message, self.incarnation = _broadcast_object((payload, failure and str(failure), time.time_ns()))
+        if failure is not None:
+            raise failure
+        if message is not None:
+            raise CheckpointError(f"rank 0 could not restore: {message}")
         if payload is None:
             self._replan()
+            self._join()
             return False
-        if payload.get("format") != FORMAT:
-            raise ValueError(f"{self.path} is not an aikit ElasticState checkpoint (format {payload.get('format')!r})")
-        self._check_schedule(payload["schedule"])
-        missing = sorted(set(self._objects) - set(payload["objects"]))
-        if missing:
-            raise ValueError(
-                f"the checkpoint {self.path} holds {sorted(payload['objects'])} but not {missing}: keep the same "
-                "objects as the run that wrote it, or start from an empty directory"
-            )
-        for obj in self._objects.values():
-            inner = obj.optimizer if isinstance(obj, TraceOptimizer) else obj  # its zero_grad() waits for updates
-            if isinstance(inner, (torch.nn.Module, torch.optim.Optimizer)):
-                inner.zero_grad(set_to_none=True)  # a step cut short leaves gradients behind
-        for name, obj in self._objects.items():
-            if hasattr(obj, "load_state_dict"):
-                obj.load_state_dict(payload["objects"][name])
-            else:
-                self._objects[name] = payload["objects"][name]
+        self._check(payload)  # everything, before anything changes
+        self._load(payload["objects"])
         self._replan()
         rank = distributed.rank()
         _set_rng_state(payload["rng"], rank)
@@ -230,7 +226,67 @@ class ElasticState:
                               "age_s": time.time() - payload["time"]}
         if self.verbose and rank == 0:
             print(self.describe(payload["world_size"]), flush=True)
+        self._join()
         return True
+
+    def _check(self, payload: dict) -> None:
+        """Every reason ``payload`` cannot be restored into the kept objects (a failed restore
+        must leave every object as it was)."""
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+            raise ValueError(f"{self.path} is not an aikit ElasticState checkpoint (format {found!r})")
+        self._check_schedule(payload["schedule"])
+        saved = payload["objects"]
+        missing = sorted(set(self._objects) - set(saved))
+        if missing:
+            raise ValueError(
+                f"the checkpoint {self.path} holds {sorted(saved)} but not {missing}: keep the same "
+                "objects as the run that wrote it, or start from an empty directory"
+            )
+        for name, obj in self._objects.items():
+            try:
+                if hasattr(obj, "check_state"):  # aikit's optimizers check their own
+                    obj.check_state(saved[name])
+                elif isinstance(obj, torch.nn.Module):
+                    _check_module(obj, saved[name])
+                elif isinstance(obj, torch.optim.Optimizer):
+                    check_groups(obj, saved[name])
+            except ValueError as error:
+                raise ValueError(f"the checkpoint {self.path} cannot be restored into {name}=: {error}") from error
+
+    def _load(self, saved: dict) -> None:
+        """Load every kept object, in one order whatever the keyword order: the objects aikit
+        cannot check beforehand (schedulers, scalers; put back as they were if one fails), then
+        models, then optimizers, then plain values. No load makes a collective."""
+        order = {name: (2 if isinstance(obj, torch.optim.Optimizer) else 1 if isinstance(obj, torch.nn.Module)
+                        else 0 if hasattr(obj, "load_state_dict") else 3, name)
+                 for name, obj in self._objects.items()}
+        names = sorted(self._objects, key=order.get)
+        unchecked = [name for name in names if order[name][0] == 0]
+        before = {name: copy.deepcopy(self._objects[name].state_dict()) for name in unchecked}
+        try:
+            for name in unchecked:
+                self._objects[name].load_state_dict(saved[name])
+        except Exception:
+            for name, state in before.items():
+                self._objects[name].load_state_dict(state)
+            raise
+        for name in names:
+            obj = self._objects[name]
+            inner = obj.optimizer if isinstance(obj, TraceOptimizer) else obj  # its zero_grad() waits for updates
+            if isinstance(inner, (torch.nn.Module, torch.optim.Optimizer)):
+                inner.zero_grad(set_to_none=True)  # a step cut short leaves gradients behind
+        for name in names[len(unchecked):]:
+            if hasattr(self._objects[name], "load_state_dict"):
+                self._objects[name].load_state_dict(saved[name])
+            else:
+                self._objects[name] = saved[name]
+
+    def _join(self) -> None:
+        """The trace optimizer's collectives due at its position (rank 0's parameters the first
+        time, the steps this replica sits out), after every object is loaded and re-dealt."""
+        if self.optimizer is not None:
+            self.optimizer.join()
 
     def describe(self, saved_world_size: int) -> str:
         """One line on what was resumed and how the next step is now dealt."""
@@ -261,8 +317,7 @@ class ElasticState:
         sampler, (replicas, rank) = opt.sampler, _world()
         if (sampler.num_replicas, sampler.rank) != (replicas, rank):
             sampler.set_world(replicas, rank)
-            if opt.micro == 0:
-                opt.load_state_dict(opt.state_dict())
+            opt.redeal()
 
     def _schedule_identity(self) -> dict | None:
         """What fixes every step's samples: a resumed run must have the same."""
@@ -325,29 +380,22 @@ def _world() -> tuple[int, int]:
     return distributed.world_size(), distributed.rank()
 
 
+def _check_module(module: torch.nn.Module, saved: dict) -> None:
+    """Refuse a state dict whose keys or shapes do not fit ``module``."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"a module's state dict must be a dict, got {type(saved).__name__}")
+    have = module.state_dict()
+    missing, unexpected = sorted(set(have) - set(saved)), sorted(set(saved) - set(have))
+    if missing or unexpected:
+        raise ValueError(f"the saved model lacks {missing} and has {unexpected} besides: build the same model")
+    for key, value in have.items():
+        got = getattr(saved[key], "shape", None)
+        if got is not None and tuple(got) != tuple(value.shape):
+            raise ValueError(f"{key} has shape {tuple(got)} in the checkpoint, {tuple(value.shape)} here")
+
+
 def _state_of(obj):
     return obj.state_dict() if hasattr(obj, "state_dict") else obj
-
-
-def _atomic_save(payload: dict, path: Path, fsync: bool = True) -> None:
-    """Write ``payload`` to ``path`` so a reader sees the old file or the new one, whole.
-
-    The rename alone is atomic for any process that dies; ``fsync`` also makes the file and the
-    rename survive a crash of the host (or its power) that holds the directory.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _set_rng_state(state: dict, rank: int) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import positive_int
 from aikit.core.trace import Trace, multiple_problems
 
@@ -68,7 +69,7 @@ def data_mesh():
 
 def micro_batch(trace: Trace, minibatch_size: int, devices: int) -> int:
     """The global micro-batch an SPMD process trains per micro-step, ``minibatch_size x
-    devices``; a ValueError naming the nearest valid sizes when a step of ``trace`` would not
+    devices``; an InvalidValue (a ValueError) naming the nearest valid sizes when a step of ``trace`` would not
     fill every device."""
     if devices == 1:
         return minibatch_size
@@ -77,7 +78,7 @@ def micro_batch(trace: Trace, minibatch_size: int, devices: int) -> int:
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise ValueError(
+        raise InvalidValue(
             f"trace {trace.source} does not fill the {devices}-device SPMD mesh in every micro-step (a step that "
             f"leaves a device without samples would need dummy samples):\n  {shown}{more}"
         )
@@ -107,7 +108,7 @@ def shard(batch: Any, mesh=None) -> Any:
 
     def place(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.dim() == 0 or tensor.shape[0] % devices:
-            raise ValueError(
+            raise InvalidValue(
                 f"a batch of shape {tuple(tensor.shape)} cannot be split over the {devices} devices of the mesh's "
                 f"'{DATA_AXIS}' axis: its first dimension must be a multiple of {devices} (CustomSampler's "
                 "micro-batches are)"

@@ -16,8 +16,9 @@ re-enters the replicas from there, the pattern Keras' ``LossScaleOptimizer`` use
 
 The number of steps lives in a ``tf.Variable``: ``optimizer.steps = 8`` takes effect from
 the next update without retracing (batch-size traces change it every update). The update
-divides by the micro-steps actually accumulated, so it is the mean even when ``steps``
-changes in the middle of an update.
+weighs each micro-step by ``1 / micro-steps actually accumulated`` (:func:`aikit.core.ga.equal_weight`,
+computed in the graph), so it is the mean even when ``steps`` changes in the middle of an update.
+Loading saved weights (``model.load_weights``) keeps the ``steps`` of the plan compiled now.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class Optimizer(keras.optimizers.Optimizer):
         grads = list(grads)
         if len(grads) != len(variables):
             raise ValueError(f"apply() got {len(grads)} gradients for {len(variables)} variables")
-        sums = [None if g is None else self._accumulators[self._get_variable_index(v)]
+        sums = [None if g is None else self._accumulators[self._index_of(v)]
                 for g, v in zip(grads, variables, strict=True)]
         for total, grad in zip(sums, grads, strict=True):
             if grad is not None:
@@ -167,6 +168,23 @@ class Optimizer(keras.optimizers.Optimizer):
                 )
 
             tf.distribute.get_replica_context().merge_call(cross_replica)
+
+    def _index_of(self, variable) -> int:
+        try:
+            return self._get_variable_index(variable)
+        except KeyError:
+            raise ValueError(
+                f"apply() got a gradient for variable {getattr(variable, 'path', variable.name)!r}, which this GA "
+                "optimizer was not built for: it accumulates the variables of its first apply() or build(); "
+                "apply gradients for those, or build a new optimizer for the new variables"
+            ) from None
+
+    def load_own_variables(self, store) -> None:
+        """Load the saved variables but keep this optimizer's ``steps`` (the plan it was compiled
+        with; a model saved under another plan must not change it), as the torch wrapper does."""
+        steps = self.steps
+        super().load_own_variables(store)
+        self._steps.assign(steps)
 
     def _maybe_update(self, update) -> None:
         """Run ``update`` when this micro-step completes the update, and count the micro-step."""

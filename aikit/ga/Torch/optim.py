@@ -3,42 +3,54 @@
 ``steps`` micro-batches make one real update that equals one step on their concatenated batch.
 The wrapped optimizer is kept as it is (its state, defaults and hooks survive; the Run:AI
 original re-created it as a dynamic subclass and lost them) and its ``step()`` runs once per
-update, so its step count, Adam's bias correction, weight decay, gradient clipping and an LR
-scheduler stepped after updates all advance once per update.
+update, so its step count, Adam's bias correction, weight decay and gradient clipping advance
+once per update. An LR scheduler does too when wrapped in :class:`UpdateScheduler` (as
+Accelerate prepares schedulers), so a loop written for plain torch, calling
+``scheduler.step()`` after every ``optimizer.step()``, moves the LR once per update.
 
-Gradients are averaged, not summed: the accumulated ``.grad`` is divided by ``steps`` at the
-update (one multiply per update; a hand-written loop divides the loss instead). For
-micro-batches of different sizes, say how many samples each holds with
-``accumulate(model, samples=n)``: a hook on every parameter then weighs that micro-batch's
-gradient by ``n / G`` (times the world size under DDP or Horovod, which average over
-processes) before it is accumulated, so the update is exactly the big-batch mean even when
-ranks hold different numbers of samples. The weights are taken relative to the micro-batch
-size most of the update shares (a plan's micro-batches differ by at most one sample), which the
-update scales once; so even micro-batches cost no multiply and ragged plans pay one only for
-the micro-batches of the other size.
+Gradients are averaged, not summed: the accumulated ``.grad`` is multiplied once at the update
+by the weight :mod:`aikit.core.ga` gives (``1 / micro-steps accumulated``, or for micro-batches
+declared with ``accumulate(model, samples=n)`` their share ``n / G`` of the global batch, times
+the world size under DDP, which averages over processes). Weights are taken relative to the
+micro-batch size most of the update shares, so even micro-batches cost no multiply and a
+ragged plan pays one (a gradient hook) only for the micro-batches of the other size.
+
+With ``reduce=True`` the wrapper itself sums the gradients over the replicas at the update, in
+one grouped all-reduce with the samples they held (Horovod, or torchrun without DDP; see
+:mod:`aikit.elastic.Torch.horovod`): every update, an epoch's last short one included
+(:meth:`Optimizer.flush`), is then the mean over the samples it actually saw, and the world size
+is read at every update, so an elastic resize scales right.
 """
 
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from aikit.core.ga import (
+    common_size,
+    equal_weight,
+    relative_weight,
+    sample_count,
+    sample_weight,
+    short_window_factor,
+)
 from aikit.core.plan import positive_int
+from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
 
 _STATE_KEYS = {"optimizer", "ga"}
-_GA_KEYS = {"steps", "position", "samples", "weighted", "pending_grads"}
+_GA_KEYS = {"steps", "position", "samples", "weighted", "unit", "pending_grads"}
 
 
-class Optimizer(torch.optim.Optimizer):
+class Optimizer(WrappingOptimizer):
     """Accumulate ``steps`` micro-batches, then update ``optimizer`` once.
 
-    A subclass of ``torch.optim.Optimizer`` only so that LR schedulers and type checks accept
-    it; it holds no state of its own besides the accumulation position, and ``param_groups``,
-    ``state`` and ``defaults`` are the wrapped optimizer's.
+    A real ``torch.optim.Optimizer``: ``param_groups``, ``state`` and ``defaults`` are the
+    wrapped optimizer's, state-dict hooks registered on the wrapper run, step hooks run around
+    the real update.
 
     Args:
         optimizer: any torch optimizer, already built.
@@ -48,7 +60,11 @@ class Optimizer(torch.optim.Optimizer):
         max_grad_norm: clip the accumulated gradient to this norm before each update.
         scaler: a ``torch.amp.GradScaler``; the wrapper unscales, steps and updates it once
             per update (call only ``scaler.scale(loss).backward()`` yourself).
+        reduce: sum the gradients over the replicas at the update (no DDP: Horovod, or
+            torchrun with a plain model); the micro-steps communicate nothing.
     """
+
+    kind = "GA Optimizer"
 
     def __init__(
         self,
@@ -58,46 +74,35 @@ class Optimizer(torch.optim.Optimizer):
         global_batch_size: int | None = None,
         max_grad_norm: float | None = None,
         scaler: Any = None,
+        reduce: bool = False,
     ) -> None:
-        if isinstance(optimizer, Optimizer):
-            raise TypeError("optimizer is already an aikit GA Optimizer: wrap the torch optimizer only once")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise TypeError(
                 "optimizer is a horovod DistributedOptimizer, which all-reduces from backward hooks while "
                 "this wrapper averages and clips the same gradients: wrap the plain torch optimizer with "
                 "aikit.elastic.Torch.horovod.DistributedOptimizer(optimizer, steps) instead"
             )
-        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-            raise ValueError(f"max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
-        self.optimizer = optimizer
+        super().__init__(optimizer)
+        self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
         self._steps = positive_int(steps, "steps")
         self.global_batch_size = None if global_batch_size is None else positive_int(
             global_batch_size, "global_batch_size"
         )
-        self.max_grad_norm = max_grad_norm
-        self.scaler = scaler
+        self.reduce = bool(reduce)
         self.position = 0  # micro-steps taken towards the next update
         self.updated = False  # whether the last step() call made a real update
+        self.applied = 0  # real updates applied by this object (AMP skips not counted): for schedulers
         self._samples = 0  # samples declared in this window (accumulate(samples=...))
         self._weighted = 0  # micro-steps of this window that declared their samples
-        self._weight: float | None = None  # running micro-step's gradient factor (None: 1)
-        self._handles: list[Any] = []  # weighing hooks, registered when a ragged micro-batch needs them
-        self._world: int | None = None
-
-    # --- the wrapped optimizer's state is the only state -------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
+        self._unit: int | None = None  # the micro-batch size this window's weights are relative to
 
     @property
-    def state(self) -> Any:
-        return self.optimizer.state
+    def max_grad_norm(self) -> float | None:
+        return self.engine.max_grad_norm
 
     @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
+    def scaler(self) -> Any:
+        return self.engine.scaler
 
     @property
     def steps(self) -> int:
@@ -132,22 +137,26 @@ class Optimizer(torch.optim.Optimizer):
         of an update. With ``samples`` the micro-batch's gradient is weighted by its share of
         the global batch, which makes ragged and per-rank-uneven micro-batches exact.
         """
-        sync = self.sync_gradients
-        if samples is not None:
-            samples = _count(samples)
-            # relative to the micro-batch size most of the update shares, which the update
-            # then scales once: only micro-batches of the other size pay a multiply
-            factor = samples / self._common_size(samples)
-            self._weight = None if factor == 1 else factor
-            if self._weight is not None and not self._handles:
-                self._hook(self._params())
         no_sync = getattr(model, "no_sync", None)
+        if self.reduce and no_sync is not None:
+            raise ValueError(
+                "this optimizer sums gradients over the replicas itself (reduce=True), but the model is "
+                "wrapped in DistributedDataParallel, which all-reduces them too: pass the plain model, or use "
+                "reduce=False with DDP"
+            )
+        if samples is not None:
+            samples = sample_count(samples, "samples")
+            if self._unit is None:
+                self._unit = common_size(self._global_batch_size(samples), self._steps * _world_size())
+            ddp_reduces = no_sync is not None and not self.reduce and self.sync_gradients
+            self.engine.weigh_next(relative_weight(samples, self._unit), fold=not ddp_reduces)
+        sync = self.sync_gradients or self.reduce
         try:
             with contextlib.nullcontext() if sync or no_sync is None else no_sync():
                 yield
         finally:
             if samples is not None:
-                self._weight = None
+                self.engine.factor = None
                 self._samples += samples
                 self._weighted += 1
 
@@ -166,74 +175,108 @@ class Optimizer(torch.optim.Optimizer):
         self.position += 1
         self.updated = self.position == self._steps
         if self.updated:
-            self.updated = self._update()
+            self.updated = self._update(short=False)
         return loss
 
-    def _update(self) -> bool:
+    def flush(self) -> bool:
+        """Update now on the micro-steps accumulated so far (an epoch's last, shorter window);
+        True if it updated. Every replica must call it at the same point."""
+        if self.position == 0:
+            return False
+        if not self.reduce and _world_size() > 1:
+            raise ValueError(
+                "flush() needs the gradients summed at the update, but under DDP the micro-steps of a short "
+                "window were never all-reduced: use Optimizer(..., reduce=True) with the plain model, or feed "
+                "whole windows"
+            )
+        self.updated = self._update(short=True)
+        return self.updated
+
+    def _update(self, short: bool) -> bool:
         """The real update on the accumulated, weighted gradient; False if AMP skipped it."""
-        steps, weighted, samples = self.position, self._weighted, self._samples
+        steps, weighted, samples, unit = self.position, self._weighted, self._samples, self._unit
         self.position = self._samples = self._weighted = 0
+        self._unit = None
         if weighted not in (0, steps):
             self.optimizer.zero_grad()
             raise ValueError(
                 f"only {weighted} of the {steps} micro-steps of this update declared samples= in "
                 "accumulate(): declare them in every micro-step or in none"
             )
-        if weighted and self._world == 1 and samples != self._global_batch_size(samples):
-            self.optimizer.zero_grad()
-            raise ValueError(
-                f"the {steps} micro-batches of this update held {samples} samples, but "
-                f"global_batch_size is {self._global_batch_size(samples)}: feed exactly that many "
-                "per update (drop an epoch's incomplete last update, see aikit.core.windows)"
-            )
-        params = self._params()
-        grads = [p.grad for p in params if p.grad is not None]
-        # the mean over the update: 1/steps, or the common micro-batch's share n * world / G
-        share = self._common_size(samples) * self._world / self._global_batch_size(samples) if weighted else 0
-        mean = share or 1.0 / steps
-        if mean != 1 and grads:
-            torch._foreach_mul_(grads, mean)
-        if self.scaler is not None:
-            scale = self.scaler.get_scale()
-            self.scaler.unscale_(self.optimizer)
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        if self.scaler is None:
-            self.optimizer.step()
-            stepped = True
+        world = _world_size()  # read at every update: an elastic resize changes it
+        if self.reduce and world > 1:
+            (samples,) = self.engine.reduce([float(samples)])
+            samples = round(samples)
+        if not weighted:
+            scale = equal_weight(steps) / (world if self.reduce else 1)
         else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale  # a lowered scale means inf/NaN: skipped
-        self.optimizer.zero_grad(set_to_none=True)
+            total = self._global_batch_size(samples)
+            # reducing, the samples are summed with the gradients: a short window (an epoch's last)
+            # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
+            if (samples > total and (self.reduce or world == 1)) or (world == 1 and not self.reduce
+                                                                   and not short and samples != total):
+                self.optimizer.zero_grad()
+                raise ValueError(
+                    f"the {steps} micro-batches of this update held {samples} samples, but "
+                    f"global_batch_size is {total}: feed exactly that many per update, or call "
+                    "optimizer.flush() after an epoch's last, shorter window"
+                )
+            averaging = 1 if self.reduce else world  # DDP averages over the processes
+            scale = sample_weight(unit, total, averaging)
+            if samples != total and (self.reduce or world == 1):
+                scale *= short_window_factor(total, samples)
+        stepped = self.engine.step(scale)
+        self.applied += stepped
         return stepped
 
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state and the accumulation position, with the gradients
         accumulated so far when saved mid-update, so a resume continues identically."""
-        pending = [None if p.grad is None else p.grad.detach().clone() for p in self._params()]
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "ga": {
-                "steps": self._steps,
-                "position": self.position,
-                "samples": self._samples,
-                "weighted": self._weighted,
-                "pending_grads": pending if self.position else [],
-            },
-        }
+
+        def build() -> dict[str, Any]:
+            pending = self.engine.pending() if self.position else []
+            return {
+                "optimizer": self.optimizer.state_dict(),
+                "ga": {
+                    "steps": self._steps,
+                    "position": self.position,
+                    "samples": self._samples,
+                    "weighted": self._weighted,
+                    "unit": self._unit,
+                    "pending_grads": pending,
+                },
+            }
+
+        return self._run_state_dict_hooks(build)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore ``state_dict()``; strict about its keys. Saved between updates, it may be
-        loaded with a different ``steps`` (an elastic restart on other hardware)."""
-        if set(state_dict) != _STATE_KEYS:
-            if "param_groups" in state_dict:
+        """Restore ``state_dict()``; strict about its keys, and checked whole before anything
+        changes. Saved between updates, it may be loaded with a different ``steps`` (an elastic
+        restart on other hardware). Local: no collective."""
+        self._run_load_hooks(state_dict, self._load)
+
+    def _load(self, state_dict: dict[str, Any]) -> None:
+        self.check_state(state_dict)
+        ga = state_dict["ga"]
+        position, params = ga["position"], self._params()
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        for p, grad in zip(params, ga["pending_grads"] if position else [None] * len(params), strict=True):
+            p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
+        self.position, self._samples, self._weighted, self._unit = position, ga["samples"], ga["weighted"], ga["unit"]
+        self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
+        self.updated = False
+
+    def check_state(self, state_dict: dict[str, Any]) -> None:
+        """Every reason ``state_dict`` cannot be loaded, before anything is changed."""
+        if not isinstance(state_dict, dict) or set(state_dict) != _STATE_KEYS:
+            if isinstance(state_dict, dict) and "param_groups" in state_dict:
                 raise ValueError(
                     "this is a torch optimizer's state_dict, not an aikit GA Optimizer's: load it "
                     "with optimizer.optimizer.load_state_dict(...)"
                 )
-            raise ValueError(f"GA Optimizer state_dict needs keys {sorted(_STATE_KEYS)}, got {sorted(state_dict)}")
+            keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(f"GA Optimizer state_dict needs keys {sorted(_STATE_KEYS)}, got {keys}")
         ga = state_dict["ga"]
         if set(ga) != _GA_KEYS:
             raise ValueError(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {sorted(ga)}")
@@ -244,15 +287,9 @@ class Optimizer(torch.optim.Optimizer):
                 f"but this optimizer has steps={self._steps}: resume with steps={ga['steps']}, or save "
                 "between updates (optimizer.position == 0) to change steps"
             )
-        params = self._params()
-        pending = ga["pending_grads"]
-        if position and len(pending) != len(params):
-            raise ValueError(f"the checkpoint holds {len(pending)} pending gradients for {len(params)} parameters")
-        self.optimizer.load_state_dict(state_dict["optimizer"])
-        for p, grad in zip(params, pending if position else [None] * len(params), strict=True):
-            p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
-        self.position, self._samples, self._weighted = position, ga["samples"], ga["weighted"]
-        self.updated = False
+        check_groups(self.optimizer, state_dict["optimizer"])
+        if position:
+            check_pending(self._params(), ga["pending_grads"])
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -260,6 +297,7 @@ class Optimizer(torch.optim.Optimizer):
             "global_batch_size": self.global_batch_size,
             "max_grad_norm": self.max_grad_norm,
             "scaler": self.scaler,
+            "reduce": self.reduce,
             "ga": self.state_dict()["ga"],
         }
 
@@ -270,48 +308,19 @@ class Optimizer(torch.optim.Optimizer):
             global_batch_size=state["global_batch_size"],
             max_grad_norm=state["max_grad_norm"],
             scaler=state["scaler"],
+            reduce=state["reduce"],
         )
         ga = state["ga"]
         for p, grad in zip(self._params(), ga["pending_grads"] or [None] * len(self._params()), strict=True):
             p.grad = grad
-        self.position, self._samples, self._weighted = ga["position"], ga["samples"], ga["weighted"]
+        self.position, self._samples, self._weighted, self._unit = ga["position"], ga["samples"], ga["weighted"], \
+            ga["unit"]
 
     # --- parameters and their gradient hooks ---------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
-        if self._handles:
-            self._hook(self.optimizer.param_groups[-1]["params"])
-
-    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
-        """Hooks run around the real update (the wrapped optimizer's step)."""
-        return self.optimizer.register_step_pre_hook(hook)
-
-    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
-        return self.optimizer.register_step_post_hook(hook)
-
-    def _params(self) -> list[torch.Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
-
-    def _hook(self, params: list[torch.Tensor]) -> None:
-        # A tensor hook runs before the gradient is added to .grad and before DDP's reducer
-        # reads .grad, so each micro-batch enters the sum with its own weight. Registered only
-        # once a ragged micro-batch needs them, so even plans run no Python per parameter.
-        self._handles += [p.register_hook(self._weigh) for p in params if p.requires_grad]
-
-    def _weigh(self, grad: torch.Tensor) -> torch.Tensor | None:
-        if self._weight is None:
-            return None
-        # an empty micro-batch (a rank that sits a step out) has a NaN mean-loss gradient:
-        # it contributes exactly nothing, yet its backward still joins DDP's all-reduce
-        return torch.zeros_like(grad) if self._weight == 0 else grad * self._weight
-
-    def _common_size(self, samples: int) -> int:
-        """The micro-batch size most of an update has: a plan splits G over steps x world
-        micro-batches of ``G // (steps x world)`` samples or one more."""
-        if self._world is None:
-            self._world = _world_size()
-        base, extra = divmod(self._global_batch_size(samples), self._steps * self._world)
-        return max(base + (2 * extra > self._steps * self._world), 1)
+        super().add_param_group(param_group)
+        if "optimizer" in self.__dict__ and self.engine._handles:
+            self.engine.hook(self.optimizer.param_groups[-1]["params"])
 
     def _global_batch_size(self, samples: int) -> int:
         if self.global_batch_size is not None:
@@ -328,17 +337,69 @@ class Optimizer(torch.optim.Optimizer):
         return plan.global_batch_size
 
 
-def _count(samples: Any) -> int:
-    """A micro-batch's sample count as an int, or a ValueError naming the value."""
-    try:
-        if isinstance(samples, bool):
-            raise TypeError
-        count = operator.index(samples)
-    except TypeError:
-        count = -1
-    if count < 0:
-        raise ValueError(f"samples must be a non-negative integer (the micro-batch's len), got {samples!r}")
-    return count
+class UpdateScheduler:
+    """An LR scheduler that advances once per real update of the aikit optimizer it schedules.
+
+    ``UpdateScheduler(torch.optim.lr_scheduler.StepLR(optimizer, 30))``: the training loop then
+    calls ``scheduler.step()`` after every ``optimizer.step()``, as for a plain optimizer, and
+    the steps between updates (and an update AMP skipped) do nothing, as with Accelerate's
+    prepared scheduler. Everything else is the wrapped scheduler's.
+    """
+
+    def __init__(self, scheduler: Any) -> None:
+        optimizer = getattr(scheduler, "optimizer", None)
+        if not hasattr(optimizer, "applied"):
+            raise TypeError(
+                f"UpdateScheduler schedules an aikit optimizer (GA or trace), but {type(scheduler).__name__} "
+                f"was built on {type(optimizer).__name__}: build it on the aikit optimizer"
+            )
+        self.scheduler = scheduler
+        self._seen = optimizer.applied
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Advance the scheduler once per update applied since the last call: none between
+        updates, several where a trace optimizer's idle replica made several in one call."""
+        applied = self.scheduler.optimizer.applied
+        for _ in range(applied - self._seen):
+            self.scheduler.step(*args, **kwargs)
+        self._seen = applied
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+
+def check_groups(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Refuse a torch optimizer state that does not fit ``optimizer``'s groups (torch checks
+    this too, but only once it is loading)."""
+    if not isinstance(saved, dict) or "param_groups" not in saved:
+        raise ValueError("the checkpoint's optimizer entry is not a torch optimizer state_dict")
+    have = [len(g["params"]) for g in optimizer.param_groups]
+    got = [len(g["params"]) for g in saved["param_groups"]]
+    if have != got:
+        raise ValueError(
+            f"the checkpoint's optimizer has parameter groups of sizes {got}, this one {have}: build the "
+            "optimizer over the same parameters as the run that saved it"
+        )
+
+
+def check_pending(params: list[torch.Tensor], pending: list[Any]) -> None:
+    """Refuse pending gradients that do not fit ``params``."""
+    if len(pending) != len(params):
+        raise ValueError(f"the checkpoint holds {len(pending)} pending gradients for {len(params)} parameters")
+    for index, (p, grad) in enumerate(zip(params, pending, strict=True)):
+        if grad is not None and tuple(grad.shape) != tuple(p.shape):
+            raise ValueError(
+                f"the checkpoint's pending gradient {index} has shape {tuple(grad.shape)}, its parameter "
+                f"{tuple(p.shape)}: resume with the model that saved it"
+            )
 
 
 def _world_size() -> int:

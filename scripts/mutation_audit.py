@@ -1,0 +1,144 @@
+"""Mutation audit of the GA engine and its core arithmetic: do the tests catch realistic bugs?
+
+Each mutant is one named, realistic bug planted as a text patch in one file; the fast tests
+about that code run against it (``pytest -x -q``), and the mutant is *caught* when they fail.
+The file is put back after every mutant, whatever happens. Prints one line per mutant and the
+score; exits non-zero if a mutant survives or a patch no longer applies.
+
+    .venv/bin/python scripts/mutation_audit.py            # all mutants (about 15 minutes on 2 cores)
+    .venv/bin/python scripts/mutation_audit.py amp clip   # only those whose name contains a word
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GA_TESTS = "tests/torch/test_ga_optimizer.py"
+CORE_TESTS = "tests/core/test_ga.py tests/core/test_plan.py"
+TRACE_TESTS = "tests/trace/test_trace_optim.py"
+REDUCE_TESTS = "tests/torch/test_reduce_at_update.py"
+RESIZE_TESTS = "tests/resize/test_resize_state.py"
+KERAS_TESTS = "tests/tf/test_keras_ga_optimizer.py"
+
+# (name, file, original text, planted text, tests that must catch it)
+MUTANTS = [
+    ("core: world scaling dropped", "aikit/core/ga.py",
+     "return samples * averaging_replicas / window", "return samples / window", CORE_TESTS),
+    ("core: common size is the largest, not the most frequent", "aikit/core/ga.py",
+     "return max(base + (2 * extra > parts), 1)", "return max(base + (extra > 0), 1)", CORE_TESTS),
+    ("core: short window factor inverted", "aikit/core/ga.py",
+     "return planned / seen", "return seen / planned", CORE_TESTS),
+    ("core: equal weight off by one", "aikit/core/ga.py",
+     "return 1.0 / steps", "return 1.0 / (steps + 1)", CORE_TESTS),
+    ("engine: clipping before AMP unscaling", "aikit/ga/Torch/engine.py",
+     "            scale_before = self.scaler.get_scale()\n"
+     "            self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's\n"
+     "        if self.max_grad_norm is not None:",
+     "            scale_before = self.scaler.get_scale()\n"
+     "        if self.max_grad_norm is not None:", GA_TESTS),
+    ("engine: a successful AMP update reported as skipped", "aikit/ga/Torch/engine.py",
+     "stepped = self.scaler.get_scale() >= scale_before", "stepped = self.scaler.get_scale() > scale_before",
+     GA_TESTS),
+    ("engine: folded factor forgotten at the update", "aikit/ga/Torch/engine.py",
+     "scale, self.carried = scale * self.carried, 1.0", "scale, self.carried = scale, 1.0", GA_TESTS),
+    ("engine: folded rescale inverted", "aikit/ga/Torch/engine.py",
+     "self._rescale(self.carried / factor)", "self._rescale(factor / self.carried)", GA_TESTS),
+    ("engine: empty micro-batch scaled, not dropped", "aikit/ga/Torch/engine.py",
+     "return torch.zeros_like(grad) if self.factor == 0 else grad * self.factor", "return grad * self.factor",
+     GA_TESTS),
+    ("engine: gradients kept after the update", "aikit/ga/Torch/engine.py",
+     "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped\n"
+     "        self.optimizer.zero_grad(set_to_none=True)",
+     "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped",
+     GA_TESTS),
+    ("engine: weight applied after clipping", "aikit/ga/Torch/engine.py",
+     "        if scale != 1 and grads:\n            _mul_(grads, scale)\n",
+     "        if scale != 1 and grads:\n            pass\n", GA_TESTS),
+    ("engine: replicas' folded factors summed as they are", "aikit/ga/Torch/engine.py",
+     "        if self.carried != 1:  # each replica folded its own factor: unfold it before summing\n"
+     "            self._rescale(self.carried)\n            self.carried = 1.0\n", "", REDUCE_TESTS),
+    ("engine: untouched parameters get a zero gradient", "aikit/ga/Torch/engine.py",
+     "p.grad = grad if used else None", "p.grad = grad", REDUCE_TESTS),
+    ("optim: reduce forgets to average over ranks", "aikit/ga/Torch/optim.py",
+     "scale = equal_weight(steps) / (world if self.reduce else 1)", "scale = equal_weight(steps)", REDUCE_TESTS),
+    ("optim: reduce scales sample weights by the world", "aikit/ga/Torch/optim.py",
+     "averaging = 1 if self.reduce else world", "averaging = world", REDUCE_TESTS),
+    ("optim: short window not corrected", "aikit/ga/Torch/optim.py",
+     "                scale *= short_window_factor(total, samples)", "                pass", GA_TESTS),
+    ("optim: divisor is steps, not micro-steps accumulated", "aikit/ga/Torch/optim.py",
+     "scale = equal_weight(steps) /", "scale = equal_weight(self._steps) /", GA_TESTS),
+    ("optim: update always reported", "aikit/ga/Torch/optim.py",
+     "self.updated = self._update(short=False)", "self._update(short=False)", GA_TESTS),
+    ("optim: pending gradient shapes not checked", "aikit/ga/Torch/optim.py",
+     "        if position:\n            check_pending(self._params(), ga[\"pending_grads\"])", "", GA_TESTS),
+    ("optim: UpdateScheduler steps every call", "aikit/ga/Torch/optim.py",
+     "        for _ in range(applied - self._seen):\n            self.scheduler.step(*args, **kwargs)",
+     "        self.scheduler.step(*args, **kwargs)", GA_TESTS),
+    ("optim: UpdateScheduler steps once for several updates", "aikit/ga/Torch/optim.py",
+     "for _ in range(applied - self._seen):", "for _ in range(min(applied - self._seen, 1)):",
+     "tests/resize/test_restore_order.py"),
+    ("trace: step weight not applied", "aikit/elastic/Torch/trace_optim.py",
+     "self.updated = self.engine.step(self.plan.weight(self.step_index))", "self.updated = self.engine.step(1.0)",
+     TRACE_TESTS),
+    ("trace: base LR not restored", "aikit/elastic/Torch/trace_optim.py",
+     "                group[\"lr\"] = lr_base", "                pass", TRACE_TESTS),
+    ("trace: set_epoch restarts a resumed epoch", "aikit/elastic/Torch/trace_optim.py",
+     "if not (self._untouched and epoch == self.epoch):", "if True:", TRACE_TESTS),
+    ("trace: load forgets the sampler position", "aikit/elastic/Torch/trace_optim.py",
+     "        self.sampler.resume(trace[\"epoch\"], trace[\"step\"], trace[\"micro\"])\n", "", TRACE_TESTS),
+    ("trace: clipping dropped", "aikit/elastic/Torch/trace_optim.py",
+     "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)",
+     "self.engine = Accumulator(optimizer, scaler=scaler)", TRACE_TESTS),
+    ("resize: objects not checked before loading", "aikit/elastic/Torch/resize.py",
+     "        self._check(payload)  # everything, before anything changes\n", "", RESIZE_TESTS),
+    ("resize: unchecked objects not put back", "aikit/elastic/Torch/resize.py",
+     "            for name, state in before.items():\n                self._objects[name].load_state_dict(state)\n",
+     "", RESIZE_TESTS + " -k 'failed_restore or puts_back'"),
+    ("keras: divides by steps, not micro-steps accumulated", "aikit/ga/TF/optimizers.py",
+     "count = self._accumulated + 1", "count = self._steps", KERAS_TESTS),
+    ("keras: load_weights overwrites steps", "aikit/ga/TF/optimizers.py",
+     "        self._steps.assign(steps)\n\n    def _maybe_update", "\n    def _maybe_update", KERAS_TESTS),
+]
+
+
+def run(name: str, path: str, old: str, new: str, tests: str) -> bool | None:
+    """True when the tests catch the mutant, False when it survives, None if it no longer applies."""
+    file = ROOT / path
+    original = file.read_text()
+    if original.count(old) != 1:
+        return None
+    try:
+        file.write_text(original.replace(old, new))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                               *shlex.split(tests)],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        return done.returncode != 0
+    finally:
+        file.write_text(original)
+
+
+def main() -> int:
+    words = sys.argv[1:]
+    chosen = [m for m in MUTANTS if not words or any(w in m[0] for w in words)]
+    caught = survived = stale = 0
+    for mutant in chosen:
+        start = time.monotonic()
+        result = run(*mutant)
+        verdict = {True: "caught", False: "SURVIVED", None: "STALE (patch does not apply)"}[result]
+        caught += result is True
+        survived += result is False
+        stale += result is None
+        print(f"{verdict:<10} {mutant[0]:<58} {time.monotonic() - start:5.1f} s", flush=True)
+    print(f"mutation score: {caught}/{len(chosen)} caught ({survived} survived, {stale} stale)")
+    return 0 if caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""aikit.core.ga: every weighting makes the update the plain mean over the window's samples.
+
+The reference is numpy's mean over all samples' gradients of a window; the micro-batch
+gradients are means over their own samples, as a mean loss gives them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aikit.core.ga import common_size, equal_weight, relative_weight, sample_weight, short_window_factor
+from aikit.core.plan import make_plan
+
+# a window: per replica, the sizes of its micro-batches (0: the replica sits that step out)
+windows = st.integers(1, 4).flatmap(
+    lambda replicas: st.lists(st.lists(st.integers(0, 7), min_size=replicas, max_size=replicas),
+                              min_size=1, max_size=5)
+).filter(lambda steps: sum(map(sum, steps)) > 0)
+
+
+def gradients(sizes: list[list[int]], seed: int = 0) -> tuple[list[list[np.ndarray | None]], np.ndarray]:
+    """Micro-batch mean gradients (None for an empty one) and the mean over all samples."""
+    rng = np.random.default_rng(seed)
+    per_sample = [[rng.normal(size=(n, 3)) for n in step] for step in sizes]
+    means = [[g.mean(0) if len(g) else None for g in step] for step in per_sample]
+    return means, np.concatenate([g for step in per_sample for g in step]).mean(0)
+
+
+@given(windows, st.booleans())
+def test_sample_weights_make_the_window_mean_when_summed_or_averaged(sizes, averaged):
+    means, expected = gradients(sizes)
+    replicas = len(sizes[0])
+    total = sum(map(sum, sizes))
+    world = replicas if averaged else 1
+    per_replica = [
+        sum((sample_weight(step[r], total, world) * means[s][r] for s, step in enumerate(sizes) if step[r]),
+            np.zeros(3))
+        for r in range(replicas)
+    ]
+    reduced = sum(per_replica) / world  # DDP/Horovod average, or a plain sum
+    np.testing.assert_allclose(reduced, expected, rtol=1e-12, atol=1e-12)
+
+
+@given(windows)
+def test_relative_weights_times_one_unit_per_update_make_the_window_mean(sizes):
+    means, expected = gradients(sizes)
+    total = sum(map(sum, sizes))
+    flat = [n for step in sizes for n in step]
+    unit = common_size(total, len(flat))
+    accumulated = sum(
+        ((relative_weight(n, unit) or 1.0) * means[s][r] for s, step in enumerate(sizes)
+         for r, n in enumerate(step) if n),
+        np.zeros(3),
+    )
+    np.testing.assert_allclose(accumulated * sample_weight(unit, total), expected, rtol=1e-12, atol=1e-12)
+
+
+@given(windows, st.integers(0, 30))
+def test_a_short_window_weighted_against_the_planned_one_is_corrected_to_its_mean(sizes, missing):
+    means, expected = gradients(sizes)
+    seen = sum(map(sum, sizes))
+    planned = seen + missing  # the global batch the weights were computed for
+    summed = sum((sample_weight(n, planned) * means[s][r] for s, step in enumerate(sizes)
+                  for r, n in enumerate(step) if n), np.zeros(3))
+    np.testing.assert_allclose(summed * short_window_factor(planned, seen), expected, rtol=1e-12, atol=1e-12)
+
+
+@given(st.integers(1, 6), st.integers(1, 9))
+def test_equal_micro_batches_weigh_one_over_the_micro_steps_accumulated(steps, size):
+    means, expected = gradients([[size]] * steps)
+    np.testing.assert_allclose(sum(equal_weight(steps) * m[0] for m in means), expected, rtol=1e-12)
+
+
+@given(st.integers(1, 600), st.integers(1, 80), st.integers(1, 9))
+def test_the_common_size_is_the_size_most_micro_batches_of_a_plan_share(g, m, n):
+    plan = make_plan(g, m, n)
+    sizes = Counter(size for step in plan.micro_batch_sizes for size in step)
+    common = common_size(g, plan.steps * plan.gpus)
+    assert sizes[common] == max(sizes.values())
+    assert plan.weight(0, 0) == plan.micro_batch_sizes[0][0] / g
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: sample_weight(-1, 8), "samples must be a non-negative integer, got -1"),
+        (lambda: sample_weight(3, 0), "window_samples must be positive"),
+        (lambda: sample_weight(9, 8), "a micro-batch of 9 samples cannot lie in a window of 8"),
+        (lambda: sample_weight(2.5, 8), "samples must be a non-negative integer, got 2.5"),
+        (lambda: equal_weight(0), "an update needs at least one micro-step"),
+        (lambda: short_window_factor(8, 0), "an update with no samples has no mean gradient"),
+        (lambda: short_window_factor(8, 9), "the update held 9 samples, more than the 8 of its global batch"),
+    ],
+)
+def test_impossible_windows_are_refused_by_name(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
