@@ -50,6 +50,7 @@ BATCH = 100
 VALIDATION = 500
 GRID = np.geomspace(1e-3, 1.0, 6).tolist()
 COSINE_LENGTHS = (1000, 2000, 4000)
+PEAKS = GRID[2:5]  # cosine peaks: the grid's best constant LR (0.063, measured) and its two neighbours
 
 
 def mnist1d() -> tuple[torch.Tensor, ...]:
@@ -144,15 +145,26 @@ def cosine(peak: float, length: int):
     return lambda t: peak * 0.5 * (1.0 + math.cos(math.pi * t / length))
 
 
-def baselines(task: Task, seeds: list[int], budget: int, cache: Path) -> dict:
+def baselines(task: Task, seeds: list[int], budget: int, cache: Path, cached_only: bool = False) -> dict:
     """Every grid run's results per seed. Each seed's runs are cached in their own file (keyed by
     the protocol), run by run, so an interrupted benchmark picks up where it stopped and the
     seeds can be computed by separate processes (``--baseline-seed``)."""
-    per_seed = [seed_baselines(task, seed, budget, cache) for seed in seeds]
-    return {name: [runs[name] for runs in per_seed] for name in per_seed[0]}
+    per_seed = [seed_baselines(task, seed, budget, cache, cached_only) for seed in seeds]
+    return {name: [runs[name] for runs in per_seed] for name in per_seed[0] if all(name in r for r in per_seed)}
 
 
-def seed_baselines(task: Task, seed: int, budget: int, cache: Path) -> dict:
+def planned_runs(budget: int) -> list[tuple]:
+    """The grid: 6 constant LRs and cosines peaking at the best of them (0.063, as measured) and
+    its two neighbours, ordered so that the most telling runs come first."""
+    constant = [(f"constant {lr:.4g}", budget, lambda t, lr=lr: lr) for lr in GRID]
+    cosines = [(f"cosine {p:.4g} T={n}", n, cosine(p, n)) for n in COSINE_LENGTHS for p in PEAKS]
+    order = [constant[3], cosines[5], cosines[4], cosines[2], cosines[1], constant[4], constant[2], cosines[0],
+             cosines[3], *cosines[6:], constant[1], constant[5], constant[0]]
+    assert sorted(name for name, _, _ in order) == sorted(name for name, _, _ in constant + cosines)
+    return order
+
+
+def seed_baselines(task: Task, seed: int, budget: int, cache: Path, cached_only: bool = False) -> dict:
     path = cache.with_name(f"{cache.stem}_seed{seed}{cache.suffix}")
     key = json.dumps({"seed": seed, "budget": budget, "every": task.every, "grid": GRID,
                       "lengths": COSINE_LENGTHS, "batch": BATCH, "version": 3})
@@ -167,17 +179,10 @@ def seed_baselines(task: Task, seed: int, budget: int, cache: Path) -> dict:
             print(f"  seed {seed}, {name}: final val acc {runs[name]['final_val_acc']:.4f}", flush=True)
         return runs[name]
 
-    for lr in GRID:
-        run(f"constant {lr:.4g}", budget, lambda t, lr=lr: lr)
-    best = int(np.argmax([runs[f"constant {lr:.4g}"]["final_val_acc"] for lr in GRID]))
-    for peak in GRID[max(best - 1, 0):best + 2]:  # cosine peaks: the best constant and its neighbours
-        for length in COSINE_LENGTHS:
-            run(f"cosine {peak:.4g} T={length}", length, cosine(peak, length))
+    for name, steps, lr_at in planned_runs(budget):  # most telling first, for --cached-only
+        if not cached_only:
+            run(name, steps, lr_at)
     return {name: {**r, "curve": {int(k): v for k, v in r["curve"].items()}} for name, r in runs.items()}
-
-
-def cost(name: str, budget: int, seeds: int) -> int:
-    return seeds * (int(name.split("T=")[1]) if "T=" in name else budget)
 
 
 def median_steps(results: list[dict], target: float) -> float:
@@ -203,6 +208,7 @@ def main() -> None:
                         help="an AutoLRS option, e.g. tau=100 (repeatable)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/aikit_autolrs_mnist1d.json"))
     parser.add_argument("--baselines-only", action="store_true")
+    parser.add_argument("--cached-only", action="store_true", help="use the baseline runs cached so far")
     parser.add_argument("--baseline-seed", type=int, default=None,
                         help="compute (and cache) one seed's grid, then stop")
     parser.add_argument("--verbose", action="store_true", help="log AutoLRS's trials")
@@ -217,10 +223,13 @@ def main() -> None:
     if args.baseline_seed is not None:
         seed_baselines(task, args.baseline_seed, args.budget, args.cache)
         return
-    runs = baselines(task, seeds, args.budget, args.cache)
+    runs = baselines(task, seeds, args.budget, args.cache, args.cached_only)
     best_final = max(statistics.median(r["final_val_acc"] for r in results) for results in runs.values())
     targets = {"best-1": best_final - 0.01, "best-3": best_final - 0.03}
-    grid_cost = sum(cost(name, args.budget, len(seeds)) for name in runs)
+    grid_cost = len(seeds) * sum(steps for _, steps, _ in planned_runs(args.budget))
+    if len(runs) < len(planned_runs(args.budget)):
+        print(f"(--cached-only: {len(runs)} of the grid's {len(planned_runs(args.budget))} runs are cached for "
+              "every seed; the grid's cost counts all of them)")
     print(f"best baseline final val acc (median over {len(seeds)} seeds): {best_final:.4f}; "
           f"targets {', '.join(f'{k} = {v:.4f}' for k, v in targets.items())}; grid cost {grid_cost} steps")
     best = {}

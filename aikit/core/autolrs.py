@@ -293,6 +293,7 @@ class Action:
 @dataclass
 class Trial:
     lr: float
+    start_step: int = 0  # steps taken before its first step
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     score: float = math.nan
@@ -380,8 +381,9 @@ class Controller:
     """
 
     def __init__(self, min_lr: float | None = None, max_lr: float | None = None, *, total_steps: int | None = None,
-                 tau: int | None = None, tau_max: int | None = None, growth: int = 2, stages: int = 3,
-                 trials: int = 10, trial_ratio: int = 10, keep_winner: bool = True, anneal: float | None = None,
+                 tau: int | None = None, tau_max: int | None = None, growth: int = 2, stages: int = 2,
+                 trials: int | None = None, trial_ratio: int | None = None, keep_winner: bool = True,
+                 anneal: float | None = None,
                  val_tau: int | None = None, val_points: int = 16, warmup_steps: int = 0, warmup_lr: float = 0.0,
                  range_steps: int = 100, design: int = 3, tie: float = 0.0, kappa: float = 2.0,
                  warm_start: bool = True, diverge: float = 5.0,
@@ -396,9 +398,11 @@ class Controller:
             raise ValueError(f"min_lr must be below max_lr, got min_lr={min_lr!r} and max_lr={max_lr!r}")
         self.total_steps = None if total_steps is None else positive_int(total_steps, "total_steps")
         self.growth, self.stages_planned = positive_int(growth, "growth"), positive_int(stages, "stages")
-        self.trials, self.trial_ratio = positive_int(trials, "trials"), positive_int(trial_ratio, "trial_ratio")
+        budget = self.total_steps is not None  # defaults measured on MNIST-1D (docs/autolrs.md); else the paper's
+        self.trials = positive_int((5 if budget else 10) if trials is None else trials, "trials")
+        self.trial_ratio = positive_int((5 if budget else 10) if trial_ratio is None else trial_ratio, "trial_ratio")
         self.keep_winner, self.warm_start = bool(keep_winner), bool(warm_start)
-        anneal = (0.0 if self.total_steps is None else 0.2) if anneal is None else anneal
+        anneal = (0.5 if budget else 0.0) if anneal is None else anneal
         if isinstance(anneal, bool) or not isinstance(anneal, (int, float)) or not 0.0 <= anneal < 1.0:
             raise ValueError(f"anneal must be a fraction in [0, 1) of total_steps, got {anneal!r}")
         if anneal and self.total_steps is None:
@@ -592,12 +596,17 @@ class Controller:
         if flags.get("restore") and self.kept:  # a rollback undoes the kept steps since the checkpoint
             del self._kept[self._kept_mark:]
         if flags.get("checkpoint"):
-            self._reference = self._recent_loss()
+            if flags.get("resume_trial"):  # the winner's state: its own latest training losses
+                trial = self.stage.trials[self.stage.kept]
+                self._reference = self._recent_loss(trial.start_step, trial.start_step + self.stage.trial_steps)
+            elif not flags.get("restore"):  # (a restore, then a checkpoint of that same state: as before)
+                self._reference = self._recent_loss(0, self.steps)
             self._kept_mark = len(self._kept)
         return Action(lr, **flags)
 
-    def _recent_loss(self) -> float:
-        finite = [r.loss for r in self.history[-10:] if math.isfinite(r.loss)]
+    def _recent_loss(self, after: int, upto: int) -> float:
+        """The median of the last 10 finite training losses of steps ``after+1 .. upto``."""
+        finite = [r.loss for r in self.history[after:upto] if math.isfinite(r.loss)][-10:]
         return float(np.median(finite)) if finite else math.inf
 
     def _diverged(self) -> bool:
@@ -608,6 +617,8 @@ class Controller:
         recent = [r.loss for r in self.history[-DIVERGE_WINDOW:] if r.step > self._segment_start]
         if not all(math.isfinite(x) for x in recent):
             return True
+        if len(recent) < DIVERGE_WINDOW:
+            return False
         first, mean = self.history[0].loss, float(np.mean(recent))
         if math.isfinite(first) and first > self._reference:
             return mean > self._reference + (first - self._reference) / 2
@@ -691,12 +702,12 @@ class Controller:
         log.info("AutoLRS stage %d at step %d: tau=%d, %d trials of %d steps scored on %s losses",
                  index, self.steps, tau, self.trials, trial_steps, "training" if val_every is None else "validation")
         self.phase, self._in_phase = "trial", 0
-        self.stage.trials.append(Trial(self._search.ask()))
+        self.stage.trials.append(Trial(self._search.ask(), self.steps))
         return self._set(self.stage.trials[-1].lr, checkpoint=True, restore=restore)
 
     def _start_trial(self, keep_trial: bool) -> Action:
         self.phase, self._in_phase = "trial", 0
-        self.stage.trials.append(Trial(self._search.ask()))
+        self.stage.trials.append(Trial(self._search.ask(), self.steps))
         return self._set(self.stage.trials[-1].lr, restore=True, keep_trial=keep_trial)
 
     def _end_trial(self) -> Action:

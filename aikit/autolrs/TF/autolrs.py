@@ -6,7 +6,7 @@ instead, so the controller sees each step's own loss. Checkpoints are in memory:
 variable (Keras 3 counts dropout's seed state among them), every optimizer variable and
 Python's and NumPy's random state. Under ``tf.distribute`` with more than one replica the
 chief (worker 0) decides and its decision reaches every worker through one collective (a
-max-reduce over the replicas, to which the others contribute zeros): the workers follow the
+sum over the replicas, to which only global replica 0 contributes): the workers follow the
 chief, they do not merely run equally seeded controllers.
 """
 
@@ -117,7 +117,12 @@ class AutoLRS(keras.callbacks.Callback):
             action = decide()
             packed[:] = [action.lr, self.controller.kept, *(getattr(action, f) for f in FIELDS)]
         chief = tf.constant(packed)
-        agreed = strategy.reduce(tf.distribute.ReduceOp.MAX, strategy.run(lambda: tf.identity(chief)), axis=None)
+
+        def contribution():  # the chief's first replica (global replica 0) alone: the sum is exact
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            return chief * tf.cast(first, tf.float64)
+
+        agreed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
         lr, kept, *flags = agreed.numpy().tolist()
         self.kept = bool(kept)
         return Action(lr, **{f: bool(v) for f, v in zip(FIELDS, flags, strict=True)})
