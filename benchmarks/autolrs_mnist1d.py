@@ -16,7 +16,7 @@ Their total is the grid's cost. Targets: the best baseline's median final valida
 minus 1 and minus 3 points. For each target the best constant LR and the best cosine are the
 grid points with the fewest median steps to it (an oracle choice AutoLRS does not get).
 
-AutoLRS runs over the same seeds with ``total_steps=--budget`` and its default search range
+AutoLRS runs over the same seeds with ``total_steps=--total-steps`` and its default search range
 (a short LR range test in the run, counted), unless ``--min-lr``/``--max-lr`` are given. Every
 step counts, search included; the target is checked only on the model AutoLRS keeps (never on
 a trial that may be undone). Prints steps to each target per seed, medians, the ratios best
@@ -200,7 +200,8 @@ def parse_options(pairs: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--budget", type=int, default=4000, help="steps per constant run and AutoLRS's total_steps")
+    parser.add_argument("--budget", type=int, default=4000, help="steps per constant run of the grid")
+    parser.add_argument("--total-steps", type=int, default=2000, help="AutoLRS's total_steps (search included)")
     parser.add_argument("--every", type=int, default=50, help="check validation accuracy every this many steps")
     parser.add_argument("--min-lr", type=float, default=None, help="AutoLRS's range (default: its range test)")
     parser.add_argument("--max-lr", type=float, default=None)
@@ -213,6 +214,8 @@ def main() -> None:
                         help="compute (and cache) one seed's grid, then stop")
     parser.add_argument("--verbose", action="store_true", help="log AutoLRS's trials")
     parser.add_argument("--save", type=Path, default=None, help="write AutoLRS's runs (curves, schedules) as JSON")
+    parser.add_argument("--autolrs-only", action="store_true", help="run AutoLRS only and --save its runs")
+    parser.add_argument("--load", type=Path, default=None, help="AutoLRS's runs from a --save, instead of running")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.verbose:
@@ -222,6 +225,13 @@ def main() -> None:
     began = time.perf_counter()
     if args.baseline_seed is not None:
         seed_baselines(task, args.baseline_seed, args.budget, args.cache)
+        return
+    options = parse_options(args.option)
+    if args.min_lr is not None:
+        options.update(min_lr=args.min_lr, max_lr=args.max_lr)
+    if args.autolrs_only:  # AutoLRS's runs alone, saved for a later --load
+        results = [task.run(s, args.total_steps, autolrs_options=options) for s in seeds]
+        args.save.write_text(json.dumps(results))
         return
     runs = baselines(task, seeds, args.budget, args.cache, args.cached_only)
     best_final = max(statistics.median(r["final_val_acc"] for r in results) for results in runs.values())
@@ -242,11 +252,12 @@ def main() -> None:
     if args.baselines_only:
         return
 
-    options = parse_options(args.option)
-    if args.min_lr is not None:
-        options.update(min_lr=args.min_lr, max_lr=args.max_lr)
-    results = [task.run(s, args.budget, autolrs_options=options) for s in seeds]
-    print(f"\nAutoLRS {options or '(defaults)'}, total_steps={args.budget}:")
+    if args.load:
+        saved = json.loads(args.load.read_text())
+        results = [{**r, "curve": {int(k): v for k, v in r["curve"].items()}} for r in saved]
+    else:
+        results = [task.run(s, args.total_steps, autolrs_options=options) for s in seeds]
+    print(f"\nAutoLRS {options or '(defaults)'}, total_steps={args.total_steps}:")
     medians = {}
     for label, target in targets.items():
         per_seed = [steps_to(r["curve"], target) for r in results]

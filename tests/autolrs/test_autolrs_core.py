@@ -330,6 +330,7 @@ def test_a_budget_is_spent_exactly(total, trials, ratio, anneal, keep, warmup):
         phases.append(c.phase)
         action = c.step(1.0 + 1.0 / (step + 1))
     assert c.phase == "done" and action.lr == (0.0 if anneal else c.stages[-1].lr)  # the anneal ends at 0
+    assert "done" not in phases  # every step of the budget was planned: none left over
     assert phases.count("anneal") == round(anneal * total)
     assert phases.count("warmup") == (warmup + 1 if warmup else 0)
     for stage in c.stages:
@@ -377,6 +378,8 @@ def test_without_a_range_a_short_range_test_sets_it_and_is_undone(caplog):
 
 
 def run_to(controller, steps, state_at=None):
+    """Drive ``controller`` for ``steps`` steps; every action, and its state at ``state_at``
+    (through JSON, as a file would keep it)."""
     action, seen, state = controller.begin(), [], None
     for step in range(steps):
         if step == state_at:
@@ -392,7 +395,8 @@ def run_to(controller, steps, state_at=None):
 @pytest.mark.parametrize("at", [7, 60, 333, 650])
 def test_a_resumed_search_decides_exactly_as_an_uninterrupted_one(at):
     options = {"total_steps": 700, "trials": 4, "trial_ratio": 5, "range_steps": 20, "val_tau": 150, "seed": 4}
-    whole, state = run_to(Controller(**options), 700, state_at=at)
+    uninterrupted = Controller(**options)
+    whole, state = run_to(uninterrupted, 700, state_at=at)
     resumed = Controller(**options)
     resumed.load_state_dict(state)
     action = whole[at - 1]
@@ -404,6 +408,8 @@ def test_a_resumed_search_decides_exactly_as_an_uninterrupted_one(at):
             action = resumed.validation(loss / 2)
         rest.append(action)
     assert rest == whole[at:]
+    assert resumed.history == uninterrupted.history and resumed.schedule() == uninterrupted.schedule()
+    assert resumed.state_dict() == uninterrupted.state_dict()
 
 
 def test_a_state_saved_with_other_options_is_refused_and_changes_nothing():
