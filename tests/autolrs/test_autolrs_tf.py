@@ -159,3 +159,32 @@ def test_the_found_schedule_replays_as_a_plain_keras_schedule(data, tmp_path):
     f32 = lambda lr: float(np.float32(lr))  # noqa: E731
     assert used[:len(kept)] == [f32(lr) for lr in kept]
     assert used[len(kept):] == [f32(kept[-1])] * (len(used) - len(kept))  # then the last LR stays
+
+
+def fit_with_autolrs(data, first: int, last: int, saved: dict | None = None):
+    """Steps ``first..last-1`` of one SGD run under AutoLRS; from ``saved`` weights and state."""
+    x, y, _, _ = data
+    model = mlp(keras.optimizers.SGD(0.05, momentum=0.9))
+    model.optimizer.build(model.trainable_variables)
+    autolrs = AutoLRS(lambda: 0.0, 1e-3, 1.0, total_steps=60, tau=10, trials=3, trial_ratio=3, anneal=0.2)
+    if saved is not None:
+        for variable, value in zip([*model.variables, *model.optimizer.variables], saved["weights"], strict=True):
+            variable.assign(value)
+        autolrs.load_state_dict(saved["autolrs"])
+    model.fit(x[32 * first:32 * last], y[32 * first:32 * last], batch_size=32, epochs=1, shuffle=False, verbose=0,
+              callbacks=[autolrs])
+    weights = [np.array(v.numpy(), copy=True) for v in [*model.variables, *model.optimizer.variables]]
+    return autolrs, {"weights": weights, "autolrs": autolrs.state_dict()}
+
+
+def test_a_preempted_keras_search_resumes_where_it_was(data):
+    whole, _ = fit_with_autolrs(data, 0, 44)  # digits: 44 full batches of 32
+    _, saved = fit_with_autolrs(data, 0, 23)
+    resumed, _ = fit_with_autolrs(data, 23, 44, saved)
+    # Every step at the same LR in the same phase; the losses equal up to float32 rounding (each
+    # is a difference of the loss tracker's running sums, which restart with each fit()).
+    mine, theirs = resumed.controller.history, whole.controller.history
+    assert [(r.step, r.lr, r.phase) for r in mine] == [(r.step, r.lr, r.phase) for r in theirs]
+    np.testing.assert_allclose([r.loss for r in mine], [r.loss for r in theirs], rtol=1e-5, atol=1e-5)
+    assert resumed.controller.schedule() == whole.controller.schedule()
+    assert sum(len(s.trials) for s in whole.controller.stages) >= 6  # the run spans trials of 2 stages
