@@ -12,7 +12,10 @@ of ``val_tau`` steps or more score trials on validation losses instead of traini
 An adapter feeds it the loss after every step and does what the returned :class:`Action`
 says: evaluate, restore the stage checkpoint, take a new checkpoint, set the LR. The
 original's flaws are fixed here: the forecast is unbiased on clean data and does not depend on
-the loss scale, a NaN trial scores worst, and a restore always comes with the LR to use next.
+the loss scale, a diverged trial or an unbelievable forecast fails the trial, a diverged stage
+is rolled back, and a restore always comes with the LR to use next. With a step budget
+(``total_steps``) the stages are planned to fit it, the winning trial's progress is kept and
+the run ends with an anneal; without ``min_lr``/``max_lr`` a short LR range test sets them.
 """
 
 from __future__ import annotations
@@ -361,12 +364,14 @@ class Controller:
     a third of the LR at its lowest smoothed loss, ``min_lr`` three decades below.
 
     ``total_steps``: the run's whole budget, search included. With it the stages are planned
-    to fill the budget exactly, the last ``anneal`` fraction decays the LR to zero on a
-    cosine, and ``tau`` defaults to a length that gives ``stages`` doubling stages.
+    to fill the budget exactly, the last ``anneal`` fraction (default 0.5) decays the LR to zero
+    on a cosine, and ``tau`` defaults to a length that gives ``stages`` doubling stages.
     Without it stages go on forever (the paper's AutoLRS).
 
     ``tau``, ``tau_max``, ``growth``: stage lengths (paper: 1000 doubling to 8000).
-    ``trials`` LRs per stage, each trained ``tau // trial_ratio`` steps (paper: 10 and 10).
+    ``trials`` LRs per stage, each trained ``tau // trial_ratio`` steps (paper: 10 and 10;
+    with ``total_steps``: 5 and 5). ``design``: the first trials spread over the range;
+    ``tie``: take the largest LR forecast within ``tie`` standard errors of the best.
     With ``keep_winner`` the stage continues from the best trial's end state (its steps are
     the stage's first steps) instead of retraining from the stage start.
     Stages of ``val_tau`` steps or more (default ``tau_max``) score trials on ``val_points``
