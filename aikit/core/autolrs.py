@@ -420,8 +420,8 @@ class Controller:
         if self.tau is not None and self.tau_max is not None and self.tau_max < self.tau:
             raise ValueError(f"tau_max must be >= tau, got tau={tau} and tau_max={tau_max}")
         if self.tau is not None and self.tau // self.trial_ratio < 3:
-            raise ValueError(f"tau={tau} with trial_ratio={trial_ratio} gives {self.tau // self.trial_ratio} steps "
-                             "per trial; the forecast needs at least 3: raise tau or lower trial_ratio")
+            raise ValueError(f"tau={tau} with trial_ratio={self.trial_ratio} gives {self.tau // self.trial_ratio} "
+                             "steps per trial; the forecast needs at least 3: raise tau or lower trial_ratio")
         self.val_tau = None if val_tau is None else positive_int(val_tau, "val_tau")
         self.val_points = positive_int(val_points, "val_points")
         if self.val_points < 3:
