@@ -25,7 +25,7 @@ import csv
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, astuple, dataclass, field
 
 import numpy as np
@@ -256,14 +256,6 @@ DIVERGE_WINDOW = 5  # losses averaged to call a divergence (a single noisy batch
 def stage_length(index: int, tau: int, tau_max: int, growth: int = 2) -> int:
     """Stage ``index``'s length without a budget: ``tau * growth**index`` capped at ``tau_max``."""
     return min(tau * growth ** min(index, 64), tau_max)
-
-
-def stage_lengths(tau: int, tau_max: int, growth: int = 2) -> Iterator[int]:
-    """``tau, growth*tau, ...`` capped at ``tau_max``, then ``tau_max`` forever."""
-    index = 0
-    while True:
-        yield stage_length(index, tau, tau_max, growth)
-        index += 1
 
 
 def plan_stages(steps: int, tau: int, tau_max: int, growth: int, stage_cost) -> tuple[list[int], int]:

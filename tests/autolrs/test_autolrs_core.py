@@ -16,7 +16,7 @@ from aikit.core.autolrs import (
     fit_exponential,
     forecast,
     read_schedule,
-    stage_lengths,
+    stage_length,
     write_schedule,
 )
 
@@ -146,10 +146,8 @@ def test_a_blown_up_trial_does_not_blind_the_search():
 
 
 def test_stage_lengths_follow_the_paper():
-    lengths = stage_lengths(1000, 8000)
-    assert [next(lengths) for _ in range(6)] == [1000, 2000, 4000, 8000, 8000, 8000]
-    lengths = stage_lengths(30, 100)
-    assert [next(lengths) for _ in range(4)] == [30, 60, 100, 100]
+    assert [stage_length(i, 1000, 8000) for i in range(6)] == [1000, 2000, 4000, 8000, 8000, 8000]
+    assert [stage_length(i, 30, 100) for i in range(4)] == [30, 60, 100, 100]
 
 
 def drive(controller, steps, loss_fn, val_fn=lambda: 1.0):
