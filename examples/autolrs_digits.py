@@ -5,7 +5,8 @@ An MLP trains with SGD (momentum 0.9) while AutoLRS searches one constant LR per
 checkpoint, forecasts each one's loss at tau, and trains the stage at the best. Stages grow
 from ``--tau`` to ``--tau-max`` steps; the longest are scored on validation losses. Every
 trial and choice is logged; the LR schedule and the loss over all steps (search included)
-are plotted to ``<out>/autolrs_<framework>.png``. About half a minute per framework on a CPU:
+are plotted to ``<out>/autolrs_<framework>.png`` and the schedule the run kept is written to
+``<out>/autolrs_<framework>.csv`` (``step,lr``). About half a minute per framework on a CPU:
 
     python examples/autolrs_digits.py                      # both frameworks
     python examples/autolrs_digits.py --framework torch --steps 3000 --tau 200 --tau-max 800
@@ -57,6 +58,7 @@ def run_torch(args, options: dict) -> tuple[float, float]:
             if step == args.steps:
                 break
     autolrs.plot(Path(args.out) / "autolrs_torch.png")
+    autolrs.export_schedule(Path(args.out) / "autolrs_torch.csv")  # replay: aikit.autolrs.Torch.ReplaySchedule
     with torch.no_grad():
         logits = model(xv)
     return val_loss(), float((logits.argmax(1) == yv).float().mean())
@@ -85,6 +87,7 @@ def run_keras(args, options: dict) -> tuple[float, float]:
                   on_train_batch_end=lambda batch, logs: autolrs.controller.steps >= args.steps
                   and setattr(model, "stop_training", True))])
     autolrs.plot(Path(args.out) / "autolrs_keras.png")
+    autolrs.export_schedule(Path(args.out) / "autolrs_keras.csv")  # replay: aikit.autolrs.TF.ReplaySchedule
     return val_loss(), accuracy(np.asarray(model(xv, training=False)), yv)
 
 

@@ -64,7 +64,7 @@ with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
     model.compile(keras.optimizers.Adam(1e-3), loss=loss_fn)
 first_batch_loss = float(loss_fn(y[:32], model(x[:32], training=False)))
 autolrs = AutoLRS(lambda: float(loss_fn(yv, model(xv, training=False))), 1e-4, 1e-1, tau=30, tau_max=30,
-                  trials=3, val_tau=1000, warmup_steps=2, warmup_lr=1e-3)
+                  trials=3, val_tau=1000, warmup_steps=2, warmup_lr=1e-3, keep_winner=False)
 probe = Probe(autolrs)
 history = model.fit(x[:640], y[:640], batch_size=32, epochs=2, shuffle=False, verbose=0, callbacks=[autolrs, probe])
 print(json.dumps({

@@ -1,5 +1,6 @@
 """The AutoLRS core: forecast, search and stage state machine, with no framework."""
 
+import json
 import math
 
 import numpy as np
@@ -7,7 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aikit.core.autolrs import Action, Controller, LogLRSearch, fit_exponential, forecast, stage_lengths
+from aikit.core.autolrs import (
+    Action,
+    Controller,
+    LogLRSearch,
+    failed_forecast,
+    fit_exponential,
+    forecast,
+    read_schedule,
+    stage_length,
+    write_schedule,
+)
 
 
 def curve(t, a, b, c):
@@ -77,7 +88,7 @@ def test_warm_start_tries_the_previous_stage_lr_first():
     drive(c, 2 * (3 * 3 + 30) + 1, lambda s, lr: 1.0 + 1.0 / (s + 1) + abs(math.log(lr / 0.05)))
     assert c.stages[1].trials[0].lr == c.stages[0].lr
     assert c.stages[2].trials[0].lr == c.stages[1].lr
-    cold = Controller(1e-3, 1.0, tau=30, tau_max=30, trials=3, val_tau=1000, seed=0, warm_start=False)
+    cold = Controller(1e-3, 1.0, tau=30, tau_max=30, trials=3, val_tau=1000, seed=0, warm_start=False, design=0)
     drive(cold, 3 * 3 + 30 + 1, lambda s, lr: 1.0)
     assert cold.stages[1].trials[0].lr not in [t.lr for t in cold.stages[0].trials]
 
@@ -135,10 +146,8 @@ def test_a_blown_up_trial_does_not_blind_the_search():
 
 
 def test_stage_lengths_follow_the_paper():
-    lengths = stage_lengths(1000, 8000)
-    assert [next(lengths) for _ in range(6)] == [1000, 2000, 4000, 8000, 8000, 8000]
-    lengths = stage_lengths(30, 100)
-    assert [next(lengths) for _ in range(4)] == [30, 60, 100, 100]
+    assert [stage_length(i, 1000, 8000) for i in range(6)] == [1000, 2000, 4000, 8000, 8000, 8000]
+    assert [stage_length(i, 30, 100) for i in range(4)] == [30, 60, 100, 100]
 
 
 def drive(controller, steps, loss_fn, val_fn=lambda: 1.0):
@@ -155,7 +164,7 @@ def drive(controller, steps, loss_fn, val_fn=lambda: 1.0):
 
 
 def test_stage_accounting_checkpoints_and_restores():
-    c = Controller(1e-3, 1.0, tau=30, tau_max=60, trials=4, val_tau=1000, seed=1)
+    c = Controller(1e-3, 1.0, tau=30, tau_max=60, trials=4, val_tau=1000, seed=1, keep_winner=False)
     per_stage = [4 * 3 + 30, 4 * 6 + 60, 4 * 6 + 60]  # search, then the stage itself
     _, actions = drive(c, sum(per_stage), lambda s, lr: 1.0 / (s + 1))
     assert [(s.tau, s.trial_steps, s.start_step) for s in c.stages] == [
@@ -167,7 +176,7 @@ def test_stage_accounting_checkpoints_and_restores():
 
 
 def test_each_stage_trains_the_best_forecast_lr_from_the_checkpoint():
-    c = Controller(1e-3, 1.0, tau=30, tau_max=30, trials=5, val_tau=1000, seed=3)
+    c = Controller(1e-3, 1.0, tau=30, tau_max=30, trials=5, val_tau=1000, seed=3, keep_winner=False)
     def loss(step, lr):  # steady decay whose floor is lowest at lr = 0.03
         return 1.0 + abs(math.log10(lr / 0.03)) + math.exp(-0.2 * c._in_phase)
     log, actions = drive(c, 5 * 3 + 30, loss)
@@ -187,10 +196,9 @@ def test_diverged_trial_ends_at_once_and_is_never_chosen():
         lr = action.lr
         seen.append(lr)
         action = c.step(math.nan if lr > 0.05 else 1.0 / (1 + len(seen)))
-    scores = {t.lr: t.score for t in c.stages[0].trials}
-    assert any(s == math.inf for s in scores.values())
-    assert all(len(t.losses) == 1 for t in c.stages[0].trials if t.score == math.inf)
-    assert c.stages[0].lr <= 0.05
+    failed = [t for t in c.stages[0].trials if t.failed]
+    assert failed and all(t.failed == "diverged" and len(t.losses) == 1 for t in failed)
+    assert all(t.lr > 0.05 for t in failed) and c.stages[0].lr <= 0.05
 
 
 def test_validation_mode_asks_for_val_points_evaluations_per_trial():
@@ -204,12 +212,17 @@ def test_validation_mode_asks_for_val_points_evaluations_per_trial():
         c.validation(1.0)
 
 
-def test_warmup_ramps_then_starts_the_first_stage():
+def test_warmup_follows_the_original_autolrs_then_starts_the_first_stage():
+    # The original: step 0 at the optimizer's own LR, step k (1..n) at warmup_lr * k / n.
     c = Controller(1e-3, 1.0, tau=30, warmup_steps=4, warmup_lr=0.2)
-    log, actions = drive(c, 5, lambda s, lr: 1.0)
-    assert [lr for _, lr in log[:4]] == pytest.approx([0.05, 0.1, 0.15, 0.2])
-    assert actions[4] == Action(actions[4].lr, checkpoint=True)
-    assert c.stages[0].start_step == 4
+    action, lrs = c.begin(current_lr=0.7), []
+    for _ in range(6):
+        lrs.append(action.lr)
+        action = c.step(1.0)
+        if len(lrs) == 5:
+            assert action == Action(action.lr, checkpoint=True)
+    assert lrs[:5] == pytest.approx([0.7, 0.05, 0.1, 0.15, 0.2])
+    assert c.stages[0].start_step == 5 and [r.phase for r in c.history[:6]] == ["warmup"] * 5 + ["trial"]
 
 
 @pytest.mark.parametrize(
@@ -245,3 +258,179 @@ def test_protocol_misuse_is_refused():
     assert c.step(1.0).evaluate
     with pytest.raises(RuntimeError, match="an evaluate action is pending"):
         c.step(1.0)
+
+
+# -- issue 18: failed forecasts, rollback, budget, kept winner, range test, state ------------
+
+
+def test_a_forecast_below_zero_or_far_below_every_loss_seen_is_a_failed_trial():
+    # The forecasts of the spiking LR-1.0 trials on MNIST-1D: -3.5e9 and -919 for losses near 2.3.
+    losses = [2.31, 2.29, 2.30, 2.28, 2.27]
+    assert failed_forecast(losses, -3.5e9).startswith("forecast -3.5e+09 below zero")
+    assert failed_forecast(losses, -919.0).startswith("forecast -919 below zero")
+    assert failed_forecast(losses, 2.0).startswith("forecast 2 far below every loss seen")
+    assert failed_forecast(losses, 2.25) == ""  # a fall about as large as the one seen is believable
+    assert failed_forecast([-3.0, -3.5, -4.0], -4.5) == ""  # a loss that may be negative
+
+
+def test_a_spiking_trial_never_wins():
+    # LR >= 0.5 spikes to 1e13-5e20 and falls back to ~2.3; the others decline slowly from 2.3.
+    c = Controller(1e-3, 1.0, tau=100, tau_max=100, trials=6, val_tau=10**6, seed=0)
+    spikes = iter([1e13, 5e20, 3e15] + [2.3] * 1000)
+
+    def loss(step, lr):
+        if lr >= 0.5:
+            return next(spikes) if c._in_phase < 3 else 2.3 - 1e-3 * c._in_phase
+        return 2.3 - 0.01 * c._in_phase * lr / 0.1
+
+    action = c.begin()
+    while c.phase == "trial":
+        action = c.step(loss(0, action.lr))
+    hot = [t for t in c.stages[0].trials if t.lr >= 0.5]
+    assert hot and all(t.failed for t in hot)
+    assert c.stages[0].lr < 0.5
+
+
+def rollback_run(**options):
+    """A model whose loss turns NaN in stage training at LRs above 0.05 (trials are short
+    enough to miss it, and favour LRs near 0.5); returns the controller and every action."""
+    c = Controller(1e-3, 1.0, tau=30, tau_max=30, trials=3, val_tau=10**6, seed=0, **options)
+    action, actions, lrs = c.begin(), [], []
+    for _ in range(200):
+        lrs.append(action.lr)
+        blown = c.phase in ("train", "anneal") and action.lr > 0.05 and c._in_phase > 5
+        preference = 0.1 * abs(math.log10(action.lr / 0.5)) if c.phase == "trial" else 0.0
+        action = c.step(math.nan if blown else 1.0 / (1 + len(lrs)) + preference)
+        actions.append(action)
+    return c, actions, lrs
+
+
+def test_a_stage_that_diverges_is_rolled_back_and_retried_lower():
+    c, actions, _ = rollback_run(total_steps=200, keep_winner=False, design=0, warm_start=False)
+    rollbacks = [i for i, a in enumerate(actions) if a.restore and c.history[i].phase in ("train", "anneal")]
+    assert rollbacks and c.rollbacks == len(rollbacks)
+    for i in rollbacks:
+        assert not math.isfinite(c.history[i].loss)  # only a diverged step rolls back
+        assert actions[i].lr == pytest.approx(c.history[i].lr / 3)  # and retries at a third of the LR
+    assert math.isfinite(c.history[-1].loss) and c.phase == "done"
+    assert all(lr <= 0.05 for _, lr in c.schedule()[-20:])
+
+
+@settings(max_examples=15, deadline=None)
+@given(total=st.integers(300, 1500), trials=st.integers(2, 6), ratio=st.integers(3, 10),
+       anneal=st.sampled_from([0.0, 0.2, 0.5]), keep=st.booleans(), warmup=st.integers(0, 20))
+def test_a_budget_is_spent_exactly(total, trials, ratio, anneal, keep, warmup):
+    c = Controller(1e-3, 1.0, total_steps=total, trials=trials, trial_ratio=ratio, anneal=anneal,
+                   keep_winner=keep, warmup_steps=warmup, warmup_lr=0.1, val_tau=10**6)
+    action = c.begin()
+    phases = []
+    for step in range(total):
+        phases.append(c.phase)
+        action = c.step(1.0 + 1.0 / (step + 1))
+    assert c.phase == "done" and action.lr == (0.0 if anneal else c.stages[-1].lr)  # the anneal ends at 0
+    assert "done" not in phases  # every step of the budget was planned: none left over
+    assert phases.count("anneal") == round(anneal * total)
+    assert phases.count("warmup") == (warmup + 1 if warmup else 0)
+    for stage in c.stages:
+        trial_steps = len(stage.trials) * stage.trial_steps
+        train = sum(1 for r in c.history if r.phase == "train" and stage.start_step < r.step
+                    and (stage.index + 1 == len(c.stages) or r.step <= c.stages[stage.index + 1].start_step))
+        assert trial_steps + train == stage.tau + trial_steps - (stage.trial_steps if stage.kept is not None else 0)
+    assert len(c.schedule()) == total - sum(len(s.trials) * s.trial_steps for s in c.stages) + sum(
+        s.trial_steps for s in c.stages if s.kept is not None)
+
+
+def test_the_stage_continues_from_the_winning_trial_and_its_steps_count():
+    c = Controller(1e-3, 1.0, tau=30, tau_max=30, trials=4, val_tau=10**6, seed=2)
+
+    def loss(step, lr):  # the floor is lowest at lr = 0.03
+        return 1.0 + abs(math.log10(lr / 0.03)) + math.exp(-0.2 * c._in_phase)
+
+    log, actions = drive(c, 4 * 3 + 27, loss)
+    stage = c.stages[0]
+    assert stage.kept is not None and stage.trials[stage.kept].lr == stage.lr
+    end = actions[12]
+    assert end.resume_trial and end.checkpoint and not end.restore and end.lr == stage.lr
+    keeps = [i for i, a in enumerate(actions[:13]) if a.keep_trial]
+    assert keeps[-1] == 3 * (stage.kept + 1)  # the winner's state was kept when it ended
+    assert all(lr == stage.lr for _, lr in log[12:]) and actions[39].checkpoint  # 27 more steps: 30 in all
+    assert [lr for _, lr in c.schedule()] == [stage.lr] * 30
+
+
+def test_without_a_range_a_short_range_test_sets_it_and_is_undone(caplog):
+    c = Controller(total_steps=2000, range_steps=50)
+    with caplog.at_level("INFO", logger="aikit.autolrs"):
+        action = c.begin()
+        assert action.checkpoint
+        lrs = []
+        for _ in range(50):  # the loss is lowest at lr ~ 0.3, then it blows up
+            lrs.append(action.lr)
+            action = c.step(1.0 + (math.log10(action.lr) + 0.5) ** 2 / 10)
+    assert lrs == pytest.approx(np.geomspace(1e-6, 10.0, 50).tolist())
+    assert action.restore and action.checkpoint  # undone, and the first stage starts from there
+    hot = c.range_test["lr"][int(np.argmin(c.range_test["loss"]))]
+    assert c.max_lr == pytest.approx(hot / 3) and c.min_lr == pytest.approx(hot / 3000)
+    assert "no min_lr/max_lr given; running an LR range test of 50 steps" in caplog.text
+    assert f"searching min_lr={c.min_lr:.4g} to max_lr={c.max_lr:.4g}" in caplog.text
+    assert not c.schedule()  # the range test's steps are not in the kept schedule
+
+
+def run_to(controller, steps, state_at=None):
+    """Drive ``controller`` for ``steps`` steps; every action, and its state at ``state_at``
+    (through JSON, as a file would keep it)."""
+    action, seen, state = controller.begin(), [], None
+    for step in range(steps):
+        if step == state_at:
+            state = json.loads(json.dumps(controller.state_dict()))
+        loss = 1.0 + 0.5 * math.sin(step) ** 2 + abs(math.log10(action.lr / 0.02)) / (1 + step / 50)
+        action = controller.step(loss)
+        if action.evaluate:
+            action = controller.validation(loss / 2)
+        seen.append(action)
+    return seen, state
+
+
+@pytest.mark.parametrize("at", [7, 60, 333, 650])
+def test_a_resumed_search_decides_exactly_as_an_uninterrupted_one(at):
+    options = {"total_steps": 700, "trials": 4, "trial_ratio": 5, "range_steps": 20, "val_tau": 150, "seed": 4}
+    uninterrupted = Controller(**options)
+    whole, state = run_to(uninterrupted, 700, state_at=at)
+    resumed = Controller(**options)
+    resumed.load_state_dict(state)
+    action = whole[at - 1]
+    rest = []
+    for step in range(at, 700):
+        loss = 1.0 + 0.5 * math.sin(step) ** 2 + abs(math.log10(action.lr / 0.02)) / (1 + step / 50)
+        action = resumed.step(loss)
+        if action.evaluate:
+            action = resumed.validation(loss / 2)
+        rest.append(action)
+    assert rest == whole[at:]
+    assert resumed.history == uninterrupted.history and resumed.schedule() == uninterrupted.schedule()
+    assert resumed.state_dict() == uninterrupted.state_dict()
+
+
+def test_a_state_saved_with_other_options_is_refused_and_changes_nothing():
+    _, state = run_to(Controller(1e-3, 1.0, tau=30, trials=3), 50, state_at=40)
+    other = Controller(1e-3, 1.0, tau=60, trials=3)
+    before = other.state_dict()
+    with pytest.raises(ValueError, match=r"saved with other options .*tau=30, 60"):
+        other.load_state_dict(state)
+    assert other.state_dict() == before
+
+
+def test_schedule_csv_round_trips_and_bad_files_are_refused(tmp_path):
+    path = tmp_path / "schedule.csv"
+    schedule = [(0, 0.1), (1, 1 / 3), (2, 0.0)]
+    write_schedule(path, schedule)
+    assert path.read_text().splitlines()[0] == "step,lr"
+    assert read_schedule(path) == [0.1, 1 / 3, 0.0]  # bit for bit
+    path.write_text("step,lr\n0,0.1\n2,0.2\n")
+    with pytest.raises(ValueError, match="line 3: step 2, expected 1"):
+        read_schedule(path)
+    path.write_text("step,lr\n0,nan\n")
+    with pytest.raises(ValueError, match="line 2: lr must be finite and >= 0, got nan"):
+        read_schedule(path)
+    path.write_text("lr\n0.1\n")
+    with pytest.raises(ValueError, match="expected a 'step,lr' header"):
+        read_schedule(path)

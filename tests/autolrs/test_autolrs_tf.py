@@ -13,10 +13,11 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from aikit.autolrs.TF import AutoLRS  # noqa: E402
+from aikit.autolrs.TF import AutoLRS, ReplaySchedule  # noqa: E402
 from aikit.datasets import digits  # noqa: E402
 
-OPTIONS = {"tau": 30, "tau_max": 30, "trials": 3, "val_tau": 10**6, "warmup_steps": 4, "warmup_lr": 0.01}
+OPTIONS = {"tau": 30, "tau_max": 30, "trials": 3, "val_tau": 10**6, "warmup_steps": 4, "warmup_lr": 0.01,
+           "keep_winner": False}
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
@@ -75,8 +76,9 @@ def test_restore_returns_bit_exactly_to_the_checkpoint_and_the_new_lr_is_in_forc
     f32 = lambda lr: float(np.float32(lr))  # noqa: E731
     assert probe.step_lrs == [f32(r.lr) for r in autolrs.controller.history]
     trials = autolrs.controller.stages[0].trials
-    assert [probe.step_lrs[4 + 3 * i] for i in range(3)] == [f32(t.lr) for t in trials]
-    assert probe.step_lrs[4 + 9] == f32(autolrs.controller.stages[0].lr)
+    assert probe.step_lrs[:5] == [f32(x) for x in (0.001, 0.0025, 0.005, 0.0075, 0.01)]  # the original's warmup
+    assert [probe.step_lrs[5 + 3 * i] for i in range(3)] == [f32(t.lr) for t in trials]
+    assert probe.step_lrs[5 + 9] == f32(autolrs.controller.stages[0].lr)
 
 
 def test_the_controller_sees_each_steps_own_loss_not_the_running_mean(data):
@@ -112,7 +114,7 @@ def run_digits(data, lr_or_options, steps: int = 600) -> tuple[float, AutoLRS | 
 
 def test_short_digits_run_beats_its_first_trial_lr_held_constant(data):
     # As the torch test: 600 steps, search included; seed 2 draws a slow first trial LR.
-    options = {"tau": 100, "tau_max": 200, "trials": 5, "trial_ratio": 5, "val_points": 5, "seed": 2}
+    options = {"tau": 100, "tau_max": 200, "trials": 5, "trial_ratio": 5, "val_points": 5, "seed": 2, "design": 0}
     tuned, autolrs = run_digits(data, options)
     stages = autolrs.controller.stages
     assert autolrs.controller.steps == 600 and stages[1].lr is not None and stages[1].val_every == 8
@@ -139,3 +141,50 @@ def test_under_mirrored_strategy_every_replica_restores_exactly_at_the_lr_decide
     seen = result["seen"]
     assert np.mean(seen[:20]) == pytest.approx(result["epoch_losses"][0], rel=1e-5)  # the reduced step losses
     assert np.mean(seen[20:]) == pytest.approx(result["epoch_losses"][1], rel=1e-5)
+
+
+def test_the_found_schedule_replays_as_a_plain_keras_schedule(data, tmp_path):
+    x, y, _, _ = data
+    model = mlp(keras.optimizers.SGD(0.05))
+    autolrs = AutoLRS(lambda: 0.0, 1e-3, 1.0, total_steps=120, tau=20, trials=3, trial_ratio=5)
+    model.fit(x[:32 * 40], y[:32 * 40], batch_size=32, epochs=3, shuffle=False, verbose=0, callbacks=[autolrs])
+    autolrs.export_schedule(tmp_path / "schedule.csv")
+    kept = [lr for _, lr in autolrs.controller.schedule()]
+    replayed = mlp(keras.optimizers.SGD(ReplaySchedule(tmp_path / "schedule.csv")))
+    probe = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: used.append(
+        float(replayed.optimizer.learning_rate)))
+    used = []
+    replayed.fit(x[:32 * 10], y[:32 * 10], batch_size=32, epochs=len(kept) // 10 + 1, shuffle=False, verbose=0,
+                 callbacks=[probe])
+    f32 = lambda lr: float(np.float32(lr))  # noqa: E731
+    assert used[:len(kept)] == [f32(lr) for lr in kept]
+    assert used[len(kept):] == [f32(kept[-1])] * (len(used) - len(kept))  # then the last LR stays
+
+
+def fit_with_autolrs(data, first: int, last: int, saved: dict | None = None):
+    """Steps ``first..last-1`` of one SGD run under AutoLRS; from ``saved`` weights and state."""
+    x, y, _, _ = data
+    model = mlp(keras.optimizers.SGD(0.05, momentum=0.9))
+    model.optimizer.build(model.trainable_variables)
+    autolrs = AutoLRS(lambda: 0.0, 1e-3, 1.0, total_steps=60, tau=10, trials=3, trial_ratio=3, anneal=0.2)
+    if saved is not None:
+        for variable, value in zip([*model.variables, *model.optimizer.variables], saved["weights"], strict=True):
+            variable.assign(value)
+        autolrs.load_state_dict(saved["autolrs"])
+    model.fit(x[32 * first:32 * last], y[32 * first:32 * last], batch_size=32, epochs=1, shuffle=False, verbose=0,
+              callbacks=[autolrs])
+    weights = [np.array(v.numpy(), copy=True) for v in [*model.variables, *model.optimizer.variables]]
+    return autolrs, {"weights": weights, "autolrs": autolrs.state_dict()}
+
+
+def test_a_preempted_keras_search_resumes_where_it_was(data):
+    whole, _ = fit_with_autolrs(data, 0, 44)  # digits: 44 full batches of 32
+    _, saved = fit_with_autolrs(data, 0, 23)
+    resumed, _ = fit_with_autolrs(data, 23, 44, saved)
+    # Every step at the same LR in the same phase; the losses equal up to float32 rounding (each
+    # is a difference of the loss tracker's running sums, which restart with each fit()).
+    mine, theirs = resumed.controller.history, whole.controller.history
+    assert [(r.step, r.lr, r.phase) for r in mine] == [(r.step, r.lr, r.phase) for r in theirs]
+    np.testing.assert_allclose([r.loss for r in mine], [r.loss for r in theirs], rtol=1e-5, atol=1e-5)
+    assert resumed.controller.schedule() == whole.controller.schedule()
+    assert sum(len(s.trials) for s in whole.controller.stages) >= 6  # the run spans trials of 2 stages

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from aikit.autolrs.Torch import AutoLRS
+from aikit.autolrs.Torch import AutoLRS, ReplaySchedule
+from aikit.core.autolrs import read_schedule
 from aikit.datasets import digits
 
 OPTIONS = {"tau": 30, "tau_max": 30, "trials": 3, "val_tau": 10**6, "warmup_steps": 4, "warmup_lr": 0.01}
@@ -79,7 +81,7 @@ def test_restore_returns_bit_exactly_to_the_checkpoint(data):
         loss = train_step(model, optimizer, *batch(data, step))
         if autolrs.controller.phase == "trial" and autolrs.controller._in_phase == 0:
             first_losses.append(loss.item())  # first step of each trial, all on the same batch...
-        step = step + 1 if autolrs.controller.phase != "trial" else 4  # ...as every trial reuses batches 4..
+        step = step + 1 if autolrs.controller.phase != "trial" else 5  # ...as every trial reuses batch 5
         before = autolrs.controller.stages[-1].trials[-1] if autolrs.controller.stages else None
         autolrs.on_train_batch_end(loss)
         after = autolrs.controller.stages[-1].trials[-1] if autolrs.controller.stages else None
@@ -92,11 +94,11 @@ def test_restore_returns_bit_exactly_to_the_checkpoint(data):
 def test_the_new_lr_is_in_force_from_the_first_step_after_a_restore(data):
     model = mlp().double()
     data = tuple(t.double() if t.is_floating_point() else t for t in data)
-    optimizer = torch.optim.SGD(model.parameters(), lr=123.0)
-    autolrs = AutoLRS(model, optimizer, lambda: 0.0, 1e-4, 1e-1, **OPTIONS)
-    assert optimizer.param_groups[0]["lr"] == 0.01 / 4  # set on construction, not the 123 given
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.003)
+    autolrs = AutoLRS(model, optimizer, lambda: 0.0, 1e-4, 1e-1, **OPTIONS, keep_winner=False)
+    assert autolrs.lr == 0.003  # the original AutoLRS's step 0: the optimizer's own LR
     restores = 0
-    for step in range(4 + 3 * 3 + 5):
+    for step in range(5 + 3 * 3 + 5):
         before = [p.detach().clone() for p in model.parameters()]
         expected_lr = autolrs.lr
         loss = train_step(model, optimizer, *batch(data, step))
@@ -139,7 +141,7 @@ def test_short_digits_run_beats_its_first_trial_lr_held_constant(data, tmp_path)
     # Two stages of 100 and 200 steps (the second scored on validation losses), 5 trials of
     # 20 and 40 steps each: 600 steps in all, search included. Seed 2 draws 0.011 as the first
     # trial LR, a slow one; the search has to find better LRs, and pay for the search.
-    options = {"tau": 100, "tau_max": 200, "trials": 5, "trial_ratio": 5, "val_points": 5, "seed": 2}
+    options = {"tau": 100, "tau_max": 200, "trials": 5, "trial_ratio": 5, "val_points": 5, "seed": 2, "design": 0}
     tuned, autolrs = run_digits(data, options)
     stages = autolrs.controller.stages
     assert [s.val_every for s in stages[:2]] == [None, 8]  # both scoring modes ran
@@ -151,3 +153,90 @@ def test_short_digits_run_beats_its_first_trial_lr_held_constant(data, tmp_path)
     figure = autolrs.plot(tmp_path / "autolrs.png")
     assert (tmp_path / "autolrs.png").stat().st_size > 10_000
     assert figure.axes[0].get_yscale() == "log"
+
+
+def test_the_original_autolrs_call_works_unchanged(data, caplog):
+    # AutoLRS's cifar10_example.py: AutoLRS(net, optimizer, val_fn) with the callback's keywords;
+    # its server took the LR range on the command line: here a range test sets it.
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.004, momentum=0.9)
+    with caplog.at_level("INFO", logger="aikit.autolrs"):
+        autolrs = AutoLRS(model, optimizer, lambda: val_loss(model, data), listening_host="localhost",
+                          listening_port=12315, warmup_steps=3, warmup_lr=0.1, summary_steps=1)
+        lrs = []
+        for step in range(4 + 100 + 1):
+            lrs.append(optimizer.param_groups[0]["lr"])
+            autolrs.on_train_batch_end(train_step(model, optimizer, *batch(data, step)).item())
+    # The original sets warmup_lr / n * (k + 1) after step k: step 0 keeps the optimizer's LR.
+    assert lrs[:4] == pytest.approx([0.004, 0.1 / 3, 0.2 / 3, 0.1])
+    assert lrs[4] == pytest.approx(1e-6) and lrs[103] == pytest.approx(10.0)  # the range test's sweep
+    assert "no min_lr/max_lr given; running an LR range test of 100 steps" in caplog.text
+    assert "listening_host='localhost' and listening_port=12315 are not used" in caplog.text
+    assert 0 < autolrs.controller.min_lr < autolrs.controller.max_lr <= 10.0
+    positional = AutoLRS(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), lambda: 0.0, "localhost", 12315)
+    assert positional.controller.min_lr is None and positional.controller.phase == "range"
+
+
+def run_with_autolrs(data, steps, autolrs_state=None, start=0, model_state=None, optimizer_state=None):
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    autolrs = AutoLRS(model, optimizer, lambda: val_loss(model, data), total_steps=300, tau=40, trials=3,
+                      trial_ratio=5, range_steps=20, val_tau=80, val_points=4, seed=1)
+    if autolrs_state is not None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+        autolrs.load_state_dict(autolrs_state)
+    for step in range(start, steps):
+        autolrs.on_train_batch_end(train_step(model, optimizer, *batch(data, step)))
+    return model, optimizer, autolrs
+
+
+@pytest.mark.parametrize("preempted_at", [10, 57, 150])
+def test_a_preempted_search_resumes_where_it_was(data, tmp_path, preempted_at):
+    whole_model, _, whole = run_with_autolrs(data, 300)
+    model, optimizer, autolrs = run_with_autolrs(data, preempted_at)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "autolrs": autolrs.state_dict()},
+               tmp_path / "checkpoint.pt")
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # loading is not executing
+    model, _, resumed = run_with_autolrs(data, 300, saved["autolrs"], preempted_at, saved["model"], saved["optimizer"])
+    assert resumed.controller.history == whole.controller.history
+    assert resumed.controller.schedule() == whole.controller.schedule()
+    for name, value in whole_model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_the_found_schedule_replays_without_search(data, tmp_path):
+    _, _, autolrs = run_with_autolrs(data, 300)
+    autolrs.export_schedule(tmp_path / "schedule.csv")
+    kept = [lr for _, lr in autolrs.controller.schedule()]
+    assert read_schedule(tmp_path / "schedule.csv") == kept
+    assert len(kept) == 300 - sum(len(s.trials) * s.trial_steps for s in autolrs.controller.stages) - 20 + sum(
+        s.trial_steps for s in autolrs.controller.stages if s.kept is not None)  # 20: the range test
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+    replay = ReplaySchedule(optimizer, tmp_path / "schedule.csv")
+    used = []
+    for step in range(len(kept) + 5):
+        used.append(optimizer.param_groups[0]["lr"])
+        train_step(model, optimizer, *batch(data, step))
+        replay.step()
+    assert used == kept + [kept[-1]] * 5
+
+
+def test_the_plot_uses_a_log_loss_axis_and_marks_diverged_steps(tmp_path):
+    from aikit.core.autolrs import Controller
+
+    c = Controller(1e-3, 1.0, tau=30, tau_max=30, trials=3, val_tau=10**6)
+    action = c.begin()
+    for step in range(60):
+        blown = c.phase == "trial" and len(c.stages[0].trials) == 2
+        action = c.step(8e18 if blown else 2.0 / (1 + step / 10))
+        del action
+    from aikit.autolrs.plot import plot_progress
+
+    figure = plot_progress(c, tmp_path / "plot.png")
+    ax_loss = figure.axes[1]
+    assert ax_loss.get_yscale() == "log"
+    plotted = np.concatenate([collection.get_offsets()[:, 1] for collection in ax_loss.collections])
+    assert plotted.max() < 10  # the 8e18 is marked, not plotted
+    assert any("diverged" in text.get_text() for text in ax_loss.get_legend().get_texts())

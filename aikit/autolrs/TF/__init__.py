@@ -1,5 +1,6 @@
-"""AutoLRS for Keras 3: ``model.fit(..., callbacks=[AutoLRS(val_fn, min_lr, max_lr)])``."""
+"""AutoLRS for Keras 3: ``model.fit(..., callbacks=[AutoLRS(val_fn, total_steps=...)])``, and
+``ReplaySchedule`` to train again on the schedule it found, without search."""
 
-from aikit.autolrs.TF.autolrs import AutoLRS
+from aikit.autolrs.TF.autolrs import AutoLRS, ReplaySchedule
 
-__all__ = ["AutoLRS"]
+__all__ = ["AutoLRS", "ReplaySchedule"]

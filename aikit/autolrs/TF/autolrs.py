@@ -4,39 +4,48 @@ Keras hands callbacks the *running mean* of the loss over the epoch, which would
 trial's curve; the callback reads the loss tracker's running sums before and after each step
 instead, so the controller sees each step's own loss. Checkpoints are in memory: every model
 variable (Keras 3 counts dropout's seed state among them), every optimizer variable and
-Python's and NumPy's random state. Under ``tf.distribute`` the callback runs once per worker on
-the reduced loss, so every worker's (equally seeded) controller takes the same decisions.
+Python's and NumPy's random state. Under ``tf.distribute`` with more than one replica the
+chief (worker 0) decides and its decision reaches every worker through one collective (a
+sum over the replicas, to which only global replica 0 contributes): the workers follow the
+chief, they do not merely run equally seeded controllers.
 """
 
 from __future__ import annotations
 
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
 
 from aikit.autolrs.plot import plot_progress
-from aikit.core.autolrs import Action, Controller
+from aikit.core.autolrs import Action, Controller, read_schedule, write_schedule
+
+FIELDS = ("checkpoint", "restore", "evaluate", "keep_trial", "resume_trial")
+SLOTS = ("stage", "trial")
 
 
 class AutoLRS(keras.callbacks.Callback):
-    """Searches a constant LR per training stage; see :class:`aikit.core.autolrs.Controller`
-    for the options (``tau``, ``tau_max``, ``trials``, ``trial_ratio``, ``val_tau``,
-    ``val_points``, ``warmup_steps``, ``warmup_lr``, ``kappa``, ``warm_start``, ``seed``).
+    """Searches the LR schedule while ``fit`` trains; see
+    :class:`aikit.core.autolrs.Controller` for the options (``total_steps``, ``tau``,
+    ``trials``, ``keep_winner``, ``anneal``, ``warmup_steps``, ``warmup_lr``, ``seed``, ...).
 
     ``val_fn()`` returns the validation loss as a number; it runs only in validation-scored
     stages, so keep it cheap and leave the model's metrics alone (``model.evaluate`` resets
-    them), e.g. ``lambda: float(loss_fn(y_val, model(x_val, training=False)))``. A step is
+    them), e.g. ``lambda: float(loss_fn(y_val, model(x_val, training=False)))``. Without
+    ``min_lr``/``max_lr`` the first steps are a short LR range test that sets them. A step is
     one call of the train function: with ``steps_per_execution=k`` a step is k batches.
     """
 
-    def __init__(self, val_fn: Callable[[], float], min_lr: float, max_lr: float, **options):
+    def __init__(self, val_fn: Callable[[], float], min_lr: float | None = None, max_lr: float | None = None,
+                 **options):
         super().__init__()
         self.val_fn = val_fn
         self.controller = Controller(min_lr, max_lr, **options)
         self.action: Action | None = None
-        self._checkpoint: dict | None = None
+        self.kept = True  # whether the model now trained is on the run AutoLRS keeps
+        self._slots: dict[str, dict | None] = dict.fromkeys(SLOTS)
         self._sums_before = (0.0, 0.0)
 
     @property
@@ -53,8 +62,9 @@ class AutoLRS(keras.callbacks.Callback):
             )
         if not optimizer.built:  # its slots must exist before the first checkpoint
             optimizer.build(self.model.trainable_variables)
-        if self.controller.phase == "idle":  # a second fit() continues where the first stopped
-            self._apply(self.controller.begin())
+        if self.action is None:  # a second fit() (or a loaded state) continues where it was
+            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+            self._apply(self._decide(lambda: self.controller.begin(current)))
 
     def on_train_batch_begin(self, batch, logs=None):
         self._sums_before = self._loss_sums()
@@ -62,16 +72,60 @@ class AutoLRS(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         total, count = self._loss_sums()
         loss = (total - self._sums_before[0]) / (count - self._sums_before[1])
-        action = self.controller.step(loss)
+        action = self._decide(lambda: self.controller.step(loss))
         if action.evaluate:
-            action = self.controller.validation(float(self.val_fn()))
+            value = float(self.val_fn())
+            action = self._decide(lambda: self.controller.validation(value))
         self._apply(action)
 
     def plot(self, path=None):
         """LR and loss over every step taken (see :func:`aikit.autolrs.plot.plot_progress`)."""
         return plot_progress(self.controller, path, title="AutoLRS (Keras)")
 
+    def export_schedule(self, path: str | os.PathLike) -> None:
+        """Write the schedule the run kept as a ``step,lr`` CSV; :class:`ReplaySchedule` replays it."""
+        write_schedule(path, self.controller.schedule())
+
+    def state_dict(self) -> dict:
+        """The search's state and its in-memory checkpoints (NumPy arrays, numbers, lists):
+        save it beside the model's weights to resume a preempted search."""
+        return {"controller": self.controller.state_dict(), "kept": self.kept,
+                "action": None if self.action is None else vars(self.action).copy(),
+                "slots": {k: None if v is None else dict(v) for k, v in self._slots.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume a saved search; load the model's and optimizer's weights as usual, then
+        ``fit`` again. A state that does not fit this callback's options changes nothing."""
+        action = Action(**state["action"]) if state["action"] is not None else None
+        slots = {k: state["slots"][k] for k in SLOTS}
+        self.controller.load_state_dict(state["controller"])
+        self._slots, self.action, self.kept = slots, action, bool(state["kept"])
+
     # -- internals --------------------------------------------------------------------------
+
+    def _decide(self, decide: Callable[[], Action]) -> Action:
+        """The chief's decision on every worker (one collective when there are replicas)."""
+        strategy = getattr(self.model, "distribute_strategy", None)
+        if strategy is None or strategy.num_replicas_in_sync == 1:
+            action = decide()
+            self.kept = self.controller.kept
+            return action
+        import tensorflow as tf
+
+        packed = np.zeros(2 + len(FIELDS), dtype=np.float64)
+        if _worker_index(strategy) == 0:
+            action = decide()
+            packed[:] = [action.lr, self.controller.kept, *(getattr(action, f) for f in FIELDS)]
+        chief = tf.constant(packed)
+
+        def contribution():  # the chief's first replica (global replica 0) alone: the sum is exact
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            return chief * tf.cast(first, tf.float64)
+
+        agreed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
+        lr, kept, *flags = agreed.numpy().tolist()
+        self.kept = bool(kept)
+        return Action(lr, **{f: bool(v) for f, v in zip(FIELDS, flags, strict=True)})
 
     def _loss_sums(self) -> tuple[float, float]:
         tracker = next((m for m in self.model.metrics if m.name == "loss"), None)
@@ -82,17 +136,48 @@ class AutoLRS(keras.callbacks.Callback):
     def _variables(self) -> list:
         return [*self.model.variables, *self.model.optimizer.variables]
 
+    def _snapshot(self) -> dict:
+        return {"variables": [np.array(v.numpy(), copy=True) for v in self._variables()],
+                "numpy": np.random.get_state(), "python": random.getstate()}
+
+    def _load(self, snapshot: dict) -> None:
+        for variable, value in zip(self._variables(), snapshot["variables"], strict=True):
+            variable.assign(value)
+        np.random.set_state(snapshot["numpy"])
+        random.setstate(snapshot["python"])
+
     def _apply(self, action: Action) -> None:
         self.action = action
+        if action.keep_trial:
+            self._slots["trial"] = self._snapshot()
         if action.restore:
-            for variable, value in zip(self._variables(), self._checkpoint["variables"], strict=True):
-                variable.assign(value)
-            np.random.set_state(self._checkpoint["numpy"])
-            random.setstate(self._checkpoint["python"])
+            self._load(self._slots["stage"])
+        if action.resume_trial:
+            self._load(self._slots["trial"])
         if action.checkpoint:
-            self._checkpoint = {
-                "variables": [np.array(v.numpy(), copy=True) for v in self._variables()],
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-            }
+            self._slots["stage"] = self._snapshot()
         self.model.optimizer.learning_rate = action.lr  # after a restore, so the new LR is in force
+
+
+def _worker_index(strategy) -> int:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(getattr(resolver, "task_id", None) or 0)
+
+
+class ReplaySchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Replays a schedule AutoLRS found (``export_schedule``'s CSV, or a list of LRs) as a plain
+    Keras schedule, with no search: ``keras.optimizers.SGD(ReplaySchedule("schedule.csv"))``.
+    Past the schedule's end the last LR stays."""
+
+    def __init__(self, schedule: str | os.PathLike | Sequence[float]):
+        self.lrs = read_schedule(schedule) if isinstance(schedule, (str, os.PathLike)) else [float(x) for x in
+                                                                                               schedule]
+        if not self.lrs:
+            raise ValueError("the schedule to replay is empty")
+
+    def __call__(self, step):
+        index = keras.ops.minimum(keras.ops.cast(step, "int32"), len(self.lrs) - 1)
+        return keras.ops.take(keras.ops.convert_to_tensor(self.lrs, dtype="float32"), index)
+
+    def get_config(self) -> dict:
+        return {"schedule": list(self.lrs)}

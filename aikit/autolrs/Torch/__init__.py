@@ -1,6 +1,6 @@
 """AutoLRS for PyTorch: ``AutoLRS(model, optimizer, val_fn, min_lr, max_lr)`` and its
 ``on_train_batch_end(loss)`` hook, in-process (no socket server) and data-parallel aware."""
 
-from aikit.autolrs.Torch.autolrs import AutoLRS
+from aikit.autolrs.Torch.autolrs import AutoLRS, ReplaySchedule
 
-__all__ = ["AutoLRS"]
+__all__ = ["AutoLRS", "ReplaySchedule"]
