@@ -108,7 +108,8 @@ MUTANTS = [
 
 
 def run(name: str, path: str, old: str, new: str, tests: str) -> bool | None:
-    """True when the tests catch the mutant, False when it survives, None if it no longer applies."""
+    """True when the tests catch the mutant, False when it survives, None if it no longer applies.
+    Only failing tests count as a catch (pytest's exit code 1): an error running them is raised."""
     file = ROOT / path
     original = file.read_text()
     if original.count(old) != 1:
@@ -119,7 +120,10 @@ def run(name: str, path: str, old: str, new: str, tests: str) -> bool | None:
         done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                                *shlex.split(tests)],
                               cwd=ROOT, env=env, capture_output=True, text=True)
-        return done.returncode != 0
+        if done.returncode not in (0, 1):
+            raise RuntimeError(f"pytest could not run the tests for {name!r} (exit {done.returncode}):\n"
+                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return done.returncode == 1
     finally:
         file.write_text(original)
 
