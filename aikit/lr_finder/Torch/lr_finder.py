@@ -131,7 +131,7 @@ class LRFinder(RangeTestResults):
         non_blocking_transfer: bool = True,
         *,
         progress_bar: bool = True,
-        val_average: str = "dataset",
+        val_average: str | None = None,
     ) -> None:
         """Train ``num_iter`` updates while the LR climbs to ``end_lr``; fill ``self.history``.
 
@@ -142,7 +142,9 @@ class LRFinder(RangeTestResults):
         torch-lr-finder's, the loss summed over the batches (each batch's mean times
         ``len(labels)``) divided by ``len(val_loader.dataset)``; ``val_average="seen"`` divides
         by the samples the loader actually yielded instead (the true per-sample mean when the
-        loader's sampler covers only part of its data set).
+        loader's sampler covers only part of its data set). Under DDP (which torch-lr-finder
+        does not support) the default is ``"seen"``: the sum over every rank's batches divided by
+        the samples all ranks validated on, whatever data set each rank's loader reads.
         The test stops after a loss above ``diverge_th`` times the best, or a non-finite one.
         The groups' LRs are put back afterwards; ``reset()`` restores the weights as well.
         """
@@ -156,6 +158,8 @@ class LRFinder(RangeTestResults):
         tracker = lr_range.LossTracker(smooth_f, diverge_th)
         accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
         train_iter = self._wrap(train_loader, "train_loader", DataLoader, TrainDataLoaderIter)
+        if val_average is None:
+            val_average = "seen" if _world_size() > 1 else "dataset"
         if val_average not in ("dataset", "seen"):
             raise ValueError(
                 f"val_average must be 'dataset' (torch-lr-finder's: divide by len(val_loader.dataset)) or "
