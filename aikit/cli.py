@@ -12,10 +12,12 @@ import argparse
 import math
 import sys
 
+import aikit
 from aikit.core import plan as plan_module
 from aikit.core import trace as trace_module
 from aikit.core.schedule import Schedule, schedule_problems
 from aikit.core.trace import TraceExhaustedError, load_trace
+from aikit.optional import require
 
 
 def plan_rows(args: argparse.Namespace) -> str:
@@ -83,9 +85,7 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require("matplotlib", "aikit trace plot").use("Agg")
     import matplotlib.pyplot as plt
 
     trace = load_trace(args.trace)
@@ -118,6 +118,7 @@ def cmd_trace_make(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="aikit", description="Elastic batch sizes: plans and traces.")
+    top.add_argument("--version", action="version", version=f"aikit {aikit.__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="GA steps and micro-batches for 1..8 devices (or --gpus N)")
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, TypeError, TraceExhaustedError, FileNotFoundError) as error:
+    except (ValueError, TypeError, TraceExhaustedError, FileNotFoundError, ModuleNotFoundError) as error:
         print(f"aikit: error: {error}", file=sys.stderr)
         return 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from aikit.core.autolrs import Controller
+from aikit.optional import require
 
 COLOURS = {"warmup": "tab:gray", "trial": "tab:orange", "train": "tab:blue"}
 
@@ -13,7 +14,7 @@ def plot_progress(controller: Controller, path: str | os.PathLike | None = None,
     """Two panels over all steps taken: the LR (log scale) and the training loss, coloured by
     phase (warmup, search trial, stage training), with each stage's start marked. Saved to
     ``path`` when given; returns the matplotlib figure."""
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "AutoLRS's plot")
 
     fig, (ax_lr, ax_loss) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
     for phase, colour in COLOURS.items():

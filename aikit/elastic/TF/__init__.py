@@ -9,6 +9,7 @@ publishes ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master``
 
 from __future__ import annotations
 
+from aikit.optional import tensorflow  # noqa: F401  isort: skip  (first: a missing tensorflow names its extra)
 import sys
 
 import tensorflow as tf
