@@ -27,19 +27,17 @@ setup(
     install_requires=["numpy>=1.24", "pandas>=2.0", "scipy>=1.10", "tqdm>=4.60"],
     extras_require={
         # a framework extra brings what its adapters, examples and plots import
-        "torch": TORCH + DATA + PLOT,
-        "tf": TF + DATA + PLOT,
+        "torch": [*TORCH, *DATA, *PLOT],
+        "tf": [*TF, *DATA, *PLOT],
         "data": DATA,
         "plot": PLOT,
-        "lightning": LIGHTNING + TORCH,
-        "huggingface": HUGGINGFACE + TORCH,
+        "lightning": [*LIGHTNING, *TORCH],
+        "huggingface": [*HUGGINGFACE, *TORCH],
         "horovod": ["horovod==0.28.1"],  # built by scripts/install_horovod.sh (needs a patch)
         "xla": ["torch==2.9.0", "torch_xla==2.9.0"],
         "docs": DOCS,
-        "dev": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "ruff>=0.5", "build>=1.2", "twine>=5"]
-        + DATA
-        + PLOT
-        + DOCS,
+        "dev": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "ruff>=0.5", "build>=1.2", "twine>=5",
+                *DATA, *PLOT, *DOCS],
     },
     entry_points={"console_scripts": ["aikit=aikit.cli:main"]},
     classifiers=[
