@@ -47,7 +47,7 @@ class AutoLRSCallback(TrainerCallback):
     forward hook keeps the ``loss`` the model returns on every training micro-batch, and after
     each optimizer step (``on_step_end``) AutoLRS gets their mean and sets the next LR. The
     model must compute its loss (return ``loss`` first, or as ``"loss"``); evaluation passes
-    (no gradient, or ``model.eval()``) are ignored. AutoLRS sets the LR after the Trainer's LR
+    (no gradient, ``model.eval()``, or inside ``val_fn``) are ignored. AutoLRS sets the LR after the Trainer's LR
     scheduler has stepped, so its LR is the one every step uses; use
     ``lr_scheduler_type="constant"`` so the logged LR is not misleading.
     """
@@ -57,6 +57,7 @@ class AutoLRSCallback(TrainerCallback):
         self.autolrs: aikit.autolrs.Torch.AutoLRS | None = None
         self._losses: list[float] = []
         self._hook = None
+        self._deciding = False  # True while AutoLRS decides (and val_fn may run the model)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.autolrs is None:
@@ -67,8 +68,8 @@ class AutoLRSCallback(TrainerCallback):
         self._hook = model.register_forward_hook(self._keep_loss)
 
     def _keep_loss(self, module, inputs, output) -> None:
-        if not (module.training and torch.is_grad_enabled()):
-            return
+        if self._deciding or not (module.training and torch.is_grad_enabled()):
+            return  # val_fn's passes, or evaluation
         loss = output["loss"] if isinstance(output, dict) else output[0] if isinstance(output, tuple) else None
         if loss is None:
             raise ValueError(
@@ -82,7 +83,11 @@ class AutoLRSCallback(TrainerCallback):
             raise RuntimeError("AutoLRSCallback saw no training loss in this step: did the model compute one?")
         step_loss = sum(self._losses) / len(self._losses)
         self._losses.clear()
-        self.autolrs.on_train_batch_end(step_loss)
+        self._deciding = True
+        try:
+            self.autolrs.on_train_batch_end(step_loss)
+        finally:
+            self._deciding = False
 
     def on_train_end(self, args, state, control, **kwargs):
         if self._hook is not None:

@@ -154,8 +154,8 @@ def test_autolrs_callback_equals_the_hook_called_by_hand():
                 (loss / 2).backward()
             optimizer.step()
             by_hand.on_train_batch_end(sum(float(loss) for loss in losses) / 2)
-    history = [(r.step, r.phase, r.lr) for r in callback.autolrs.controller.history]
-    assert history == [(r.step, r.phase, r.lr) for r in by_hand.controller.history]
+    history = [(r.step, r.phase, r.lr, r.loss) for r in callback.autolrs.controller.history]
+    assert history == [(r.step, r.phase, r.lr, r.loss) for r in by_hand.controller.history]
     assert {r.phase for r in by_hand.controller.history} >= {"warmup", "trial", "train"}
     assert callback.lr == by_hand.lr
     assert_same_weights(module.net, model)
