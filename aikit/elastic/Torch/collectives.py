@@ -5,7 +5,7 @@ The engine is torch_xla when the tensors live on an XLA device; otherwise the on
 GPU), Horovod when the program initialised it, or a single process with nothing to do.
 No engine is imported here unless it is in use.
 
-Multi-host TPU follows seed 001: every host runs its own XLA world of local devices, and the
+Multi-host TPU follows eth-easl's variable batch size emulation: every host runs its own XLA world of local devices, and the
 hosts are joined by a gloo group over TCP among their local ordinal 0 processes, configured by
 ``MY_HOST_WORLD_SIZE``, ``MY_HOST_ORDINAL`` and ``MY_DIST_ROOT`` (``host:port`` of host 0).
 An all-reduce then sums on each host, sums across hosts on ordinal 0, and shares the result
@@ -25,7 +25,7 @@ from aikit.elastic.Torch import distributed
 
 
 def _hosts() -> tuple[int, int]:
-    """(number of hosts, this host's ordinal) from seed 001's environment variables."""
+    """(number of hosts, this host's ordinal) from eth-easl's variable batch size environment variables."""
     hosts, host = int(os.environ.get("MY_HOST_WORLD_SIZE", "1")), int(os.environ.get("MY_HOST_ORDINAL", "0"))
     if hosts < 1 or not 0 <= host < hosts:
         raise ValueError(
@@ -44,7 +44,7 @@ def engine(device: torch.device | str | None = None) -> str:
 
 
 def world(device: torch.device | str | None = None) -> tuple[int, int]:
-    """(replicas, this replica's rank): torch_xla's world (times the hosts of seed 001's scheme)
+    """(replicas, this replica's rank): torch_xla's world (times the hosts of eth-easl's multi-host scheme)
     when ``device`` is an XLA device or, with no device given, torch_xla is imported; else the
     world of :mod:`aikit.elastic.Torch.distributed`."""
     if engine(device) == "xla" or (device is None and "torch_xla" in sys.modules):
@@ -78,7 +78,7 @@ _host_group_ready = False
 
 
 def _init_host_group() -> None:
-    """Join the hosts' local ordinal 0 processes in a gloo group (seed 001's ``init_group``)."""
+    """Join the hosts' local ordinal 0 processes in a gloo group (eth-easl's ``init_group``)."""
     global _host_group_ready
     if not _host_group_ready:
         hosts, host = _hosts()
