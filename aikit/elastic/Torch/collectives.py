@@ -6,8 +6,8 @@ GPU), Horovod when the program initialised it, or a single process with nothing 
 No engine is imported here unless it is in use.
 
 Multi-host TPU follows eth-easl's variable batch size emulation: every host runs its own XLA
-world of local devices, and the
-hosts are joined by a gloo group over TCP among their local ordinal 0 processes, configured by
+world of local devices, and the hosts are joined by a gloo group over TCP among their local
+ordinal 0 processes, configured by
 ``MY_HOST_WORLD_SIZE``, ``MY_HOST_ORDINAL`` and ``MY_DIST_ROOT`` (``host:port`` of host 0).
 An all-reduce then sums on each host, sums across hosts on ordinal 0, and shares the result
 on each host with a second local sum in which the other ordinals contribute zeros.
