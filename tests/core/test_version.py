@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import aikit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,10 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_aikit_version_prints_the_package_version(capsys):
     from aikit.cli import main
 
-    try:
+    with pytest.raises(SystemExit) as exit_:
         main(["--version"])
-    except SystemExit as exit_:
-        assert exit_.code == 0
+    assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"aikit {aikit.__version__}"
 
 
