@@ -192,5 +192,5 @@ class AutoLRS(Callback):
         return self.autolrs.lr
 
     def plot(self, path=None):
-        """LR and loss over every step (see :meth:`aikit.autolrs.Torch.AutoLRS.plot`)."""
+        """LR and loss over every step (see :meth:`aikit.autolrs.Torch.autolrs.AutoLRS.plot`)."""
         return self.autolrs.plot(path)
