@@ -92,7 +92,7 @@ torch_examples() {
     quiet "$python" examples/torch_elastic_digits.py --epochs 1
     quiet "$python" examples/variable_train_digits.py --epochs 1 --target 0
     quiet "$python" examples/elastic_resize_digits.py --epochs 1 --target 0 --checkpoint-dir "$WORK/ckpt"
-    quiet "$python" examples/lr_finder_digits.py --framework torch --num-iter 20 --out lr
+    quiet "$python" examples/lr_finder_digits.py --framework torch --out lr  # 100 iterations: seconds
     quiet "$python" examples/autolrs_digits.py --framework torch --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
 }
 
@@ -100,7 +100,7 @@ tf_examples() {
     local python="$WORK/tf/bin/python"
     fails_naming torch "$python" -c "import aikit.lr_finder.Torch"
     quiet "$python" examples/keras_elastic_digits.py  # exits 1 below 95 % held-out, so it trains its full 15 epochs
-    quiet "$python" examples/lr_finder_digits.py --framework keras --num-iter 20 --out lr
+    quiet "$python" examples/lr_finder_digits.py --framework keras --out lr
     quiet "$python" examples/autolrs_digits.py --framework keras --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
 }
 
