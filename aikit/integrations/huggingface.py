@@ -25,8 +25,10 @@ def plan_arguments(global_batch_size: int, max_gpu_batch_size: int, gpus: int | 
 
     The plan is :func:`aikit.elastic.Torch.init`'s for the processes of this run (torchrun's
     ``WORLD_SIZE``, or 1) or for ``gpus``. The Trainer gives every device the same batch, so an
-    uneven split is refused with the nearest global batches that split evenly. Pass
-    ``dataloader_drop_last=True`` too: a short last batch would be weighted as a full one.
+    uneven split is refused with the nearest global batches that split evenly. Every update
+    holds exactly ``global_batch_size`` samples when the data set is a multiple of it and
+    ``dataloader_drop_last=True``: the Trainer divides each micro-batch loss by the GA steps, so
+    a short last batch, or an epoch's last update with fewer micro-batches, is weighted wrongly.
     """
     plan = aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size, gpus=gpus)
     if not plan.is_even or plan.gpus != plan.available_gpus:
