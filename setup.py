@@ -9,7 +9,7 @@ VERSION = re.search(r'^__version__ = "([^"]+)"', (HERE / "aikit" / "__init__.py"
 
 DATA = ["scikit-learn>=1.3"]  # aikit.datasets: the embedded digits
 PLOT = ["matplotlib>=3.6"]  # LRFinder.plot, AutoLRS.plot, `aikit trace plot`
-TORCH = ["torch>=2.1"]
+TORCH = ["torch>=2.1", "safetensors>=0.4.3"]  # safetensors: ElasticState checkpoints
 TF = ["tensorflow>=2.16", "keras>=3.3"]
 LIGHTNING = ["lightning>=2.2"]
 HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.0"]  # Trainer needs accelerate

@@ -11,17 +11,23 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 import aikit
 from aikit.core import plan as plan_module
 from aikit.core import trace as trace_module
-from aikit.core.schedule import Schedule, schedule_problems
+from aikit.core.errors import AikitError, InvalidValue
+from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import TraceExhaustedError, load_trace
 from aikit.optional import require
 
 
-def plan_rows(args: argparse.Namespace) -> str:
-    counts = [args.gpus] if args.gpus else list(range(1, 9))
+def plan_rows(args: argparse.Namespace) -> tuple[str, int]:
+    """The table's text and how many of its rows were refused."""
+    plan_module.positive_int(args.global_batch_size, "--global-batch-size")
+    plan_module.positive_int(args.max_gpu_batch_size, "--max-gpu-batch-size")
+    counts = [plan_module.positive_int(args.gpus, "--gpus")] if args.gpus is not None else list(range(1, 9))
+    refused = 0
     header = f"{'GPUs':>4}  {'used':>4}  {'GA steps':>8}  {'micro-batch':>11}  {'global':>6}  note"
     rows = [
         f"global batch {args.global_batch_size}, at most {args.max_gpu_batch_size} per device, policy {args.policy!r}",
@@ -32,36 +38,37 @@ def plan_rows(args: argparse.Namespace) -> str:
             p = plan_module.make_plan(args.global_batch_size, args.max_gpu_batch_size, n, policy=args.policy)
         except ValueError as error:
             rows.append(f"{n:>4}  {'-':>4}  {'-':>8}  {'-':>11}  {'-':>6}  refused: {error}")
+            refused += 1
             continue
-        sizes = sorted({s for step in p.micro_batch_sizes for s in step})
-        micro = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]}"
+        micro = str(p.batch_size) if p.is_even else f"{p.batch_size - 1}..{p.batch_size}"
         note = "" if p.is_even else "ragged: micro-batches differ by one sample, weighted exactly"
         if p.gpus < n:
             note = f"{n - p.gpus} device(s) idle: an even split needs fewer"
-        total = sum(map(sum, p.micro_batch_sizes))
-        rows.append(f"{n:>4}  {p.gpus:>4}  {p.steps:>8}  {micro:>11}  {total:>6}  {note}")
-    if args.gpus:
-        rows += [
-            "",
-            plan_module.make_plan(
-                args.global_batch_size, args.max_gpu_batch_size, args.gpus, policy=args.policy
-            ).summary(),
-        ]
-    return "\n".join(rows)
+        rows.append(f"{n:>4}  {p.gpus:>4}  {p.steps:>8}  {micro:>11}  {p.samples_per_update:>6}  {note}")
+        if args.gpus is not None:
+            rows += ["", p.summary()]
+    return "\n".join(rows), refused
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    print(plan_rows(args))
-    return 0
+    """Exit status 1 when a device count's plan is refused (policy 'error' with an uneven split)."""
+    text, refused = plan_rows(args)
+    print(text)
+    return 1 if refused else 0
 
 
 def cmd_trace_check(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, args.when_exhausted)
     sizes = trace.sizes
-    print(f"{trace}: {len(sizes)} steps, {int(sizes.sum())} samples, batch sizes {sizes.min()}..{sizes.max()}")
+    print(f"{trace}: {len(sizes)} steps, {sum(sizes.tolist())} samples, batch sizes {sizes.min()}..{sizes.max()}")
+    checked_settings(args.dataset_size, args.replicas, args.minibatch_size)  # refused as CustomSampler does
     problems = schedule_problems(trace, args.dataset_size, args.replicas, args.minibatch_size, args.balanced)
     if not problems:
         schedule = Schedule(trace, args.dataset_size, args.replicas, args.minibatch_size, balanced=args.balanced)
+        try:
+            schedule.epoch(0)  # as CustomSampler does when it is built: the trace must cover its first epoch
+        except TraceExhaustedError as error:
+            problems.append(str(error))
         full = schedule.full_epochs()
         epochs = range(min(full, args.show_epochs) if full != math.inf else args.show_epochs)
         print(f"full epochs of {args.dataset_size} samples: {full}")
@@ -75,7 +82,7 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
             )
         used = schedule.epoch_bounds(full - 1)[1] if trace.is_finite and full else 0
         if trace.is_finite and used < len(trace):
-            rest = int(trace.sizes[used:].sum())
+            rest = sum(trace.sizes[used:].tolist())
             mode = "trained" if trace.when_exhausted == "stop" else "used only with when_exhausted='stop'"
             print(f"  then a partial epoch: steps {used}..{len(trace) - 1}, {rest} samples ({mode})")
     for problem in problems:
@@ -85,6 +92,7 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
+    writable(args.output)
     require("matplotlib", "aikit trace plot").use("Agg")
     import matplotlib.pyplot as plt
 
@@ -104,7 +112,19 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def writable(output: str) -> Path:
+    """``output``, or an error naming its missing folder (before any work is done)."""
+    path = Path(output)
+    if not path.parent.is_dir():
+        raise InvalidValue(f"cannot write {path}: the folder {path.parent} does not exist; create it "
+                           f"(mkdir -p {path.parent}) or write elsewhere with -o")
+    if path.is_dir():
+        raise InvalidValue(f"cannot write {path}: it is a folder; give a file name with -o")
+    return path
+
+
 def cmd_trace_make(args: argparse.Namespace) -> int:
+    writable(args.output)
     if args.kind == "constant":
         trace = trace_module.constant(args.start, args.steps)
     elif args.kind == "ramp":
@@ -165,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, TypeError, TraceExhaustedError, FileNotFoundError, ModuleNotFoundError) as error:
+    except (AikitError, ValueError, TypeError, OSError, ModuleNotFoundError) as error:
         print(f"aikit: error: {error}", file=sys.stderr)
         return 2
 

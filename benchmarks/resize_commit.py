@@ -1,6 +1,6 @@
 """What an ElasticState commit costs next to the update it follows.
 
-A commit is one ``torch.save`` (with fsync and an atomic rename) on rank 0, so its cost does not
+A commit is one checkpoint file (with fsync and an atomic rename) on rank 0, so its cost does not
 depend on the batch. What it is worth depends on the step: this script times updates of the
 digits CNN of examples/elastic_resize_digits.py (global batch 128 as 8 micro-batches of 16,
 one process) and commits of the same model and optimizer, with and without fsync,

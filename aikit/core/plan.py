@@ -25,23 +25,40 @@ When ``G`` does not split evenly over ``N`` devices and ``k`` steps, a *policy* 
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
+import random
 from dataclasses import dataclass
+
+from aikit.core.errors import InvalidType, InvalidValue
 
 POLICIES = ("ragged", "fewer_devices", "error")
 
 
 def positive_int(value: object, name: str) -> int:
-    """Return ``value`` as an int, or raise a ValueError naming it (bools and floats refused)."""
+    """Return ``value`` as an int, or raise an aikit error naming it (bools and floats refused)."""
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InvalidType(f"{name} must be a positive integer, got {value!r}")
     try:
         number = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+        raise InvalidType(f"{name} must be a positive integer, got {value!r:.100}") from None
     if number <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {number}")
+        raise InvalidValue(f"{name} must be a positive integer, got {number}")
+    return number
+
+
+def index_in(value: object, name: str, count: int) -> int:
+    """``value`` as an int in ``0..count-1`` (a rank), or an aikit error naming it."""
+    if isinstance(value, bool):
+        raise InvalidType(f"{name} must be an integer in 0..{count - 1}, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise InvalidType(f"{name} must be an integer in 0..{count - 1}, got {value!r:.100}") from None
+    if not 0 <= number < count:
+        raise InvalidValue(f"{name} must be an integer in 0..{count - 1}, got {number}")
     return number
 
 
@@ -49,31 +66,44 @@ def positive_int(value: object, name: str) -> int:
 class Plan:
     """How one update of ``global_batch_size`` samples runs on the available devices.
 
-    ``micro_batch_sizes[s][d]`` is the number of samples device ``d`` processes in GA step
-    ``s``; a 0 means the device sits that step out and contributes zero weight.
+    ``gpus`` devices each run ``steps`` micro-batches per update. Micro-batch ``d`` of step
+    ``s`` (``size(s, d)``) has ``G // (gpus * steps)`` samples, one more for the first
+    ``G % (gpus * steps)`` of them in step order: a plan is a few numbers, whatever ``G``.
     """
 
     global_batch_size: int
     max_gpu_batch_size: int
     available_gpus: int
-    micro_batch_sizes: tuple[tuple[int, ...], ...]
+    gpus: int  # devices that take part in training
+    steps: int  # GA steps per update (1 when no accumulation is needed)
     policy: str = "ragged"
     rank: int = 0
 
     @property
-    def steps(self) -> int:
-        """GA steps per update (1 when no accumulation is needed)."""
-        return len(self.micro_batch_sizes)
+    def _split(self) -> tuple[int, int]:
+        return divmod(self.global_batch_size, self.gpus * self.steps)
+
+    def size(self, step: int, device: int) -> int:
+        """Samples device ``device`` processes in GA step ``step`` (0: it sits the step out)."""
+        base, extra = self._split
+        return base + (step * self.gpus + device < extra)
 
     @property
-    def gpus(self) -> int:
-        """Devices that take part in training."""
-        return len(self.micro_batch_sizes[0])
+    def micro_batch_sizes(self) -> tuple[tuple[int, ...], ...]:
+        """``[s][d]``: every micro-batch size, spelled out (``steps x gpus`` numbers)."""
+        return tuple(tuple(self.size(s, d) for d in range(self.gpus)) for s in range(self.steps))
 
     @property
     def batch_size(self) -> int:
         """The per-device batch to give a data loader: the largest micro-batch."""
-        return max(max(step) for step in self.micro_batch_sizes)
+        base, extra = self._split
+        return base + (extra > 0)
+
+    @property
+    def samples_per_update(self) -> int:
+        """Samples over all micro-batches of one update (``global_batch_size``, by construction)."""
+        base, extra = self._split
+        return base * self.gpus * self.steps + extra
 
     @property
     def master(self) -> bool:
@@ -83,7 +113,7 @@ class Plan:
     @property
     def is_even(self) -> bool:
         """True when every micro-batch has the same size (static shapes)."""
-        return len({size for step in self.micro_batch_sizes for size in step}) == 1
+        return self._split[1] == 0
 
     @property
     def step_batch_sizes(self) -> tuple[int, ...]:
@@ -92,11 +122,11 @@ class Plan:
 
     def device_batch_sizes(self, device: int) -> tuple[int, ...]:
         """The micro-batch sizes one device processes, step by step."""
-        return tuple(step[device] for step in self.micro_batch_sizes)
+        return tuple(self.size(s, device) for s in range(self.steps))
 
     def weight(self, step: int, device: int) -> float:
         """Share of the update's gradient owed to one micro-batch (its samples / G)."""
-        return self.micro_batch_sizes[step][device] / self.global_batch_size
+        return self.size(step, device) / self.global_batch_size
 
     def summary(self) -> str:
         """A few readable lines: what runs where, and why."""
@@ -105,26 +135,19 @@ class Plan:
             f"  devices: {self.gpus} used of {self.available_gpus} available",
             f"  GA steps per update: {self.steps}",
         ]
+        base, extra = self._split
         if self.is_even:
             lines.append(f"  micro-batch: {self.batch_size} on every device in every step")
-        else:
+        elif self.steps * self.gpus <= 64:
             lines.append(
                 f"  micro-batches (policy {self.policy!r}, exact sample weights): "
                 + "; ".join(f"step {s}: {list(sizes)}" for s, sizes in enumerate(self.micro_batch_sizes))
             )
+        else:
+            lines.append(f"  micro-batches (policy {self.policy!r}, exact sample weights): the first {extra} "
+                         f"(in step order) of {base + 1}, the other {self.steps * self.gpus - extra} of {base}")
         lines.append(f"  master: {self.master} (rank {self.rank})")
         return "\n".join(lines)
-
-
-def even_split(global_batch_size: int, max_gpu_batch_size: int, gpus: int) -> int | None:
-    """Fewest GA steps that give every device the same micro-batch, or None if none does."""
-    if global_batch_size % gpus:
-        return None
-    per_device = global_batch_size // gpus
-    for steps in range(math.ceil(per_device / max_gpu_batch_size), per_device + 1):
-        if per_device % steps == 0:
-            return steps
-    return None
 
 
 def nearest_even_batches(global_batch_size: int, max_gpu_batch_size: int, gpus: int) -> tuple[int, int]:
@@ -143,34 +166,128 @@ def make_plan(
     policy: str = "ragged",
     rank: int = 0,
 ) -> Plan:
-    """Plan GA steps and micro-batches for ``gpus`` devices; see the module docstring."""
+    """Plan GA steps and micro-batches for ``gpus`` devices; see the module docstring.
+    Constant time and memory in ``G`` (``fewer_devices`` searches the divisors of ``G``)."""
     g = positive_int(global_batch_size, "global_batch_size")
     m = positive_int(max_gpu_batch_size, "max_gpu_batch_size")
     n = positive_int(gpus, "gpus")
     if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if isinstance(rank, bool) or operator.index(rank) < 0:
-        raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+        raise InvalidValue(f"policy must be one of {POLICIES}, got {policy!r}")
+    rank = index_in(rank, "rank", n)
 
     if policy == "fewer_devices":
-        options = [(even_split(g, m, d), -d) for d in range(1, n + 1)]
-        steps, minus_devices = min(o for o in options if o[0] is not None)
-        devices = -minus_devices
-        sizes = ((g // (devices * steps),) * devices,) * steps
-        return Plan(g, m, n, sizes, policy, rank)
+        devices, steps = fewest_steps_even_split(g, m, n)
+        return Plan(g, m, n, devices, steps, policy, rank)
 
     devices = min(n, g)  # a device that could never get a sample is not used
-    steps = math.ceil(g / (devices * m))
-    base, extra = divmod(g, devices * steps)
-    if extra and policy == "error":
+    steps = -(-g // (devices * m))
+    if g % (devices * steps) and policy == "error":
         below, above = nearest_even_batches(g, m, devices)
-        raise ValueError(
+        raise InvalidValue(
             f"global_batch_size {g} does not split evenly over {devices} devices with at most "
             f"{m} samples each: use global_batch_size {below} or {above}, or policy "
             f"'fewer_devices' (an even split on fewer devices) or, in PyTorch, 'ragged' (exact weighted micro-batches)"
         )
-    sizes = tuple(tuple(base + (s * devices + d < extra) for d in range(devices)) for s in range(steps))
-    return Plan(g, m, n, sizes, policy, rank)
+    return Plan(g, m, n, devices, steps, policy, rank)
+
+
+def fewest_steps_even_split(g: int, m: int, n: int) -> tuple[int, int]:
+    """``(devices, steps)``: an even split of ``g`` (``g = devices * steps * b``, ``b <= m``,
+    ``devices <= n``) with the fewest steps, then the most devices. Both are divisors of ``g``,
+    so the search runs over those: bounded by their count (at most 103,680 below 10**18)."""
+    divisors = divisors_of(g)
+    first = bisect.bisect_left(divisors, -(-g // (n * m)))  # fewer steps cannot hold g
+    for steps in divisors[first:]:
+        per_step = g // steps
+        fewest = -(-per_step // m)  # fewer devices would need micro-batches above m
+        for devices in reversed(divisors[: bisect.bisect_right(divisors, min(n, per_step))]):
+            if devices < fewest:
+                break
+            if per_step % devices == 0:
+                return devices, steps
+    raise AssertionError("unreachable: steps = g on one device always splits evenly")
+
+
+# ---- divisors of a batch size (Miller-Rabin and Pollard's rho, bounded) ---------------------
+
+
+def divisors_of(number: int) -> list[int]:
+    """Every divisor of ``number``, ascending."""
+    divisors = [1]
+    for prime, power in _factorize(number).items():
+        divisors = [d * prime**k for d in divisors for k in range(power + 1)]
+    return sorted(divisors)
+
+
+def _factorize(number: int) -> dict[int, int]:
+    factors: dict[int, int] = {}
+    for prime in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):
+        while number % prime == 0:
+            factors[prime] = factors.get(prime, 0) + 1
+            number //= prime
+    pending = [number] if number > 1 else []
+    while pending:
+        value = pending.pop()
+        if _is_prime(value):
+            factors[value] = factors.get(value, 0) + 1
+        else:
+            factor = _pollard_rho(value)
+            pending += [factor, value // factor]
+    return factors
+
+
+def _is_prime(n: int) -> bool:
+    """Miller-Rabin; these bases make it exact below 3.3 * 10**24."""
+    if n < 2:
+        return False
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d, r = d // 2, r + 1
+    for a in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41):
+        if a % n == 0:
+            continue
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _pollard_rho(n: int, budget: int = 1 << 17) -> int:
+    """A non-trivial factor of the composite ``n`` (Brent's variant), within ``budget`` steps."""
+    rng = random.Random(n)
+    spent = 0
+    while spent < budget:
+        y, c, batch = rng.randrange(1, n), rng.randrange(1, n), 128
+        g = r = q = 1
+        while g == 1 and spent < budget:
+            x = y
+            for _ in range(r):
+                y = (y * y + c) % n
+            k = 0
+            while k < r and g == 1:
+                ys = y
+                for _ in range(min(batch, r - k)):
+                    y = (y * y + c) % n
+                    q = q * abs(x - y) % n
+                g, k = math.gcd(q, n), k + batch
+            spent, r = spent + r, r * 2
+        if g == n:
+            g = 1
+            while g == 1:
+                ys = (ys * ys + c) % n
+                g = math.gcd(abs(x - ys), n)
+        if 1 < g < n:
+            return g
+    raise InvalidValue(
+        f"policy 'fewer_devices' needs the divisors of the global batch, and a factor of it ({len(str(n))} digits) "
+        "has prime factors too large to find quickly: use policy 'ragged' or a global batch with small prime factors"
+    )
 
 
 def plan_table(

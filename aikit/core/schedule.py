@@ -20,11 +20,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from numbers import Integral
 
 import numpy as np
 
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.plan import positive_int
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
+
+MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
+MAX_REPLICAS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,38 @@ def schedule_problems(
     return problems
 
 
+def checked_settings(dataset_size: object, num_replicas: object, minibatch_size: object) -> tuple[int, int, int]:
+    """The data set size, replica count and micro-batch as ints a schedule can use, or an aikit
+    error naming the one that is not."""
+    size = at_most(positive_int(dataset_size, "dataset_size"), MAX_DATASET_SIZE, "dataset_size",
+                   "each epoch shuffles a permutation of the whole data set in memory")
+    replicas = at_most(positive_int(num_replicas, "num_replicas"), MAX_REPLICAS, "num_replicas")
+    minibatch = at_most(positive_int(minibatch_size, "minibatch_size"), size, "minibatch_size",
+                        f"a micro-batch cannot hold more than the data set's {size} samples")
+    return size, replicas, minibatch
+
+
+def at_most(value: int, limit: int, name: str, why: str = "") -> int:
+    if value > limit:
+        raise InvalidValue(f"{name} must be at most {limit}, got {value}{f': {why}' if why else ''}")
+    return value
+
+
+def seed_value(seed: object) -> int:
+    """A seed as the exact non-negative int it is (``1.7`` refused, not truncated to 1)."""
+    if isinstance(seed, bool) or not isinstance(seed, Integral):
+        raise InvalidType(f"seed must be a non-negative integer, got {seed!r:.60}")
+    if seed < 0:
+        raise InvalidValue(f"seed must be a non-negative integer, got {seed}")
+    return int(seed)
+
+
+def flag(value: object, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidType(f"{name} must be True or False, got {value!r:.60}")
+    return bool(value)
+
+
 class Schedule:
     """Cuts a trace into epochs over a data set and deals each step to replicas."""
 
@@ -113,17 +150,16 @@ class Schedule:
         balanced: bool = False,
     ):
         self.trace = load_trace(trace)
-        self.dataset_size = positive_int(dataset_size, "dataset_size")
-        self.num_replicas = positive_int(num_replicas, "num_replicas")
-        self.minibatch_size = positive_int(minibatch_size, "minibatch_size")
-        self.seed = int(seed)
-        self.shuffle = shuffle
-        self.balanced = balanced
+        self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
+            dataset_size, num_replicas, minibatch_size)
+        self.seed = seed_value(seed)
+        self.shuffle = flag(shuffle, "shuffle")
+        self.balanced = flag(balanced, "balanced")
         problems = schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, balanced)
         if problems:
             shown = "\n  ".join(problems[:10])
             more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-            raise ValueError(f"trace {self.trace.source} cannot be scheduled:\n  {shown}{more}")
+            raise InvalidValue(f"trace {self.trace.source} cannot be scheduled:\n  {shown}{more}")
         self._starts = [0]  # first trace step of each epoch found so far
         self._tail: tuple[int, int] | None = None  # (start, end) of the trace's last, partial epoch
 
@@ -136,7 +172,7 @@ class Schedule:
         while len(self._starts) <= count and self._tail is None:
             start = self._starts[-1]
             # every step holds at least one micro-batch, so an epoch has at most this many steps
-            span = self.dataset_size // self.minibatch_size + 1
+            span = self.dataset_size // max(self.minibatch_size, int(self.trace.sizes.min())) + 1
             if self.trace.is_finite:
                 span = min(span, len(self.trace) - start)
             used = np.cumsum(self.trace.window(start, start + span))
@@ -156,8 +192,10 @@ class Schedule:
 
     def epoch_bounds(self, epoch: int) -> tuple[int, int, bool]:
         """``(first, end, complete)``: the trace steps ``first..end-1`` that make up ``epoch``."""
-        if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, Integral):
+            raise InvalidType(f"epoch must be a non-negative integer, got {epoch!r:.60}")
+        if epoch < 0:
+            raise InvalidValue(f"epoch must be a non-negative integer, got {epoch}")
         epoch = int(epoch)
         self._find_epochs(epoch + 1)
         if epoch + 1 < len(self._starts):
@@ -170,6 +208,13 @@ class Schedule:
         ):
             return self._tail[0], self._tail[1], False
         covered = self.full_epochs()
+        if self.trace.when_exhausted == "stop":
+            last = len(self._starts) - 2 + bool(self._tail and self._tail[1] > self._tail[0])
+            raise TraceExhaustedError(
+                f"epoch {epoch} is past the end of the trace ({self.trace.source}, {len(self.trace)} steps): with "
+                f"when_exhausted='stop' training ends in epoch {last}, so train epochs 0..{last} only, extend "
+                "the trace, or load it with when_exhausted='repeat_last' or 'cycle'"
+            )
         raise TraceExhaustedError(
             f"epoch {epoch} needs steps past the end of the trace ({self.trace.source}, "
             f"{len(self.trace)} steps), which covers {covered} full epoch"

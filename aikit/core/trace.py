@@ -19,27 +19,59 @@ What happens after the last step is the trace's ``when_exhausted`` policy:
 
 from __future__ import annotations
 
+import codecs
+import csv
+import decimal
+import io
 import math
 import os
 from collections.abc import Sequence
+from numbers import Integral, Real
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from aikit.core.errors import AikitError, InvalidType, InvalidValue, TraceFileError
 from aikit.core.plan import positive_int
 
 EXHAUSTION_POLICIES = ("error", "stop", "repeat_last", "cycle")
+MAX_BATCH_SIZE = np.iinfo(np.int64).max  # sizes are int64 from here on
+_EXACT_FLOAT = 2**53  # every integer up to here is exactly a float64
 
 
-def row_name(source: str, row: int) -> str:
+def row_name(source: str, row: int, line: int | None = None) -> str:
     """How an error points at one trace entry: its row, and its line when it came from a file."""
-    line = f", line {row + 2}" if source.endswith((".csv", ".txt")) else ""
-    return f"trace {source}: row {row} (step {row}{line})"
+    return f"trace {source}: row {row} (step {row}{'' if line is None else f', line {line}'})"
 
 
-class TraceExhaustedError(RuntimeError):
+class TraceExhaustedError(AikitError, RuntimeError):
     """A step past the end of a trace whose policy is ``"error"`` or ``"stop"`` was asked for."""
+
+
+def exact_size(value: object, where: str) -> int:
+    """``value`` as an exact positive int64 batch size, or an aikit error naming ``where``:
+    no float round trip (``9007199254740993`` stays itself, ``1e30`` is refused)."""
+    rule = f"every batch size must be a positive integer of at most {MAX_BATCH_SIZE}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Real, decimal.Decimal)):
+        raise InvalidType(f"{where} has batch size {value!r:.60}, a {type(value).__name__}; {rule}")
+    number = exact_int(value)
+    if number is None or not 0 < number <= MAX_BATCH_SIZE:
+        shown = f"{value:g}" if number is None and isinstance(value, float) else number if number is not None else value
+        raise InvalidValue(f"{where} has batch size {shown}; {rule}")
+    return number
+
+
+def exact_int(value: Real | decimal.Decimal) -> int | None:
+    """The integer ``value`` is exactly; None for fractions, NaN, infinities and floats above
+    2**53 (where a float no longer tells neighbouring integers apart)."""
+    if isinstance(value, Integral):
+        return int(value)
+    if isinstance(value, decimal.Decimal):
+        exact = value.is_finite() and abs(value) <= 10**100 and value == value.to_integral_value()
+        return int(value) if exact else None
+    value = float(value)
+    return int(value) if math.isfinite(value) and value.is_integer() and abs(value) <= _EXACT_FLOAT else None
 
 
 class Trace:
@@ -47,21 +79,22 @@ class Trace:
 
     def __init__(self, sizes: Sequence[int] | np.ndarray, when_exhausted: str = "error", source: str = "list"):
         if when_exhausted not in EXHAUSTION_POLICIES:
-            raise ValueError(f"when_exhausted must be one of {EXHAUSTION_POLICIES}, got {when_exhausted!r}")
-        try:
-            values = np.asarray(sizes, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"trace {source}: batch sizes must be numbers, got {sizes!r:.200}") from None
-        if values.ndim != 1 or len(values) == 0:
-            raise ValueError(f"trace {source}: a trace needs at least one batch size, got {sizes!r:.200}")
-        bad = np.flatnonzero(~(np.isfinite(values) & (values > 0) & (values == np.round(values))))
-        if bad.size:
-            row = int(bad[0])
-            raise ValueError(
-                f"{row_name(source, row)} has batch size {values[row]:g}; every batch "
-                f"size must be a positive integer ({bad.size} such rows)"
-            )
-        self.sizes = values.astype(np.int64)
+            raise InvalidValue(f"when_exhausted must be one of {EXHAUSTION_POLICIES}, got {when_exhausted!r}")
+        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, (Sequence, np.ndarray)):
+            raise InvalidType(f"trace {source}: batch sizes must be a list of integers, got {sizes!r:.200}")
+        array = np.asarray(sizes) if isinstance(sizes, np.ndarray) else None
+        if array is not None and array.ndim != 1:
+            raise InvalidValue(f"trace {source}: batch sizes must be one-dimensional, got shape {array.shape}")
+        if len(sizes) == 0:
+            raise InvalidValue(f"trace {source}: a trace needs at least one batch size, got {sizes!r:.200}")
+        if array is not None and array.dtype.kind in "iu" and len(array):
+            bad = np.flatnonzero((array <= 0) | (array > MAX_BATCH_SIZE))
+            if bad.size:
+                exact_size(array[bad[0]], row_name(source, int(bad[0])))
+            values = array.astype(np.int64)
+        else:
+            values = np.array([exact_size(v, row_name(source, row)) for row, v in enumerate(sizes)], dtype=np.int64)
+        self.sizes = values
         self.sizes.flags.writeable = False
         self.when_exhausted = when_exhausted
         self.source = source
@@ -100,33 +133,89 @@ class Trace:
         pd.DataFrame({"step": np.arange(len(self)), "batchsize": self.sizes}).to_csv(path, index=False)
 
 
+def _text(path: Path) -> str:
+    """The file's text, or an error naming the file (and the line of a byte that is not UTF-8)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise TraceFileError(f"trace {path} does not exist: give the path of a 'step,batchsize' CSV file") from None
+    except IsADirectoryError:
+        raise TraceFileError(f"trace {path} is a directory: give the path of a 'step,batchsize' CSV file") from None
+    except OSError as error:
+        raise TraceFileError(f"trace {path} cannot be read: {error.strerror or error}") from None
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or (raw[:2].count(0) == 1 and len(raw) > 1):
+        raise TraceFileError(f"trace {path} is UTF-16 text: save it as UTF-8 (plain 'step,batchsize' CSV)")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise TraceFileError(f"trace {path}, line {line}: byte {raw[error.start]:#04x} is not UTF-8 text: save it as "
+                             "UTF-8 (plain 'step,batchsize' CSV)") from None
+    if "\0" in text:
+        line = text[: text.index("\0")].count("\n") + 1
+        raise TraceFileError(f"trace {path}, line {line}: a NUL byte; a trace is plain 'step,batchsize' CSV text")
+    if not text.strip():
+        raise TraceFileError(f"trace {path} is empty: write a 'step,batchsize' header, then one row per step")
+    return text
+
+
+def _integer_cell(text: str) -> int | None:
+    """A cell's exact integer value (``'64'``, ``' 64.0'``, ``'6.4e1'``), or None if it is none."""
+    try:
+        return exact_int(decimal.Decimal(text.strip()))
+    except (decimal.InvalidOperation, ValueError):
+        return None
+
+
 def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error") -> Trace:
-    """Load a ``step,batchsize`` CSV, naming the row and value of anything malformed."""
-    frame = pd.read_csv(path, skipinitialspace=True, dtype=str)
-    frame.columns = [str(c).strip().lower() for c in frame.columns]
-    missing = {"step", "batchsize"} - set(frame.columns)
-    if missing:
-        raise ValueError(
-            f"trace {path}: columns must be 'step,batchsize', found {list(frame.columns)} (missing {sorted(missing)})"
-        )
-    steps = pd.to_numeric(frame["step"], errors="coerce").to_numpy(np.float64)
-    wrong = np.flatnonzero(steps != np.arange(len(frame)))
-    if wrong.size:
-        row = int(wrong[0])
-        raise ValueError(
-            f"{row_name(str(path), row)} has step {frame['step'].iloc[row]!r}, expected {row}: "
-            "steps must be 0, 1, 2, ... in order"
-        )
-    if len(frame) == 0:
-        raise ValueError(f"trace {path} has no rows")
-    sizes = pd.to_numeric(frame["batchsize"], errors="coerce").to_numpy(np.float64)
-    unreadable = np.flatnonzero(np.isnan(sizes))
-    if unreadable.size:
-        row = int(unreadable[0])
-        raise ValueError(
-            f"{row_name(str(path), row)} has batch size {frame['batchsize'].iloc[row]!r}; it must be a positive integer"
-        )
-    return Trace(sizes, when_exhausted, source=str(path))
+    """Load a ``step,batchsize`` CSV, naming the file, row, line and value of anything malformed.
+    Blank lines are skipped (and counted in line numbers); sizes are read as exact integers."""
+    path = Path(path)
+    reader = csv.reader(io.StringIO(_text(path)), skipinitialspace=True, strict=True)
+    header, columns, sizes = None, (0, 0), []
+    try:
+        for cells in reader:
+            if header is not None and len(cells) == len(header):  # the common case, kept fast
+                step, size = cells[columns[0]].strip(), cells[columns[1]].strip()
+                if step.isascii() and step.isdigit() and size.isascii() and size.isdigit() \
+                        and int(step) == len(sizes) and 0 < int(size) <= MAX_BATCH_SIZE:
+                    sizes.append(int(size))
+                    continue
+            if not any(cell.strip() for cell in cells):
+                continue  # a blank line
+            if header is None:
+                header = [cell.strip().lower() for cell in cells]
+                missing = {"step", "batchsize"} - set(header)
+                if missing:
+                    raise TraceFileError(f"trace {path}, line {reader.line_num}: columns must be 'step,batchsize', "
+                                         f"found {header!r:.200} (missing {sorted(missing)})")
+                columns = header.index("step"), header.index("batchsize")
+                continue
+            row = len(sizes)
+            sizes.append(_checked_row(cells, header, columns, row, row_name(str(path), row, reader.line_num)))
+    except csv.Error as error:
+        raise TraceFileError(f"trace {path}, line {reader.line_num}: not CSV ({error})") from None
+    if not sizes:
+        raise TraceFileError(f"trace {path} has no rows: write one 'step,batchsize' line per step after the header")
+    return Trace(np.array(sizes, dtype=np.int64), when_exhausted, source=str(path))
+
+
+def _checked_row(cells: list[str], header: list[str], columns: tuple[int, int], row: int, where: str) -> int:
+    """The batch size of a row the fast path did not take, or the error that names what is wrong."""
+    step_at, size_at = columns
+    if len(cells) != len(header):
+        raise TraceFileError(f"{where} has {len(cells)} fields, the header has {len(header)} "
+                             f"({','.join(header)!r:.100}): write one 'step,batchsize' pair per line")
+    if _integer_cell(cells[step_at]) != row:
+        raise TraceFileError(f"{where} has step {cells[step_at]!r:.60}, expected {row}: "
+                             "steps must be 0, 1, 2, ... in order")
+    size = _integer_cell(cells[size_at])
+    if size is None:
+        raise TraceFileError(f"{where} has batch size {cells[size_at]!r:.60}; it must be a positive integer")
+    try:
+        return exact_size(size, where)
+    except InvalidValue as error:
+        raise TraceFileError(str(error)) from None
 
 
 def load_trace(
@@ -143,16 +232,16 @@ def load_trace(
         return Trace([size], when_exhausted or "repeat_last", source=f"constant {size}")
     if isinstance(source, (Sequence, np.ndarray)) and not isinstance(source, (bytes, str)):
         return Trace(source, when_exhausted or "error")
-    raise TypeError(f"a trace is a CSV path, a list of batch sizes or an int, got {type(source).__name__}")
+    raise InvalidType(f"a trace is a CSV path, a list of batch sizes or an int, got {type(source).__name__}")
 
 
 def multiple_problems(trace: Trace, multiple: int, what: str) -> list[str]:
     """One line per trace entry that is not a multiple of ``multiple``, with nearby valid sizes."""
-    bad = np.flatnonzero(trace.sizes % multiple)
+    bad = np.flatnonzero(trace.sizes % multiple) if multiple <= MAX_BATCH_SIZE else np.arange(len(trace))
     problems = []
     for row in bad.tolist():
         size = int(trace.sizes[row])
-        below, above = (size // multiple) * multiple, math.ceil(size / multiple) * multiple
+        below, above = (size // multiple) * multiple, -(-size // multiple) * multiple
         nearest = f"{below} or {above}" if below else f"{above}"
         problems.append(
             f"row {row} (step {row}): batch size {size} is not a multiple of {what} {multiple}; use {nearest}"
@@ -185,7 +274,7 @@ def step_increase(
     the learning rate, increase the batch size" (Smith et al., 2018)."""
     initial, every, steps = (positive_int(v, n) for v, n in ((initial, "initial"), (every, "every"), (steps, "steps")))
     if not factor > 0:
-        raise ValueError(f"factor must be positive, got {factor!r}")
+        raise InvalidValue(f"factor must be positive, got {factor!r}")
     sizes = initial * float(factor) ** (np.arange(steps) // every)
     if maximum is not None:
         sizes = np.minimum(sizes, positive_int(maximum, "maximum"))

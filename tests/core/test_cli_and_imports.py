@@ -23,7 +23,7 @@ def test_plan_for_one_device_count_shows_the_summary(capsys):
 
 def test_plan_bad_input_is_an_error_not_a_traceback(capsys):
     assert main(["plan", "--global-batch-size", "0", "--max-gpu-batch-size", "64", "--gpus", "2"]) == 2
-    assert "global_batch_size must be a positive integer, got 0" in capsys.readouterr().err
+    assert "--global-batch-size must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_trace_check_reports_epochs_and_every_problem(tmp_path, capsys):

@@ -26,7 +26,7 @@ from resize_common import (
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.trace import Trace
-from aikit.elastic.Torch import resize
+from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import LinearRuleOptimizer
@@ -113,11 +113,10 @@ def test_a_crash_while_writing_leaves_the_previous_commit(tmp_path, data, monkey
     train(x, y, model, opt, state, stop_after_micro=6)  # steps 0 and 1 committed
     committed = {k: v.clone() for k, v in model.state_dict().items()}
 
-    def dies_half_way(payload, f):
-        f.write(b"half a checkpoint")
+    def dies_before_the_rename(tmp, path):
         raise KeyboardInterrupt("killed while writing")
 
-    monkeypatch.setattr(resize.torch, "save", dies_half_way)
+    monkeypatch.setattr(checkpoint.os, "replace", dies_before_the_rename)
     with pytest.raises(KeyboardInterrupt):
         train(x, y, model, opt, state, stop_after_micro=6)
     monkeypatch.undo()

@@ -15,6 +15,7 @@ import sys
 import tensorflow as tf
 
 import aikit.elastic
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.plan import POLICIES, Plan, make_plan, positive_int
 from aikit.elastic.TF import strategies
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
@@ -27,6 +28,8 @@ from aikit.elastic.TF.trace import fit_trace  # noqa: E402
 
 models = model
 aikit.elastic.models = model  # Run:AI's AIkit Elastic writes aikit.elastic.models.Model(model)
+
+MAX_KERAS_STEPS = 2**63 - 1  # the GA optimizer's steps live in an int64 variable
 
 # "ragged" needs micro-batches of different sizes, which Keras' fit cannot feed
 KERAS_POLICIES = tuple(p for p in POLICIES if p != "ragged")
@@ -54,9 +57,14 @@ def init(
     g = positive_int(global_batch_size, "global_batch_size")
     m = positive_int(max_gpu_batch_size, "max_gpu_batch_size")
     if policy not in KERAS_POLICIES:
-        raise ValueError(
+        raise InvalidValue(
             f"policy must be one of {KERAS_POLICIES} for Keras, got {policy!r}: Keras' fit feeds "
             "micro-batches of one size, so 'ragged' plans are for the PyTorch adapter"
+        )
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise InvalidType(
+            f"strategy must be a tf.distribute.Strategy object, got {strategy!r:.60}: pass e.g. "
+            "tf.distribute.MirroredStrategy(), or leave strategy out to use every device found"
         )
     chosen = strategy or strategies.available_strategy()
     hvd = strategies.horovod()
@@ -64,15 +72,20 @@ def init(
     if gpus is not None:
         gpus = positive_int(gpus, "gpus")
         if gpus > available:
-            raise ValueError(
+            raise InvalidValue(
                 f"gpus={gpus} but only {available} device(s) can be used here "
                 f"({type(chosen).__name__}): pass gpus={available} or fewer, or leave gpus out"
             )
     new_plan = make_plan(g, m, gpus or available, policy=policy, rank=hvd.rank() if hvd else strategies.rank(chosen))
+    if new_plan.steps > MAX_KERAS_STEPS:
+        raise InvalidValue(
+            f"global_batch_size {g} needs {new_plan.steps} GA steps of at most {m} samples, more than the "
+            f"{MAX_KERAS_STEPS} Keras' step counter (an int64 variable) can hold: use a smaller global batch"
+        )
     if hvd is None:
         chosen = strategies.mirrored_on(chosen, new_plan.gpus)
     elif new_plan.gpus != hvd.size():
-        raise ValueError(
+        raise InvalidValue(
             f"the plan uses {new_plan.gpus} of the {hvd.size()} Horovod processes (global_batch_size {g}), "
             f"but every process must train: launch {new_plan.gpus} process(es), or use a global batch "
             f"that splits evenly over {hvd.size()}"

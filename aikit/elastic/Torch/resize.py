@@ -36,12 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aikit.elastic.Torch import distributed, random_state
+from aikit.elastic.Torch import checkpoint, distributed, random_state
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
-CHECKPOINT = "aikit_state.pt"
 FORMAT = 1
 
 
@@ -49,8 +48,9 @@ class ElasticState:
     """The state a run resumes from after workers join or leave, kept in ``directory``.
 
     ``objects`` are what to keep, by name: anything with ``state_dict()``/``load_state_dict()``
-    (model, optimizer, LR scheduler, GradScaler) or a plain picklable value (read and set it as
-    ``state.<name>``). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
+    (model, optimizer, LR scheduler, GradScaler) or a plain data value (read and set it as
+    ``state.<name>``: tensors, arrays, numbers, strings, and lists, tuples and dicts of them; see
+    :mod:`aikit.elastic.Torch.checkpoint`). A :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` among them
     carries the epoch, step and sampler position; its sampler is re-dealt to the workers there
     are on restore. ``fsync=False`` skips flushing each commit to disk: it still survives any
     process being killed, not a crash of the host that holds ``directory``.
@@ -89,9 +89,10 @@ class ElasticState:
             super().__setattr__(name, value)
 
     @property
-    def path(self) -> Path:
-        """The checkpoint file of the last commit."""
-        return self.directory / CHECKPOINT
+    def path(self) -> Path | None:
+        """The newest commit file in the directory (None before the first commit)."""
+        found = checkpoint.commit_files(self.directory)
+        return found[0][1] if found else None
 
     @property
     def epoch(self) -> int:
@@ -139,19 +140,19 @@ class ElasticState:
                     f"commit() in the middle of an update: {name} has {obj.position} of its {obj.steps} "
                     "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
                 )
-        self.commits += 1
+        number = self.commits + 1  # counted once written: a failed commit changes nothing
         if distributed.rank() == 0:
             payload = {
                 "format": FORMAT,
-                "commit": self.commits,
+                "commit": number,
                 "time": time.time(),
                 "world_size": distributed.world_size(),
                 "schedule": self._schedule_identity(),
                 "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
                 "rng": random_state.get_state(),
             }
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _atomic_save(payload, self.path, self.fsync)
+            checkpoint.write(self.directory, number, payload, fsync=self.fsync)
+        self.commits = number
         if _horovod_elastic():
             self._check_every_worker_commits()
             self._horovod_state().check_host_updates()
@@ -197,8 +198,7 @@ class ElasticState:
 
     def sync(self) -> bool:
         """Same as :meth:`restore`; the name ``hvd.elastic.run`` calls after every reset."""
-        found = self.path.exists() if distributed.rank() == 0 else None
-        payload = torch.load(self.path, map_location="cpu", weights_only=False) if found else None
+        payload = checkpoint.read_latest(self.directory) if distributed.rank() == 0 else None
         payload = _broadcast_object((payload, time.time_ns()))
         payload, self.incarnation = payload
         if payload is None:
@@ -327,27 +327,6 @@ def _world() -> tuple[int, int]:
 
 def _state_of(obj):
     return obj.state_dict() if hasattr(obj, "state_dict") else obj
-
-
-def _atomic_save(payload: dict, path: Path, fsync: bool = True) -> None:
-    """Write ``payload`` to ``path`` so a reader sees the old file or the new one, whole.
-
-    The rename alone is atomic for any process that dies; ``fsync`` also makes the file and the
-    rename survive a crash of the host (or its power) that holds the directory.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _set_rng_state(state: dict, rank: int) -> None:

@@ -14,6 +14,8 @@ from numbers import Integral
 
 from torch.utils.data import Sampler
 
+from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.plan import index_in
 from aikit.core.schedule import EpochSchedule, Schedule
 from aikit.core.trace import Trace, load_trace
 from aikit.elastic.Torch.collectives import world
@@ -52,7 +54,7 @@ class CustomSampler(Sampler[list[int]]):
         global _latest
         size = _dataset_size(dataset, dataset_size)
         if trace is None:
-            raise ValueError("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
+            raise InvalidValue("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
         if num_replicas is None or rank is None:
             engine_replicas, engine_rank = world()
             num_replicas = engine_replicas if num_replicas is None else num_replicas
@@ -118,7 +120,7 @@ class CustomSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next ``set_epoch(state['epoch'])`` keeps the position."""
         if state["seed"] != self.schedule.seed or state["num_replicas"] != self.num_replicas:
-            raise ValueError(
+            raise InvalidValue(
                 f"sampler state is for seed {state['seed']} and {state['num_replicas']} replicas, this sampler "
                 f"has seed {self.schedule.seed} and {self.num_replicas}: build it with the settings of the run "
                 "that saved it"
@@ -140,28 +142,26 @@ class CustomSampler(Sampler[list[int]]):
         plan = self.schedule.epoch(epoch)
         counts = plan.counts(self.rank)
         if not 0 <= step <= len(counts) or not 0 <= micro <= (counts[step] if step < len(counts) else 0):
-            raise ValueError(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
+            raise InvalidValue(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
         self.epoch_schedule, self._start, self._resumed = plan, (step, micro), True
         self.step, self.micro = step, micro
 
 
 def _checked_rank(rank: object, num_replicas: int) -> int:
-    if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < num_replicas:
-        raise ValueError(f"rank must be an integer in 0..{num_replicas - 1}, got {rank!r}")
-    return int(rank)
+    return index_in(rank, "rank", num_replicas)
 
 
 def _dataset_size(dataset: Sized | int | None, dataset_size: int | None) -> int:
     if dataset is not None and dataset_size is not None:
-        raise ValueError("give the data set or dataset_size=, not both")
+        raise InvalidValue("give the data set or dataset_size=, not both")
     if dataset is None and dataset_size is None:
-        raise ValueError("CustomSampler needs the data set (or its size) as first argument, or dataset_size=")
+        raise InvalidValue("CustomSampler needs the data set (or its size) as first argument, or dataset_size=")
     source = dataset if dataset is not None else dataset_size
-    if isinstance(source, Integral):
+    if isinstance(source, Integral) or dataset is None:
         return source  # validated by the Schedule
-    try:
-        return len(source)
-    except TypeError:
-        raise ValueError(
-            f"CustomSampler needs a sized Dataset or an int, got {type(source).__name__}: pass dataset_size="
-        ) from None
+    if isinstance(source, (str, bytes, float)) or not isinstance(source, Sized):
+        raise InvalidType(
+            f"CustomSampler needs a sized Dataset or an int, got {type(source).__name__} "
+            f"{source!r:.40}: pass the Dataset, or its size as an int (dataset_size=1000)"
+        )
+    return len(source)

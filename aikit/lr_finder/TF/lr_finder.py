@@ -20,6 +20,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from aikit.core import lr_range
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.lr_finder.results import RangeTestResults
@@ -62,6 +63,9 @@ class LRFinder(RangeTestResults):
                 "the optimizer's learning rate is a LearningRateSchedule; the range test sets the LR "
                 "itself: run it with an optimizer built with a float learning_rate"
             )
+        if not model.trainable_variables:
+            raise InvalidValue("the model has no trainable weights: the range test trains them, so give it a model "
+                               "with trainable weights")
         self.model = model
         self.optimizer = optimizer
         if isinstance(criterion, str):
@@ -182,7 +186,10 @@ class LRFinder(RangeTestResults):
         """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
         total_loss, total_grads = 0.0, None
         for _ in range(accumulation_steps):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(next(batches))
+            batch = next(batches, None)
+            if batch is None:
+                raise InvalidValue("train_data yields no batches: give the range test data to train on")
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
             grads, loss = self._gradients(x, y, sample_weight, accumulation_steps)
             total_grads = grads if total_grads is None else [a + b for a, b in zip(total_grads, grads, strict=True)]
             total_loss += float(loss)
@@ -197,6 +204,8 @@ class LRFinder(RangeTestResults):
             count = int(tf.shape(tf.nest.flatten(x)[0])[0])
             running_loss += float(self._evaluate(x, y, sample_weight, False)) * count
             samples += count
+        if not samples:
+            raise InvalidValue("val_data yields no samples: give a validation set with data, or leave val_data out")
         return running_loss / samples
 
     def _loss_of_batch(self, x, y, sample_weight, training: bool):

@@ -7,6 +7,10 @@ Subclass ``TrainDataLoaderIter`` or ``ValDataLoaderIter`` and override
 
 from __future__ import annotations
 
+from aikit.core.errors import InvalidValue
+
+_EMPTY = object()
+
 
 class DataLoaderIter:
     """Wraps a ``DataLoader`` and turns each batch into ``(inputs, labels)``."""
@@ -51,7 +55,9 @@ class TrainDataLoaderIter(DataLoaderIter):
             if not self.auto_reset:
                 raise
             self._iterator = iter(self.data_loader)
-            batch = next(self._iterator)
+            batch = next(self._iterator, _EMPTY)
+            if batch is _EMPTY:
+                raise InvalidValue("train_loader yields no batches: give the range test data to train on") from None
         return self.inputs_labels_from_batch(batch)
 
 

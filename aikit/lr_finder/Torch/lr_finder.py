@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from aikit.core import lr_range
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
@@ -86,7 +87,11 @@ class LRFinder(RangeTestResults):
         self.amp_config = amp_config
         self.grad_scaler = grad_scaler
 
-        self.model_device = next(self.model.parameters()).device
+        first = next(self.model.parameters(), None)
+        if first is None:
+            raise InvalidValue("the model has no parameters: the range test trains them, so give it a model with "
+                               "parameters (and an optimizer over them)")
+        self.model_device = first.device
         self.state_cacher = StateCacher(memory_cache, cache_dir=cache_dir)
         self.state_cacher.store("model", self.model.state_dict())
         self.state_cacher.store("optimizer", self.optimizer.state_dict())
@@ -116,13 +121,18 @@ class LRFinder(RangeTestResults):
         non_blocking_transfer: bool = True,
         *,
         progress_bar: bool = True,
+        val_average: str = "dataset",
     ) -> None:
         """Train ``num_iter`` updates while the LR climbs to ``end_lr``; fill ``self.history``.
 
         Each param group climbs from its own LR (or ``start_lr``, a number or one per group)
         to ``end_lr``; ``history["lr"]`` records the first group's. The recorded loss is the
         training loss of the update (the mean over ``accumulation_steps`` micro-batches), or,
-        with ``val_loader``, the mean loss over the validation set, smoothed by ``smooth_f``.
+        with ``val_loader``, the validation loss, smoothed by ``smooth_f``: by default exactly
+        torch-lr-finder's, the loss summed over the batches (each batch's mean times
+        ``len(labels)``) divided by ``len(val_loader.dataset)``; ``val_average="seen"`` divides
+        by the samples the loader actually yielded instead (the true per-sample mean when the
+        loader's sampler covers only part of its data set).
         The test stops after a loss above ``diverge_th`` times the best, or a non-finite one.
         The groups' LRs are put back afterwards; ``reset()`` restores the weights as well.
         """
@@ -136,6 +146,11 @@ class LRFinder(RangeTestResults):
         tracker = lr_range.LossTracker(smooth_f, diverge_th)
         accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
         train_iter = self._wrap(train_loader, "train_loader", DataLoader, TrainDataLoaderIter)
+        if val_average not in ("dataset", "seen"):
+            raise ValueError(
+                f"val_average must be 'dataset' (torch-lr-finder's: divide by len(val_loader.dataset)) or "
+                f"'seen' (divide by the samples the loader yielded), got {val_average!r}"
+            )
         val_iter = None
         if val_loader is not None:
             val_iter = self._wrap(val_loader, "val_loader", DataLoader, ValDataLoaderIter)
@@ -148,7 +163,7 @@ class LRFinder(RangeTestResults):
                     group["lr"] = schedule[iteration]
                 loss = self._train_batch(train_iter, accumulation_steps, non_blocking_transfer)
                 if val_iter is not None:
-                    loss = self._validate(val_iter, non_blocking_transfer)
+                    loss = self._validate(val_iter, non_blocking_transfer, val_average)
                 else:
                     loss = self._rank_mean(loss)
                 self.history["lr"].append(schedules[0][iteration])
@@ -185,8 +200,10 @@ class LRFinder(RangeTestResults):
             self.optimizer.step()
         return total_loss
 
-    def _validate(self, val_iter, non_blocking_transfer: bool = True) -> float:
-        """Mean loss per sample over the whole validation set (over every rank's share)."""
+    def _validate(self, val_iter, non_blocking_transfer: bool = True, average: str = "dataset") -> float:
+        """The validation loss summed over every rank's batches (batch mean x ``len(labels)``,
+        as torch-lr-finder counts), divided by ``len(val_iter.dataset)`` or, with
+        ``average="seen"``, by the samples the batches held."""
         running_loss, samples = 0.0, 0
         self.model.eval()
         with torch.no_grad():
@@ -199,7 +216,10 @@ class LRFinder(RangeTestResults):
             totals = torch.tensor([running_loss, samples], dtype=torch.float64, device=self.device)
             dist.all_reduce(totals)
             running_loss, samples = totals.tolist()
-        return running_loss / samples
+        if not samples:
+            raise InvalidValue("val_loader yields no samples: give a validation loader with data, or leave "
+                               "val_loader out")
+        return running_loss / (samples if average == "seen" else len(val_iter.dataset))
 
     def _no_sync(self, last: bool):
         """DDP all-reduces gradients only on the last micro-batch of an update."""

@@ -1,0 +1,35 @@
+"""The errors aikit raises for bad input and failed file operations: one vocabulary for every module.
+
+Each is a subclass of :class:`AikitError` and of the built-in exception a Python user already
+catches for that kind of fault, so ``except ValueError`` keeps working and ``except AikitError``
+tells an aikit refusal (with the value and the fix in its message) from a bug's traceback.
+A wrong type is both a ``TypeError`` and a ``ValueError``, as NumPy's ``AxisError`` is both a
+``ValueError`` and an ``IndexError``: code that caught the ``ValueError`` aikit raised before
+types were checked keeps working.
+"""
+
+from __future__ import annotations
+
+
+class AikitError(Exception):
+    """Base of every error aikit raises on purpose."""
+
+
+class InvalidValue(AikitError, ValueError):
+    """An argument or a file entry with a value aikit cannot use; the message names it and the fix."""
+
+
+class InvalidType(AikitError, TypeError, ValueError):
+    """An argument of the wrong type (``dataset_size='100'``, ``seed=1.7``); the message names it."""
+
+
+class TraceFileError(InvalidValue):
+    """A trace file that cannot be read as ``step,batchsize`` CSV; the message names the file and line."""
+
+
+class CheckpointError(InvalidValue):
+    """A checkpoint file that cannot be trusted (corrupt, truncated, not aikit's); names the file and why."""
+
+
+class CommitError(AikitError, OSError):
+    """A commit that could not be written (disk full, read-only, ...); nothing was changed by it."""

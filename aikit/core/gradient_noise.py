@@ -1,0 +1,144 @@
+"""Gradient noise from the gradients GA already computes: |G|², tr(Σ), the noise scale, AdaScale.
+
+Every update of a data-parallel, accumulating run holds several *parts* of one global batch: the
+micro-batches of one process, or each replica's local accumulated gradient. Each part's gradient
+``g_j`` is the mean over its ``b_j`` samples, and the update's gradient is their sample-weighted
+mean ``ḡ = Σ_j (b_j / B) g_j`` over ``B = Σ_j b_j`` samples. With per-sample gradients drawn
+i.i.d. with mean ``G`` and covariance ``Σ``:
+
+    E |g_j|² = |G|² + tr(Σ) / b_j            E |ḡ|² = |G|² + tr(Σ) / B
+
+so with ``A = Σ_j (b_j / B) |g_j|²`` (whose expectation is ``|G|² + k·tr(Σ)/B`` for ``k`` non-empty
+parts), two unbiased estimates follow from norms alone, exact for ragged parts too:
+
+    tr(Σ) = (A - |ḡ|²) · B / (k - 1)          |G|² = |ḡ|² - tr(Σ) / B
+
+(McCandlish et al., 2018, "An Empirical Model of Large-Batch Training", appendix A, generalised
+to unequal parts). Their ratio ``tr(Σ) / |G|²`` is the *simple noise scale*: the batch size
+around which a larger batch stops paying. Each single estimate is very noisy, so
+:class:`NoiseTracker` smooths numerator and denominator separately (their ratio of averages,
+as the paper advises) with a bias-corrected exponential average.
+
+AdaScale (Johnson et al., 2020) and Pollux (Qiao et al., OSDI'21) use the same two numbers: the
+*gain* of batch ``B`` over a base batch ``B0`` is ``r = (tr(Σ)/B0 + |G|²) / (tr(Σ)/B + |G|²)``,
+between 1 (no noise: a bigger batch adds nothing) and ``B / B0`` (pure noise: it is worth
+``B / B0`` base steps); the *statistical efficiency* ``r · B0 / B`` is the progress per sample
+relative to the base batch.
+
+Framework-free: the adapters compute squared norms with their own tensors and pass floats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aikit.core.plan import positive_int
+
+__all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "gain"]
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """Unbiased estimates of ``|G|²`` (squared norm of the true gradient) and ``tr(Σ)`` (the
+    trace of the per-sample gradient covariance) from one update. Either may come out negative
+    from a single noisy update; only averages of many are meaningful."""
+
+    grad_sq: float
+    trace: float
+
+    @property
+    def noise_scale(self) -> float:
+        """``tr(Σ) / |G|²``, the simple noise scale (inf when ``|G|²`` is not positive)."""
+        return self.trace / self.grad_sq if self.grad_sq > 0 else math.inf
+
+
+def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_sq_norm: float) -> NoiseEstimate:
+    """Unbiased ``|G|²`` and ``tr(Σ)`` from one update's parts (see the module docstring).
+
+    ``part_sq_norms[j]`` is ``|g_j|²`` for the mean gradient of part ``j`` over its
+    ``part_samples[j]`` samples (a part with no samples is ignored: an idle replica), and
+    ``mean_sq_norm`` is ``|ḡ|²`` for the sample-weighted mean of the parts (the update's gradient).
+    Needs at least two non-empty parts: one part alone cannot tell noise from signal.
+    """
+    if len(part_sq_norms) != len(part_samples):
+        raise ValueError(
+            f"part_sq_norms has {len(part_sq_norms)} entries but part_samples has {len(part_samples)}: "
+            "give one squared norm and one sample count per part"
+        )
+    parts = []
+    for j, (norm, samples) in enumerate(zip(part_sq_norms, part_samples, strict=True)):
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ValueError(f"part_samples[{j}] must be a non-negative integer, got {samples!r}")
+        if not (math.isfinite(norm) and norm >= 0):
+            raise ValueError(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
+        if samples:
+            parts.append((float(norm), samples))
+    if not (math.isfinite(mean_sq_norm) and mean_sq_norm >= 0):
+        raise ValueError(f"mean_sq_norm must be a finite squared norm (>= 0), got {mean_sq_norm!r}")
+    if len(parts) < 2:
+        raise ValueError(
+            f"estimating gradient noise needs at least two parts with samples, got {len(parts)}: "
+            "accumulate over two or more micro-batches, or train on two or more replicas"
+        )
+    total = sum(samples for _, samples in parts)
+    weighted = sum(norm * samples for norm, samples in parts) / total
+    trace = (weighted - mean_sq_norm) * total / (len(parts) - 1)
+    return NoiseEstimate(grad_sq=mean_sq_norm - trace / total, trace=trace)
+
+
+def gain(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:
+    """AdaScale's gain of ``batch`` over ``base_batch``: how many base-batch steps one step is
+    worth, in ``[1, batch / base_batch]`` for ``batch >= base_batch``. Negative estimates (noise)
+    count as zero: with no measured signal a step is worth ``batch / base_batch`` base steps."""
+    batch, base_batch = positive_int(batch, "batch"), positive_int(base_batch, "base_batch")
+    trace, grad_sq = max(trace, 0.0), max(grad_sq, 0.0)
+    if trace == 0 and grad_sq == 0:
+        return 1.0
+    return (trace / base_batch + grad_sq) / (trace / batch + grad_sq)
+
+
+def efficiency(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:
+    """Pollux's statistical efficiency of ``batch``: progress per sample relative to
+    ``base_batch`` (1 at the base batch, falling towards ``base_batch / batch`` as noise vanishes)."""
+    return gain(trace, grad_sq, batch, base_batch) * positive_int(base_batch, "base_batch") / batch
+
+
+class NoiseTracker:
+    """Smoothed ``|G|²`` and ``tr(Σ)`` over updates: a bias-corrected exponential average of
+    each (Adam's correction, so the first updates are not pulled towards zero).
+
+    ``decay`` is the weight of the past, e.g. 0.95 averages over about 20 updates.
+    """
+
+    def __init__(self, decay: float = 0.95) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
+            raise ValueError(f"decay must be a number in [0, 1), got {decay!r}")
+        self.decay = float(decay)
+        self.updates = 0
+        self._grad_sq = 0.0
+        self._trace = 0.0
+
+    def update(self, noise: NoiseEstimate) -> NoiseEstimate:
+        """Fold in one update's estimate; returns the smoothed estimate."""
+        self.updates += 1
+        self._grad_sq = self.decay * self._grad_sq + (1 - self.decay) * noise.grad_sq
+        self._trace = self.decay * self._trace + (1 - self.decay) * noise.trace
+        return self.smoothed
+
+    @property
+    def smoothed(self) -> NoiseEstimate:
+        if not self.updates:
+            raise ValueError("no update folded in yet: call update() first")
+        correction = 1 - self.decay**self.updates
+        return NoiseEstimate(grad_sq=self._grad_sq / correction, trace=self._trace / correction)
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "updates": self.updates, "grad_sq": self._grad_sq, "trace": self._trace}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"decay", "updates", "grad_sq", "trace"}:
+            raise ValueError(f"not a NoiseTracker state: keys {sorted(state)}")
+        values = float(state["decay"]), int(state["updates"]), float(state["grad_sq"]), float(state["trace"])
+        self.decay, self.updates, self._grad_sq, self._trace = values  # all converted before any is set

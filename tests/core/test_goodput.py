@@ -1,0 +1,159 @@
+"""aikit.core.goodput: the throughput model and the controller that picks the global batch.
+
+The controller's choice is checked against a closed form: with one device, no GA and
+``seconds = per_sample * B + per_update``, goodput ∝ B / ((per_sample·B + per_update)(φ + B))
+for noise scale φ, whose maximum is at B* = sqrt(per_update · φ / per_sample)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aikit.core.goodput import GoodputController, ThroughputModel
+from aikit.core.gradient_noise import NoiseEstimate
+from aikit.core.plan import make_plan
+
+
+def timed(model_coefficients, plan):
+    per_micro, per_sample, per_update = model_coefficients
+    return plan.steps * (per_micro + per_sample * plan.batch_size) + per_update
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    per_micro=st.floats(0, 0.1), per_sample=st.floats(1e-4, 1e-2), per_update=st.floats(0, 0.5),
+)
+def test_the_throughput_model_recovers_exact_coefficients(per_micro, per_sample, per_update):
+    model = ThroughputModel()
+    for micro, steps in [(8, 1), (32, 1), (32, 4), (16, 2)]:
+        model.observe(micro, steps, steps * (per_micro + per_sample * micro) + per_update)
+    found = model.coefficients()
+    assert found == pytest.approx((per_micro, per_sample, per_update), abs=1e-9)
+
+
+def test_one_slow_update_does_not_move_the_fit():
+    model = ThroughputModel()
+    for micro in (8, 16, 32):
+        for seconds in (0.01 * micro + 0.1,) * 4 + (50.0,) * (micro == 16):
+            model.observe(micro, 1, seconds)
+    assert model.seconds(64, 1) == pytest.approx(0.01 * 64 + 0.1)
+
+
+def test_with_few_configurations_the_model_assumes_what_it_can_identify():
+    model = ThroughputModel()
+    model.observe(32, 2, 1.5)  # truth: 0.02 s per sample + 0.22 s per update
+    assert model.coefficients() == pytest.approx((0, 1.5 / 64, 0))  # time proportional to samples
+    model.observe(64, 2, 2.78)
+    assert model.coefficients() == pytest.approx((0, 0.02, 0.22))
+
+
+def controller_after(batch_noise, coefficients, *, devices=1, max_device=10_000, **bounds):
+    """A controller that has timed one update at each of three batches and seen the noise."""
+    trace, grad_sq = batch_noise
+    c = GoodputController(max_device, devices, **bounds)
+    for batch in (c.base_batch, 2 * c.base_batch, 4 * c.base_batch):
+        c.batch = batch
+        c.observe(timed(coefficients, c.plan(batch)), NoiseEstimate(grad_sq=grad_sq, trace=trace))
+    c.batch = c.base_batch
+    return c
+
+
+@pytest.mark.parametrize("phi", [100.0, 900.0, 4000.0])
+def test_the_controller_finds_the_closed_form_optimum(phi):
+    per_sample, per_update = 1e-3, 0.2
+    c = controller_after((phi, 1.0), (0.0, per_sample, per_update), base_batch=16, max_batch=4096)
+    optimum = math.sqrt(per_update * phi / per_sample)
+    assert c.propose() == pytest.approx(optimum, abs=1)
+    assert c.changes[-1][:3] == (3, 16, c.batch)
+
+
+def test_no_noise_keeps_the_base_batch():
+    # a noiseless gradient: a bigger batch adds no progress, only time
+    c = controller_after((0.0, 1.0), (0.0, 1e-3, 0.2), base_batch=64, max_batch=4096)
+    assert c.propose() is None and c.batch == 64
+
+
+def test_more_devices_make_a_bigger_batch_pay():
+    # the same noise and per-sample cost; 8 devices process 8 micro-batches at once
+    one = controller_after((500.0, 1.0), (0.01, 1e-3, 0.05), devices=1, max_device=64, base_batch=64, max_batch=2048)
+    eight = controller_after((500.0, 1.0), (0.01, 1e-3, 0.05), devices=8, max_device=64, base_batch=64,
+                             max_batch=2048)
+    assert (eight.propose() or eight.batch) > (one.propose() or one.batch)
+
+
+def test_a_change_needs_more_than_the_threshold():
+    # goodput at the optimum (424) is 4.5 % above the base batch's: no change at 5 %, a change at 3 %
+    per_sample, per_update, phi = 1e-3, 0.2, 900.0
+    base = 270
+
+    def rel(b):
+        return b / ((per_sample * b + per_update) * (phi + b))
+
+    gain = rel(424) / rel(base)
+    assert 1.03 < gain < 1.05
+    kept = controller_after((phi, 1.0), (0.0, per_sample, per_update), base_batch=base, max_batch=4096)
+    assert kept.propose() is None
+    moved = controller_after((phi, 1.0), (0.0, per_sample, per_update), base_batch=base, max_batch=4096,
+                             threshold=0.03)
+    assert moved.propose() == pytest.approx(424, abs=1)
+
+
+def test_every_update_is_recorded_for_replay_and_the_state_resumes_exactly():
+    c = controller_after((900.0, 1.0), (0.0, 1e-3, 0.2), base_batch=16, max_batch=4096)
+    new = c.propose()
+    c.observe(0.5, NoiseEstimate(1.0, 800.0))
+    assert c.batches == [16, 32, 64, new]
+    again = GoodputController(10_000, base_batch=16, max_batch=4096)
+    again.load_state_dict(c.state_dict())
+    assert again.state_dict() == c.state_dict()
+    assert again.goodput(100) == c.goodput(100)
+
+
+def test_nothing_is_proposed_before_an_update_is_timed():
+    c = GoodputController(64, base_batch=64, max_batch=512)
+    assert c.propose() is None
+
+
+def test_candidates_cover_the_bounds_in_steps_of_the_device_count():
+    c = GoodputController(64, 4, base_batch=64, max_batch=200, min_batch=10)
+    found = c.candidates().tolist()
+    assert found[0] == 10 and found[-1] == 200 and 12 in found and 13 not in found and 64 in found
+    huge = GoodputController(64, 1, base_batch=64, max_batch=10**9)
+    assert len(huge.candidates()) <= 1004
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"base_batch": 64, "max_batch": 32}, r"min_batch <= base_batch <= max_batch, got 64, 64, 32"),
+        ({"base_batch": 64, "max_batch": 128, "min_batch": 100}, "got 100, 64, 128"),
+        ({"base_batch": 64, "max_batch": 128, "threshold": -1}, "threshold must be a non-negative fraction"),
+        ({"base_batch": 0, "max_batch": 128}, "base_batch must be a positive integer, got 0"),
+        ({"base_batch": 65, "max_batch": 128, "policy": "error"}, "global_batch_size 65 does not split evenly"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GoodputController(32, 2, **kwargs)
+
+
+def test_bad_timings_and_states_are_refused():
+    model = ThroughputModel()
+    for bad in (0, -1.0, math.nan, math.inf, True):
+        with pytest.raises(ValueError, match="seconds must be a positive finite duration"):
+            model.observe(8, 1, bad)
+    with pytest.raises(ValueError, match="no update timed yet"):
+        model.coefficients()
+    c = GoodputController(64, base_batch=64, max_batch=512)
+    before = c.state_dict()
+    with pytest.raises(ValueError):
+        c.load_state_dict({**before, "batches": [64, "x"]})
+    assert c.state_dict() == before
+
+
+def test_the_plan_is_aikits():
+    c = GoodputController(48, 3, base_batch=96, max_batch=1000)
+    assert c.plan(256) == make_plan(256, 48, 3)

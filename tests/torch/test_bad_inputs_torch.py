@@ -1,0 +1,84 @@
+"""Issue 13's bad inputs to the PyTorch adapters: CustomSampler's types and the LR finder's
+empty data and empty model, each an aikit error naming the argument and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
+
+from aikit.cli import main
+from aikit.core.errors import AikitError, InvalidType, InvalidValue
+from aikit.core.trace import Trace
+from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.lr_finder.Torch import LRFinder
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error", "message"), [
+    ((), dict(dataset_size="100", trace=2, minibatch_size=1), InvalidType,
+     "dataset_size must be a positive integer, got '100'"),
+    (("100", 2), dict(minibatch_size=1), InvalidType, "CustomSampler needs a sized Dataset or an int, got str '100'"),
+    ((100, 2), dict(minibatch_size=1, seed=1.7), InvalidType, "seed must be a non-negative integer, got 1.7"),
+    ((100, 2), dict(minibatch_size=1, num_replicas=2, rank="0"), InvalidType,
+     r"rank must be an integer in 0..1, got '0'"),
+    ((100, 2), dict(minibatch_size=1, num_replicas=2, rank=2), InvalidValue, r"rank must be an integer in 0..1, got 2"),
+    ((100, 2), dict(minibatch_size=1, num_replicas=2.0, rank=0), InvalidType,
+     "num_replicas must be a positive integer, got 2.0"),
+])
+def test_custom_sampler_refuses_wrong_types_by_name(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        CustomSampler(*args, **kwargs)
+
+
+def test_a_string_data_set_is_not_measured_with_len():
+    """The bug: CustomSampler(dataset_size='100', ...) trained on a 3-sample data set."""
+    with pytest.raises(InvalidType):
+        CustomSampler(dataset_size="100", trace=2, minibatch_size=1)
+    assert CustomSampler(dataset_size=100, trace=2, minibatch_size=1).dataset_size == 100
+
+
+def finder(model=None):
+    model = model if model is not None else torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters() if list(model.parameters()) else [torch.zeros(1)], lr=1e-3)
+    return LRFinder(model, optimizer, torch.nn.MSELoss())
+
+
+def loader(samples: int) -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(samples, 2), torch.randn(samples, 1)), batch_size=4)
+
+
+def test_lr_finder_names_an_empty_train_loader():
+    with pytest.raises(InvalidValue, match="train_loader yields no batches: give the range test data to train on"):
+        finder().range_test(loader(0), num_iter=3, progress_bar=False)
+
+
+def test_lr_finder_names_an_empty_val_loader():
+    with pytest.raises(InvalidValue, match="val_loader yields no samples: give a validation loader with data, or "
+                       "leave val_loader out"):
+        finder().range_test(loader(8), val_loader=loader(0), num_iter=3, progress_bar=False)
+
+
+def test_lr_finder_names_a_model_without_parameters():
+    with pytest.raises(InvalidValue, match="the model has no parameters: the range test trains them"):
+        finder(torch.nn.ReLU())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 12).map(lambda k: 4 * k), min_size=1, max_size=6),
+       dataset_size=st.integers(1, 60), minibatch=st.sampled_from([1, 2, 4, 8]), replicas=st.integers(1, 3),
+       when_exhausted=st.sampled_from([None, "error", "stop", "repeat_last", "cycle"]))
+def test_trace_check_refuses_exactly_what_custom_sampler_refuses(tmp_path, capsys, sizes, dataset_size, minibatch,
+                                                                 replicas, when_exhausted):
+    path = tmp_path / "trace.csv"
+    Trace(sizes).to_csv(path)
+    try:
+        CustomSampler(dataset_size, str(path), replicas, 0, minibatch, when_exhausted=when_exhausted)
+        accepted = True
+    except AikitError:
+        accepted = False
+    argv = ["trace", "check", str(path), "--minibatch-size", str(minibatch), "--dataset-size", str(dataset_size),
+            "--replicas", str(replicas)] + (["--when-exhausted", when_exhausted] if when_exhausted else [])
+    assert (main(argv) == 0) == accepted
+    capsys.readouterr()
