@@ -16,17 +16,21 @@ trap 'rm -rf "$WORK"' EXIT
 export TF_CPP_MIN_LOG_LEVEL=2 MPLBACKEND=Agg PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_NUM_THREADS=1
 unset PYTHONPATH
 
-cpu_seconds() {  # CPU time of this script's finished children so far (wall time on a loaded machine misleads)
-    times >"$WORK/times"  # in this shell: a pipe would run `times` in a subshell without these children
-    tail -1 "$WORK/times" | awk '{ split($1, u, /[ms]/); split($2, k, /[ms]/); printf "%d", u[1] * 60 + u[2] + k[1] * 60 + k[2] }'
+cpu_now() {  # CPU_NOW: CPU seconds of this script's finished children (wall time on a loaded machine misleads)
+    local user system
+    times >"$WORK/times"  # in this shell: in a subshell (a pipe, $(...)) these children would not count
+    read -r user system <<<"$(tail -1 "$WORK/times" | sed 's/m/ /g; s/s//g' | awk '{ print $1 * 60 + $2, $3 * 60 + $4 }')"
+    CPU_NOW=$(awk -v u="$user" -v s="$system" 'BEGIN { printf "%d", u + s }')
 }
 
 step() {  # step NAME COMMAND...: run it, print how long it took (wall and CPU)
     local name="$1" start=$SECONDS cpu
-    cpu="$(cpu_seconds)"
+    cpu_now
+    cpu=$CPU_NOW
     shift
     "$@"
-    echo "wheel test: $name: $((SECONDS - start)) s ($(($(cpu_seconds) - cpu)) s CPU)"
+    cpu_now
+    echo "wheel test: $name: $((SECONDS - start)) s ($((CPU_NOW - cpu)) s CPU)"
 }
 
 fails_naming() {  # fails_naming EXTRA COMMAND...: the command must fail and name `aikit[EXTRA]`
@@ -141,4 +145,5 @@ step "core: missing extras named" core
 step "torch: examples" torch_examples
 step "tf: examples" tf_examples
 step "all: integration examples" integration_examples
-echo "wheel test: passed in $((SECONDS - total)) s ($(cpu_seconds) s CPU)"
+cpu_now
+echo "wheel test: passed in $((SECONDS - total)) s ($CPU_NOW s CPU)"
