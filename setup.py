@@ -1,23 +1,43 @@
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
+HERE = Path(__file__).parent
+# the version lives in aikit/__init__.py only (read, not imported: setup must not need numpy)
+VERSION = re.search(r'^__version__ = "([^"]+)"', (HERE / "aikit" / "__init__.py").read_text(), re.M).group(1)
+
+DATA = ["scikit-learn>=1.3"]  # aikit.datasets: the embedded digits
+PLOT = ["matplotlib>=3.6"]  # LRFinder.plot, AutoLRS.plot, `aikit trace plot`
+TORCH = ["torch>=2.1", "safetensors>=0.4.3"]  # safetensors: ElasticState checkpoints
+TF = ["tensorflow>=2.16", "keras>=3.3"]
+LIGHTNING = ["lightning>=2.2"]
+HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.0"]  # Trainer needs accelerate
+DOCS = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"]
+
 setup(
     name="aikit",
-    version="0.1.0",
+    version=VERSION,
     description="Elastic batch sizes for PyTorch and TensorFlow/Keras: plans, gradient "
     "accumulation, batch-size traces, LR range tests and AutoLRS",
-    long_description=Path("README.md").read_text(encoding="utf-8"),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["aikit", "aikit.*"]),
-    install_requires=["numpy>=1.24", "pandas>=2.0", "scipy>=1.10", "tqdm>=4.60", "matplotlib>=3.6"],
+    install_requires=["numpy>=1.24", "pandas>=2.0", "scipy>=1.10", "tqdm>=4.60"],
     extras_require={
-        "torch": ["torch>=2.1", "safetensors>=0.4.3"],
-        "tf": ["tensorflow>=2.16", "keras>=3.3"],
+        # a framework extra brings what its adapters, examples and plots import
+        "torch": [*TORCH, *DATA, *PLOT],
+        "tf": [*TF, *DATA, *PLOT],
+        "data": DATA,
+        "plot": PLOT,
+        "lightning": [*LIGHTNING, *TORCH],
+        "huggingface": [*HUGGINGFACE, *TORCH],
         "horovod": ["horovod==0.28.1"],  # built by scripts/install_horovod.sh (needs a patch)
         "xla": ["torch==2.9.0", "torch_xla==2.9.0"],
-        "dev": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "ruff>=0.5", "scikit-learn>=1.3"],
+        "docs": DOCS,
+        "dev": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "ruff>=0.5", "build>=1.2", "twine>=5",
+                *DATA, *PLOT, *DOCS],
     },
     entry_points={"console_scripts": ["aikit=aikit.cli:main"]},
     classifiers=[

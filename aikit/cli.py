@@ -13,11 +13,13 @@ import math
 import sys
 from pathlib import Path
 
+import aikit
 from aikit.core import plan as plan_module
 from aikit.core import trace as trace_module
 from aikit.core.errors import AikitError, InvalidValue
 from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import TraceExhaustedError, load_trace
+from aikit.optional import require
 
 
 def plan_rows(args: argparse.Namespace) -> tuple[str, int]:
@@ -90,10 +92,8 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
-    import matplotlib
-
     writable(args.output)
-    matplotlib.use("Agg")
+    require("matplotlib", "aikit trace plot").use("Agg")
     import matplotlib.pyplot as plt
 
     trace = load_trace(args.trace)
@@ -138,6 +138,7 @@ def cmd_trace_make(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="aikit", description="Elastic batch sizes: plans and traces.")
+    top.add_argument("--version", action="version", version=f"aikit {aikit.__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="GA steps and micro-batches for 1..8 devices (or --gpus N)")
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.run(args)
-    except (AikitError, ValueError, TypeError, OSError) as error:
+    except (AikitError, ValueError, TypeError, OSError, ModuleNotFoundError) as error:
         print(f"aikit: error: {error}", file=sys.stderr)
         return 2
 

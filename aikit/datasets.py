@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from aikit.optional import require
+
 
 def digits(test_fraction: float = 0.2, seed: int = 0, dtype=np.float32):
     """``(x_train, y_train, x_test, y_test)``: images ``(n, 1, 8, 8)`` scaled to [0, 1]
     (channels first; use ``x.transpose(0, 2, 3, 1)`` for Keras' channels-last) and int64
     labels, split by a seeded, stratified-by-chance shuffle."""
-    from sklearn.datasets import load_digits
+    load_digits = require("sklearn.datasets", "aikit.datasets").load_digits
 
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")

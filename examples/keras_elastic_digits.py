@@ -1,4 +1,4 @@
-"""Seed 002 for Keras: a small CNN on the embedded digits, elastic in its hardware.
+"""Run:AI's AIkit Elastic for Keras: a small CNN on the embedded digits, elastic in its hardware.
 
 The global batch stays 128 whatever runs it; aikit plans GA steps and micro-batches for the
 devices it finds (one CPU: 4 GA steps of 32; two GPUs: MirroredStrategy, 2 steps of 32 each;

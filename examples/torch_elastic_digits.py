@@ -73,7 +73,7 @@ def main() -> float:
     net = cnn().to(device)
     if multi_process:  # one device per process; DDP broadcasts rank 0's weights
         model = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if cuda else None)
-    elif torch.cuda.device_count() > 1:  # one process, every GPU: the seed's recipe
+    elif torch.cuda.device_count() > 1:  # one process, every GPU: Run:AI's AIkit Elastic recipe
         model = nn.DataParallel(net)
     else:
         model = net

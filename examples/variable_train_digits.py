@@ -1,13 +1,13 @@
 """Train a small CNN on the embedded digits with the global batch size read from a trace.
 
-Seed 000/001's MNIST script on scikit-learn's digits: the batch size follows trace.csv (make
+eth-easl's variable batch size MNIST script on scikit-learn's digits: the batch size follows trace.csv (make
 your own with ``aikit trace make``), the CustomSampler deals each step's micro-batches to the
 replicas, and LinearRuleOptimizer accumulates, all-reduces and scales the LR per step.
 
     python examples/variable_train_digits.py
     torchrun --standalone --nproc-per-node 2 examples/variable_train_digits.py
 
-Exits with code 21 when the best test accuracy is under --target (as the seed's script does).
+Exits with code 21 when the best test accuracy is under --target (as eth-easl's script does).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from aikit.core.autolrs import Controller
+from aikit.optional import require
 
 COLOURS = {"warmup": "tab:gray", "range": "tab:purple", "trial": "tab:orange", "train": "tab:blue",
            "anneal": "tab:green", "done": "tab:green"}
@@ -20,7 +21,7 @@ def plot_progress(controller: Controller, path: str | os.PathLike | None = None,
     stage's start marked. A diverged step (NaN/inf, or a loss over ten times the run's median)
     is marked with a red x at the top of the loss panel instead of plotted, so one blow-up does
     not flatten every other point. Saved to ``path`` when given; returns the matplotlib figure."""
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "AutoLRS's plot")
 
     fig, (ax_lr, ax_loss) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
     finite = [r.loss for r in controller.history if math.isfinite(r.loss)]

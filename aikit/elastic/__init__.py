@@ -1,7 +1,7 @@
 """Elastic training: ``aikit.elastic.Torch.init(...)`` or ``aikit.elastic.TF.init(...)``.
 
 After either ``init``, the plan's attributes (``steps``, ``batch_size``, ``global_batch_size``,
-``gpus``, ``master``) can also be read here, as seed 002's README writes them
+``gpus``, ``master``) can also be read here, as Run:AI's AIkit Elastic writes them
 (``aikit.elastic.batch_size``).
 """
 

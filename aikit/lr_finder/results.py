@@ -10,6 +10,7 @@ import os
 from numbers import Real
 
 from aikit.core import lr_range
+from aikit.optional import require
 
 
 class RangeTestResults:
@@ -68,7 +69,7 @@ class RangeTestResults:
         return ax, suggestion.lr
 
     def _draw(self, lrs, losses, log_lr, show_lr, ax, suggestion):
-        import matplotlib.pyplot as plt
+        plt = require("matplotlib.pyplot", "LRFinder.plot()")
 
         fig = None
         if ax is None:

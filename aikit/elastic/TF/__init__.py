@@ -4,11 +4,12 @@
 device), plans GA steps and micro-batches with :func:`aikit.core.plan.make_plan`, and
 publishes ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and
 ``strategy`` here. Wrap the Keras model with :class:`aikit.elastic.TF.model.Model`
-(``models.Model`` is the same class, as seed 002 writes it), compile and fit.
+(``models.Model`` is the same class, as Run:AI's AIkit Elastic writes it), compile and fit.
 """
 
 from __future__ import annotations
 
+from aikit.optional import tensorflow  # noqa: F401  isort: skip  (first: a missing tensorflow names its extra)
 import sys
 
 import tensorflow as tf
@@ -26,7 +27,7 @@ from aikit.elastic.TF.model import Model  # noqa: E402
 from aikit.elastic.TF.trace import fit_trace  # noqa: E402
 
 models = model
-aikit.elastic.models = model  # seed 002 writes aikit.elastic.models.Model(model)
+aikit.elastic.models = model  # Run:AI's AIkit Elastic writes aikit.elastic.models.Model(model)
 
 MAX_KERAS_STEPS = 2**63 - 1  # the GA optimizer's steps live in an int64 variable
 

@@ -7,6 +7,7 @@ or from ``gpus=``; the core plan decides GA steps and micro-batches, and this mo
 
 from __future__ import annotations
 
+from aikit.optional import torch  # noqa: F401  isort: skip  (first: a missing torch names its extra)
 import sys
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)

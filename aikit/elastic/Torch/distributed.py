@@ -179,5 +179,5 @@ def device_count() -> int:
 
 
 def is_master() -> bool:
-    """True on global rank 0 only (the seed's Horovod glue wrongly used the local rank)."""
+    """True on global rank 0 only (Run:AI's AIkit Elastic Horovod glue wrongly used the local rank)."""
     return rank() == 0

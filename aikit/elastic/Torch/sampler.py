@@ -24,7 +24,7 @@ _latest: CustomSampler | None = None
 
 
 def latest_sampler() -> CustomSampler | None:
-    """The CustomSampler created last in this process (seed 001's optimizers take no sampler)."""
+    """The CustomSampler created last in this process (eth-easl's variable batch size optimizers take no sampler)."""
     return _latest
 
 

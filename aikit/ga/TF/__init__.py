@@ -1,5 +1,6 @@
 """Gradient accumulation for Keras 3 (TensorFlow backend): ``optimizers.Optimizer(optimizer, steps)``."""
 
+from aikit.optional import tensorflow  # noqa: F401  isort: skip  (first: a missing tensorflow names its extra)
 from aikit.ga.TF import optimizers
 from aikit.ga.TF.optimizers import Optimizer
 

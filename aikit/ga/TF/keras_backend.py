@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from aikit.optional import require
+
 
 def keras_on_tensorflow():
     """Import Keras with ``KERAS_BACKEND=tensorflow`` (the default we set) and return it.
@@ -14,7 +16,7 @@ def keras_on_tensorflow():
     """
     if "keras" not in sys.modules:
         os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    import keras
+    keras = require("keras", "aikit's Keras adapters")
 
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError(

@@ -1,5 +1,6 @@
 """Gradient accumulation for PyTorch: ``aikit.ga.Torch.optim.Optimizer(optimizer, steps)``."""
 
+from aikit.optional import torch  # noqa: F401  isort: skip  (first: a missing torch names its extra)
 from aikit.ga.Torch import optim
 from aikit.ga.Torch.optim import Optimizer
 

@@ -1,9 +1,12 @@
 """The LR range test for Keras 3 models (TensorFlow backend), with the torch finder's options.
 
-A short training loop of its own (``tf.GradientTape``) rather than ``fit``: the test needs to
-set the LR before every update, accumulate micro-batches into one update and stop on a
-diverging loss, and it must leave the model and optimizer as it found them. The LR sequence,
-smoothing, stop rule and suggestions are ``aikit.core.lr_range``'s.
+On one device, a short training loop of its own (``tf.GradientTape``) rather than ``fit``: the
+test needs to set the LR before every update, accumulate micro-batches into one update and stop
+on a diverging loss, and it must leave the model and optimizer as it found them. A model built
+under a ``tf.distribute`` strategy with several replicas (``MirroredStrategy``, ...) trains
+through ``model.fit`` instead, which splits every batch over the replicas and all-reduces, with
+a callback that sets each update's LR and reads its loss. The LR sequence, smoothing, stop rule
+and suggestions are ``aikit.core.lr_range``'s.
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ class LRFinder(RangeTestResults):
         self.history = {"lr": [], "loss": []}
         self.best_loss = None
         if not optimizer.built:
-            optimizer.build(model.trainable_variables)
+            with model.distribute_strategy.scope():  # a distributed model's slots are mirrored
+                optimizer.build(model.trainable_variables)
         self._cache = _StateCache(memory_cache, cache_dir)
         self._cache.store(model.get_weights() + [v.numpy() for v in optimizer.variables])
 
@@ -116,10 +120,15 @@ class LRFinder(RangeTestResults):
         loss is the update's mean training loss over ``accumulation_steps`` micro-batches, or
         the mean loss over the whole validation set, smoothed; the test stops on divergence or
         a non-finite loss; the optimizer's LR is put back afterwards.
+
+        A model built under a strategy with several replicas trains through ``model.fit``: each
+        update is one batch of ``batch_size`` samples split over the replicas (so
+        ``accumulation_steps`` must be 1; raise ``batch_size`` instead), with the compiled loss
+        and optimizer (no ``criterion``).
         """
         self.history = {"lr": [], "loss": []}
         self.best_loss = None
-        start = float(self.optimizer.learning_rate) if start_lr is None else start_lr
+        start = float(self.optimizer.learning_rate.numpy()) if start_lr is None else start_lr
         schedule = lr_range.lr_sequence(start, end_lr, num_iter, step_mode)
         tracker = lr_range.LossTracker(smooth_f, diverge_th)
         accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
@@ -127,28 +136,57 @@ class LRFinder(RangeTestResults):
         batches = iter(_dataset(train_data, "train_data", batch_size, shuffle).repeat())
         val = None if val_data is None else _dataset(val_data, "val_data", batch_size, shuffle=False)
 
-        lr_before = float(self.optimizer.learning_rate)
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        if replicas > 1:
+            self._check_fit_path(replicas, accumulation_steps)
+        lr_before = float(self.optimizer.learning_rate.numpy())
         # Compiled for this test only: tf.functions of bound methods held by self would make a
         # reference cycle and keep the finder (and its disk cache) alive after `del`.
         self._gradients = tf.function(self._gradients_of, reduce_retracing=True)
         self._apply = tf.function(self._apply_gradients, reduce_retracing=True)
         self._evaluate = tf.function(self._loss_of_batch, reduce_retracing=True)
         try:
-            for lr in tqdm(schedule, disable=not progress_bar):
-                self.optimizer.learning_rate = lr
-                loss = self._train_batch(batches, accumulation_steps)
-                if val is not None:
-                    loss = self._validate(val)
-                self.history["lr"].append(lr)
-                self.history["loss"].append(tracker.update(loss))
-                self.best_loss = tracker.best
-                if tracker.stop_reason:
-                    print(f"Stopping early, {tracker.stop_reason}")
-                    break
+            if replicas > 1:
+                self._fit(train_data, batch_size, shuffle, schedule, tracker, val, progress_bar)
+            else:
+                for lr in tqdm(schedule, disable=not progress_bar):
+                    self.optimizer.learning_rate = lr
+                    loss = self._train_batch(batches, accumulation_steps)
+                    if self._record(lr, loss, tracker, val):
+                        break
         finally:
             self.optimizer.learning_rate = lr_before
             del self._gradients, self._apply, self._evaluate
         print("Learning rate search finished. See the graph with plot()")
+
+    def _record(self, lr: float, loss: float, tracker: lr_range.LossTracker, val) -> bool:
+        """Add one update to the history; True when the test must stop."""
+        if val is not None:
+            loss = self._validate(val)
+        self.history["lr"].append(lr)
+        self.history["loss"].append(tracker.update(loss))
+        self.best_loss = tracker.best
+        if tracker.stop_reason:
+            print(f"Stopping early, {tracker.stop_reason}")
+        return bool(tracker.stop_reason)
+
+    def _check_fit_path(self, replicas: int, accumulation_steps: int) -> None:
+        strategy = type(self.model.distribute_strategy).__name__
+        where = f"under {strategy} ({replicas} replicas) the test trains through fit"
+        if accumulation_steps != 1:
+            raise ValueError(f"{where}, one batch per update: use accumulation_steps=1 and a larger batch_size, "
+                             f"got accumulation_steps={accumulation_steps}")
+        if self.criterion is not None:
+            raise ValueError(f"{where} with the compiled loss: compile the model with the criterion instead")
+        if self.optimizer is not self.model.optimizer:
+            raise ValueError(f"{where} with the compiled optimizer: compile the model with the optimizer instead")
+
+    def _fit(self, train_data, batch_size: int, shuffle: bool, schedule, tracker, val, progress_bar: bool) -> None:
+        """The test through ``model.fit``: one batch per update, split over the replicas."""
+        dataset = _dataset(train_data, "train_data", batch_size, shuffle).repeat()
+        callback = _RangeTestCallback(self, schedule, tracker, val, progress_bar)
+        self.model.fit(dataset, epochs=1, steps_per_epoch=len(schedule), verbose=0, callbacks=[callback])
+        callback.progress.close()
 
     def _train_batch(self, batches, accumulation_steps: int) -> float:
         """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
@@ -191,6 +229,35 @@ class LRFinder(RangeTestResults):
 
     def _apply_gradients(self, grads):
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+
+
+class _RangeTestCallback(keras.callbacks.Callback):
+    """Sets the LR before every ``fit`` step and records the step's own loss after it.
+
+    Keras hands callbacks the running mean over the epoch; the step's loss is read from the
+    loss tracker's running sums instead (reduced over the replicas), as AutoLRS's callback does.
+    """
+
+    def __init__(self, finder: LRFinder, schedule, tracker, val, progress_bar: bool):
+        super().__init__()
+        self.finder, self.schedule, self.tracker, self.val = finder, schedule, tracker, val
+        self.progress = tqdm(total=len(schedule), disable=not progress_bar)
+        self.sums_before = (0.0, 0.0)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.finder.optimizer.learning_rate = self.schedule[batch]
+        self.sums_before = self._loss_sums()
+
+    def on_train_batch_end(self, batch, logs=None):
+        total, count = self._loss_sums()
+        loss = (total - self.sums_before[0]) / (count - self.sums_before[1])
+        self.progress.update()
+        if self.finder._record(self.schedule[batch], loss, self.tracker, self.val):
+            self.model.stop_training = True
+
+    def _loss_sums(self) -> tuple[float, float]:
+        tracker = next(m for m in self.model.metrics if m.name == "loss")
+        return float(tracker.total.numpy()), float(tracker.count.numpy())
 
 
 class _FunctionLoss(keras.losses.Loss):

@@ -1,0 +1,102 @@
+"""The Hugging Face ``Trainer``: ``TrainingArguments`` from the elastic plan, AutoLRS as a callback.
+
+``TrainingArguments(output_dir, **plan_arguments(256, 64))`` trains 256 samples per update on
+however many processes torchrun (or ``accelerate launch``) started, at most 64 per device;
+``Trainer(..., callbacks=[AutoLRSCallback(val_fn, 1e-3, 1.0)])`` lets AutoLRS set the LR.
+"""
+
+from __future__ import annotations
+
+from aikit.optional import transformers  # noqa: F401  isort: skip  (first: a missing transformers names its extra)
+from collections.abc import Callable
+
+import torch
+from transformers import TrainerCallback
+
+import aikit.autolrs.Torch
+import aikit.elastic.Torch
+from aikit.core.plan import nearest_even_batches
+
+__all__ = ["AutoLRSCallback", "plan_arguments"]
+
+
+def plan_arguments(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = None) -> dict[str, int]:
+    """``per_device_train_batch_size`` and ``gradient_accumulation_steps`` for ``TrainingArguments``.
+
+    The plan is :func:`aikit.elastic.Torch.init`'s for the processes of this run (torchrun's
+    ``WORLD_SIZE``, or 1) or for ``gpus``. The Trainer gives every device the same batch, so an
+    uneven split is refused with the nearest global batches that split evenly. Every update
+    holds exactly ``global_batch_size`` samples when the data set is a multiple of it and
+    ``dataloader_drop_last=True``: the Trainer divides each micro-batch loss by the GA steps, so
+    a short last batch, or an epoch's last update with fewer micro-batches, is weighted wrongly.
+    """
+    plan = aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size, gpus=gpus)
+    if not plan.is_even or plan.gpus != plan.available_gpus:
+        below, above = nearest_even_batches(plan.global_batch_size, plan.max_gpu_batch_size, plan.available_gpus)
+        raise ValueError(
+            f"global_batch_size {plan.global_batch_size} does not split evenly over {plan.available_gpus} device(s) "
+            f"with at most {plan.max_gpu_batch_size} samples each, and the Trainer gives every device the same "
+            f"batch: use global_batch_size {below} or {above}"
+        )
+    return {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.steps}
+
+
+class AutoLRSCallback(TrainerCallback):
+    """:class:`aikit.autolrs.Torch.AutoLRS` for the ``Trainer``: ``val_fn()`` returns the
+    validation loss; ``min_lr``, ``max_lr`` and the options are AutoLRS's.
+
+    Callbacks are not handed the loss, so the callback reads it where the Trainer does: a
+    forward hook keeps the ``loss`` the model returns on every training micro-batch, and after
+    each optimizer step (``on_step_end``) AutoLRS gets their mean and sets the next LR. The
+    model must compute its loss (return ``loss`` first, or as ``"loss"``); evaluation passes
+    (no gradient, ``model.eval()``, or inside ``val_fn``) are ignored. AutoLRS sets the LR after the Trainer's LR
+    scheduler has stepped, so its LR is the one every step uses; use
+    ``lr_scheduler_type="constant"`` so the logged LR is not misleading.
+    """
+
+    def __init__(self, val_fn: Callable[[], float], min_lr: float, max_lr: float, **options):
+        self.val_fn, self.min_lr, self.max_lr, self.options = val_fn, min_lr, max_lr, options
+        self.autolrs: aikit.autolrs.Torch.AutoLRS | None = None
+        self._losses: list[float] = []
+        self._hook = None
+        self._deciding = False  # True while AutoLRS decides (and val_fn may run the model)
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if self.autolrs is None:
+            self.autolrs = aikit.autolrs.Torch.AutoLRS(
+                model, optimizer, self.val_fn, self.min_lr, self.max_lr, **self.options
+            )
+        self._losses.clear()
+        self._hook = model.register_forward_hook(self._keep_loss)
+
+    def _keep_loss(self, module, inputs, output) -> None:
+        if self._deciding or not (module.training and torch.is_grad_enabled()):
+            return  # val_fn's passes, or evaluation
+        loss = output["loss"] if isinstance(output, dict) else output[0] if isinstance(output, tuple) else None
+        if loss is None:
+            raise ValueError(
+                f"AutoLRSCallback reads the loss the model returns, but {type(module).__name__} returned "
+                f"{type(output).__name__} without one: return the loss first or as 'loss'"
+            )
+        self._losses.append(float(loss.detach()))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self._losses:
+            raise RuntimeError("AutoLRSCallback saw no training loss in this step: did the model compute one?")
+        step_loss = sum(self._losses) / len(self._losses)
+        self._losses.clear()
+        self._deciding = True
+        try:
+            self.autolrs.on_train_batch_end(step_loss)
+        finally:
+            self._deciding = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    @property
+    def lr(self) -> float:
+        """The LR the next step uses."""
+        return self.autolrs.lr

@@ -1,0 +1,52 @@
+"""Optional dependencies: import one, or fail with the ``pip install`` line that brings it.
+
+``import aikit`` needs only NumPy, pandas, SciPy and tqdm; each framework adapter, the embedded
+data set, the plots and the trainer integrations need more, declared as extras in ``setup.py``.
+A user who installed ``aikit[tf]`` and imports ``aikit.elastic.Torch`` should read which extra
+to add, not a bare ``No module named 'torch'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+# module -> (what it is, the aikit extra that installs it)
+EXTRAS = {
+    "torch": ("PyTorch", "torch"),
+    "tensorflow": ("TensorFlow", "tf"),
+    "keras": ("Keras 3", "tf"),
+    "sklearn": ("scikit-learn", "data"),
+    "matplotlib": ("matplotlib", "plot"),
+    "lightning": ("PyTorch Lightning", "lightning"),
+    "transformers": ("Hugging Face Transformers", "huggingface"),
+}
+
+
+def require(module: str, user: str) -> types.ModuleType:
+    """Import ``module`` for ``user`` (the aikit part that needs it) and return it.
+
+    A missing module raises ``ModuleNotFoundError`` naming the extra to install; any other
+    import error (a broken installation) propagates unchanged, since reinstalling the extra
+    would not fix it.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        top = module.split(".")[0]
+        if error.name is None or error.name.split(".")[0] != top:
+            raise  # the module is there but one of *its* imports is missing
+        what, extra = EXTRAS[top]
+        raise ModuleNotFoundError(
+            f"{user} needs {what} (module {top!r}), which is not installed: "
+            f"pip install 'aikit[{extra}]'",
+            name=error.name,
+        ) from error
+
+
+def __getattr__(module: str) -> types.ModuleType:
+    """``from aikit.optional import torch``: the framework, or the error naming its extra. The
+    framework packages of aikit import theirs this way first."""
+    if module in EXTRAS:
+        return require(module, "this part of aikit")
+    raise AttributeError(f"module 'aikit.optional' has no attribute {module!r}")

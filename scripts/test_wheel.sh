@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# aikit as users install it: build the sdist and the wheel, `twine check` them, then install the
+# wheel into a fresh virtual environment per extra — none, torch, tf, and torch+tf with the
+# trainer integrations — and, from a folder outside the checkout, run every CLI command and every
+# example's quickest mode, and check that a missing optional dependency names the extra to install.
+#
+#   bash scripts/test_wheel.sh [PYTHON]     # PYTHON: one with `build` and `twine` (default: python)
+#
+# Versions are held to requirements/test.txt (as constraints), so pip reuses its cache and the
+# local torch CPU wheel. Each step prints its duration.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="$(realpath -s "$(command -v "${1:-python}")")"  # absolute: the steps run elsewhere
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/aikit-wheel.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+export TF_CPP_MIN_LOG_LEVEL=2 MPLBACKEND=Agg PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_NUM_THREADS=1
+unset PYTHONPATH
+
+cpu_now() {  # CPU_NOW: CPU seconds of this script's finished children (wall time on a loaded machine misleads)
+    local user system
+    times >"$WORK/times"  # in this shell: in a subshell (a pipe, $(...)) these children would not count
+    read -r user system <<<"$(tail -1 "$WORK/times" | sed 's/m/ /g; s/s//g' | awk '{ print $1 * 60 + $2, $3 * 60 + $4 }')"
+    CPU_NOW=$(awk -v u="$user" -v s="$system" 'BEGIN { printf "%d", u + s }')
+}
+
+step() {  # step NAME COMMAND...: run it, print how long it took (wall and CPU)
+    local name="$1" start=$SECONDS cpu
+    cpu_now
+    cpu=$CPU_NOW
+    shift
+    "$@"
+    cpu_now
+    echo "wheel test: $name: $((SECONDS - start)) s ($((CPU_NOW - cpu)) s CPU)"
+}
+
+fails_naming() {  # fails_naming EXTRA COMMAND...: the command must fail and name `aikit[EXTRA]`
+    local extra="$1" output
+    shift
+    if output="$("$@" 2>&1)"; then
+        echo "expected failure, got success: $*" >&2
+        exit 1
+    fi
+    if ! grep -qF "pip install 'aikit[$extra]'" <<<"$output"; then
+        echo "the error of '$*' does not name aikit[$extra]:" >&2
+        tail -5 <<<"$output" >&2
+        exit 1
+    fi
+}
+
+quiet() {  # quiet COMMAND...: its output goes to a log, shown (the end) only when it fails
+    local log="$WORK/last.log"
+    if ! "$@" >"$log" 2>&1; then
+        echo "failed: $*" >&2
+        tail -40 "$log" >&2
+        exit 1
+    fi
+}
+
+build() {
+    quiet "$PY" -m build --outdir "$WORK/dist" "$ROOT"
+    "$PY" -m twine check --strict "$WORK"/dist/*
+}
+
+make_env() {  # make_env NAME SPEC: a fresh virtual environment with the wheel installed as SPEC
+    "$PY" -m venv "$WORK/$1"
+    quiet "$WORK/$1/bin/python" -m pip install --no-compile -c "$ROOT/requirements/test.txt" "$2"
+}
+
+installed_check() {  # the environment's aikit is the wheel's, not the checkout's
+    local bin="$WORK/$1/bin" where
+    where="$("$bin/python" -c 'import aikit; print(aikit.__file__)')"
+    [[ "$where" == "$WORK/$1/"* ]] || { echo "aikit imported from $where, not from $WORK/$1" >&2; exit 1; }
+    [[ "$("$bin/aikit" --version)" == "aikit $VERSION" ]] || { echo "aikit --version: $("$bin/aikit" --version)" >&2; exit 1; }
+}
+
+cli() {  # every CLI command
+    local bin="$WORK/$1/bin"
+    quiet "$bin/aikit" plan --global-batch-size 256 --max-gpu-batch-size 64
+    quiet "$bin/aikit" plan --global-batch-size 100 --max-gpu-batch-size 30 --gpus 3
+    quiet "$bin/aikit" trace make ramp --start 32 --end 256 --steps 50 --multiple-of 32 -o ramp.csv
+    quiet "$bin/aikit" trace check ramp.csv --minibatch-size 32 --replicas 2 --dataset-size 1000
+    if [[ "$1" == core ]]; then
+        fails_naming plot "$bin/aikit" trace plot ramp.csv -o ramp.png
+    else
+        quiet "$bin/aikit" trace plot ramp.csv -o ramp.png --dataset-size 1000
+        test -s ramp.png
+    fi
+}
+
+core() {
+    local python="$WORK/core/bin/python"
+    fails_naming torch "$python" -c "import aikit.elastic.Torch"
+    fails_naming tf "$python" -c "import aikit.elastic.TF"
+    fails_naming data "$python" -c "from aikit.datasets import digits; digits()"
+    fails_naming lightning "$python" -c "import aikit.integrations.lightning"
+    fails_naming huggingface "$python" -c "import aikit.integrations.huggingface"
+}
+
+torch_examples() {
+    local python="$WORK/torch/bin/python"
+    fails_naming tf "$python" -c "import aikit.autolrs.TF"
+    quiet "$python" examples/torch_elastic_digits.py --epochs 1
+    quiet "$python" examples/variable_train_digits.py --epochs 1 --target 0
+    quiet "$python" examples/elastic_resize_digits.py --epochs 1 --target 0 --checkpoint-dir "$WORK/ckpt"
+    quiet "$python" examples/lr_finder_digits.py --framework torch --out lr  # 100 iterations: seconds
+    quiet "$python" examples/autolrs_digits.py --framework torch --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
+}
+
+tf_examples() {
+    local python="$WORK/tf/bin/python"
+    fails_naming torch "$python" -c "import aikit.lr_finder.Torch"
+    quiet "$python" examples/keras_elastic_digits.py  # exits 1 below 95 % held-out, so it trains its full 15 epochs
+    quiet "$python" examples/lr_finder_digits.py --framework keras --out lr
+    quiet "$python" examples/autolrs_digits.py --framework keras --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
+}
+
+integration_examples() {  # each example's quickest mode (tests/integrations cover the other modes)
+    local python="$WORK/all/bin/python"
+    quiet "$python" -c "import aikit.elastic.Torch, aikit.elastic.TF, aikit.integrations.lightning, aikit.integrations.huggingface"
+    quiet "$python" examples/lightning_digits.py --epochs 1
+    quiet "$python" examples/huggingface_digits.py --epochs 1
+}
+
+total=$SECONDS
+VERSION="$("$PY" -c "import re; print(re.search(r'^__version__ = \"([^\"]+)\"', open('$ROOT/aikit/__init__.py').read(), re.M).group(1))")"
+step "build + twine check" build
+WHEEL="$(ls "$WORK"/dist/aikit-*.whl)"
+mkdir "$WORK/run" && cp -r "$ROOT/examples" "$WORK/run/"  # examples as a user copies them, no checkout around
+cd "$WORK/run"
+for env in core torch tf all; do
+    case "$env" in
+        core) spec="$WHEEL" ;;
+        all) spec="aikit[torch,tf,lightning,huggingface] @ file://$WHEEL" ;;
+        *) spec="aikit[$env] @ file://$WHEEL" ;;
+    esac
+    step "$env: fresh venv + pip install" make_env "$env" "$spec"
+    installed_check "$env"
+    step "$env: CLI" cli "$env"
+done
+step "core: missing extras named" core
+step "torch: examples" torch_examples
+step "tf: examples" tf_examples
+step "all: integration examples" integration_examples
+cpu_now
+echo "wheel test: passed in $((SECONDS - total)) s ($CPU_NOW s CPU)"

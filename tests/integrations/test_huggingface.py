@@ -1,0 +1,119 @@
+"""aikit's Hugging Face Trainer integration trains exactly as the same training written by hand
+(float64, CPU): the plan's TrainingArguments give big-batch steps, and the AutoLRS callback
+takes the decisions of the AutoLRS hook driven by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+from aikit.autolrs.Torch import AutoLRS  # noqa: E402
+from aikit.integrations.huggingface import AutoLRSCallback, plan_arguments  # noqa: E402
+
+AUTOLRS = {"tau": 8, "tau_max": 8, "trial_ratio": 2, "trials": 2, "val_tau": 8, "warmup_steps": 2,
+           "warmup_lr": 0.01, "seed": 3}
+
+
+def data(n: int = 128):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=generator, dtype=torch.float64)
+    y = (x @ torch.randn(6, 3, generator=generator, dtype=torch.float64)).argmax(1)
+    return x, y
+
+
+class Net(nn.Module):
+    """A model the Trainer can train: it computes its own loss, as Transformers models do."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+    def forward(self, x, labels=None):
+        logits = self.body(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def train(model, callbacks, tmp_path, epochs: int, **arguments):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), num_train_epochs=epochs, use_cpu=True, report_to="none", save_strategy="no",
+        disable_tqdm=True, max_grad_norm=0.0, lr_scheduler_type="constant", train_sampling_strategy="sequential",
+        dataloader_drop_last=True, logging_strategy="no", **arguments,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Samples(*data()), callbacks=callbacks,
+                                   optimizers=(optimizer, None))
+    trainer.train()
+    return trainer
+
+
+def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-12, atol=1e-12)
+
+
+def test_plan_arguments_give_big_batch_steps(tmp_path):
+    arguments = plan_arguments(64, 16)
+    assert arguments == {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4}
+    model = Net()
+    train(model, [], tmp_path, epochs=2, **arguments)
+
+    reference, (x, y) = Net(), data()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        for start in (0, 64):
+            optimizer.zero_grad()
+            reference(x[start:start + 64], y[start:start + 64])["loss"].backward()
+            optimizer.step()
+    assert_same_weights(model, reference)
+
+
+def test_plan_arguments_refuse_an_uneven_split():
+    with pytest.raises(ValueError, match=r"global_batch_size 100 does not split evenly over 3 device\(s\) with at "
+                                         r"most 30 samples each.*use global_batch_size 96 or 102"):
+        plan_arguments(100, 30, gpus=3)
+
+
+def test_autolrs_callback_equals_the_hook_called_by_hand(tmp_path):
+    xv, yv = data(32)
+
+    calls = []
+
+    def validation(model):  # run with gradients, in training mode: the callback must not count it
+        return lambda: calls.append(1) or float(model(xv, yv)["loss"])
+
+    model = Net()
+    callback = AutoLRSCallback(validation(model), 1e-3, 1.0, **AUTOLRS)
+    # 32 updates of 2 micro-batches of 8: warmup, trials with restores, training
+    train(model, [callback], tmp_path, epochs=4, per_device_train_batch_size=8, gradient_accumulation_steps=2)
+
+    reference, (x, y) = Net(), data()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    by_hand = AutoLRS(reference, optimizer, validation(reference), 1e-3, 1.0, **AUTOLRS)
+    for _ in range(4):
+        for start in range(0, 128, 16):
+            optimizer.zero_grad()
+            losses = [reference(x[i:i + 8], y[i:i + 8])["loss"] for i in (start, start + 8)]
+            for loss in losses:
+                (loss / 2).backward()
+            optimizer.step()
+            by_hand.on_train_batch_end(sum(float(loss) for loss in losses) / 2)
+    history = [(r.step, r.phase, r.lr, r.loss) for r in callback.autolrs.controller.history]
+    assert history == [(r.step, r.phase, r.lr, r.loss) for r in by_hand.controller.history]
+    assert {r.phase for r in by_hand.controller.history} >= {"warmup", "trial", "train"}
+    assert callback.lr == by_hand.lr and len(calls) >= 4  # both runs scored trials on validation
+    assert_same_weights(model, reference)
