@@ -289,10 +289,3 @@ def _pollard_rho(n: int, budget: int = 1 << 17) -> int:
         f"policy 'fewer_devices' needs the divisors of the global batch, and a factor of it ({len(str(n))} digits) "
         "has prime factors too large to find quickly: use policy 'ragged' or a global batch with small prime factors"
     )
-
-
-def plan_table(
-    global_batch_size: int, max_gpu_batch_size: int, gpu_counts: list[int], policy: str = "ragged"
-) -> list[Plan]:
-    """Plans for several device counts: seed 002's table."""
-    return [make_plan(global_batch_size, max_gpu_batch_size, n, policy=policy) for n in gpu_counts]

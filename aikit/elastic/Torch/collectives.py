@@ -128,12 +128,6 @@ def _xla_broadcast_(tensors: list[torch.Tensor], src: int) -> None:
             xm.collective_broadcast(tensors, root_ordinal=0)
 
 
-def _horovod():
-    import horovod.torch as hvd  # only reached when the program initialised it
-
-    return hvd
-
-
 def _checked(kind: str) -> str:
     if kind == "torch.distributed" and not dist.is_initialized():
         raise RuntimeError(
@@ -151,11 +145,11 @@ def all_reduce_sum_(tensors: list[torch.Tensor]) -> None:
     """
     if not tensors:
         return
-    kind = _checked(engine(tensors[0].device))
+    kind, hvd = _checked(engine(tensors[0].device)), distributed.horovod()
     if kind == "xla":
         _xla_all_reduce_(tensors)
-    elif kind == "horovod" and _horovod().size() > 1:
-        _horovod().grouped_allreduce_(tensors, op=_horovod().Sum)
+    elif kind == "horovod" and hvd.size() > 1:
+        hvd.grouped_allreduce_(tensors, op=hvd.Sum)
     elif kind == "torch.distributed" and dist.get_world_size() > 1:
         _torch_all_reduce_(tensors)
 
@@ -164,12 +158,12 @@ def broadcast_(tensors: list[torch.Tensor], src: int = 0) -> None:
     """Overwrite every tensor with replica ``src``'s value, in place: replicas start equal."""
     if not tensors:
         return
-    kind = _checked(engine(tensors[0].device))
+    kind, hvd = _checked(engine(tensors[0].device)), distributed.horovod()
     if kind == "xla":
         _xla_broadcast_(tensors, src)
-    elif kind == "horovod" and _horovod().size() > 1:
+    elif kind == "horovod" and hvd.size() > 1:
         for tensor in tensors:
-            _horovod().broadcast_(tensor, root_rank=src)
+            hvd.broadcast_(tensor, root_rank=src)
     elif kind == "torch.distributed" and dist.get_world_size() > 1:
         for tensor in tensors:
             dist.broadcast(tensor, src=src)

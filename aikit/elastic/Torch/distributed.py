@@ -35,7 +35,7 @@ def _dist_ready() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _horovod():
+def horovod():
     """The ``horovod.torch`` module when the user imported and initialised it, else None."""
     hvd = sys.modules.get("horovod.torch")
     if hvd is None:
@@ -120,7 +120,7 @@ def engine() -> str:
     """The data-parallel engine of this process, one of :data:`ENGINES`."""
     if _dist_ready():
         return "torch.distributed"
-    if _horovod() is not None:
+    if horovod() is not None:
         return "horovod"
     if _xla_runtime() is not None:
         return "xla"
@@ -134,7 +134,7 @@ def world_size() -> int:
     DataParallel, and for an SPMD process), or XLA replicas over all hosts."""
     if _dist_ready():
         return torch.distributed.get_world_size()
-    hvd = _horovod()
+    hvd = horovod()
     if hvd is not None:
         return hvd.size()
     if _xla_runtime() is not None:
@@ -149,7 +149,7 @@ def rank() -> int:
     """Global rank of this process (0 for a single process)."""
     if _dist_ready():
         return torch.distributed.get_rank()
-    hvd = _horovod()
+    hvd = horovod()
     if hvd is not None:
         return hvd.rank()
     if _xla_runtime() is not None:
@@ -159,7 +159,7 @@ def rank() -> int:
 
 def local_rank() -> int:
     """Rank of this process on its machine: the GPU it should use (0 for a single process)."""
-    hvd = _horovod() if not _dist_ready() else None
+    hvd = horovod() if not _dist_ready() else None
     if hvd is not None:
         return hvd.local_rank()
     if not _dist_ready() and _xla_runtime() is not None:
@@ -176,8 +176,3 @@ def device_count() -> int:
     if engine() != "single":
         return world_size()
     return max(torch.cuda.device_count(), 1)
-
-
-def is_master() -> bool:
-    """True on global rank 0 only (Run:AI's AIkit Elastic Horovod glue wrongly used the local rank)."""
-    return rank() == 0

@@ -28,7 +28,6 @@ import hashlib
 import os
 import queue
 import random
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -350,7 +349,7 @@ class ElasticState:
         if "_hvd_state" not in self.__dict__:
             from horovod.common.elastic import State
 
-            hvd = _horovod()
+            hvd = distributed.horovod()
             self.__dict__["_hvd_state"] = State(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
         return self.__dict__["_hvd_state"]
 
@@ -415,16 +414,12 @@ def _horovod_elastic() -> bool:
     return distributed.engine() == "horovod" and os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
-def _horovod():
-    return sys.modules["horovod.torch"]
-
-
 def _broadcast_object(obj):
     """Rank 0's ``obj`` on every worker."""
     if distributed.world_size() == 1:
         return obj
     if distributed.engine() == "horovod":
-        return _horovod().broadcast_object(obj, root_rank=0)
+        return distributed.horovod().broadcast_object(obj, root_rank=0)
     box = [obj]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
