@@ -41,13 +41,13 @@ def model_for(seed: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-def batches(n: int, seed: int):
-    """An endless stream of shuffled batches, a new permutation each epoch."""
+def batches(n: int, seed: int, batch: int = BATCH):
+    """An endless stream of shuffled batches of ``batch`` indices, a new permutation each epoch."""
     rng = np.random.default_rng(seed)
     while True:
         order = torch.from_numpy(rng.permutation(n))
-        for start in range(0, n - BATCH + 1, BATCH):
-            yield order[start:start + BATCH]
+        for start in range(0, n - batch + 1, batch):
+            yield order[start:start + batch]
 
 
 class Task:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from autolrs_digits import batches  # a sibling script: benchmarks run as python benchmarks/NAME.py
 from torch import nn
 
 from aikit.autolrs.Torch import AutoLRS
@@ -82,15 +83,6 @@ class ConvBase(nn.Module):
         return self.linear(h.flatten(1))
 
 
-def batches(n: int, seed: int):
-    """An endless stream of shuffled batches, a new permutation each epoch."""
-    rng = np.random.default_rng(seed)
-    while True:
-        order = torch.from_numpy(rng.permutation(n))
-        for start in range(0, n - BATCH + 1, BATCH):
-            yield order[start:start + BATCH]
-
-
 class Task:
     def __init__(self, every: int):
         self.x, self.y, self.xv, self.yv, self.xt, self.yt = mnist1d()
@@ -112,7 +104,7 @@ class Task:
         if autolrs_options is not None:
             autolrs = AutoLRS(model, optimizer, lambda: self.evaluate(model, self.xv, self.yv)[0],
                               total_steps=steps, seed=seed, **autolrs_options)
-        stream = batches(len(self.y), seed)
+        stream = batches(len(self.y), seed, BATCH)
         curve: dict[int, float] = {}
         for step in range(1, steps + 1):
             if lr_at is not None:

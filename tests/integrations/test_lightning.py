@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from integration_common import AUTOLRS as COMMON_AUTOLRS
+from integration_common import data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -18,15 +20,7 @@ from aikit.autolrs.Torch import AutoLRS as TorchAutoLRS  # noqa: E402
 from aikit.elastic.Torch import CustomSampler  # noqa: E402
 from aikit.integrations.lightning import AutoLRS, ElasticPlan, TraceBatchSize  # noqa: E402
 
-AUTOLRS = {"tau": 8, "tau_max": 8, "trial_ratio": 2, "trials": 2, "val_tau": 10**6, "warmup_steps": 2,
-           "warmup_lr": 0.01, "seed": 3}
-
-
-def data(n: int = 128):
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 6, generator=generator, dtype=torch.float64)
-    y = (x @ torch.randn(6, 3, generator=generator, dtype=torch.float64)).argmax(1)
-    return x, y
+AUTOLRS = {**COMMON_AUTOLRS, "val_tau": 10**6}
 
 
 def net() -> nn.Module:
