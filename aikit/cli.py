@@ -58,7 +58,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_check(args: argparse.Namespace) -> int:
-    trace = load_trace(args.trace, args.when_exhausted)
+    trace = load_trace(args.trace, args.when_exhausted, strict_steps=args.strict_steps)
     sizes = trace.sizes
     print(f"{trace}: {len(sizes)} steps, {sum(sizes.tolist())} samples, batch sizes {sizes.min()}..{sizes.max()}")
     checked_settings(args.dataset_size, args.replicas, args.minibatch_size)  # refused as CustomSampler does
@@ -158,6 +158,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--dataset-size", type=int, required=True)
     c.add_argument("--balanced", action="store_true", help="require multiples of minibatch x replicas (XLA)")
     c.add_argument("--when-exhausted", choices=trace_module.EXHAUSTION_POLICIES, default=None)
+    c.add_argument("--strict-steps", action="store_true",
+                   help="refuse a step column that restarts or skips (default: read sizes in file order, warn)")
     c.add_argument("--show-epochs", type=int, default=20, help="epochs to list (default 20)")
     c.set_defaults(run=cmd_trace_check)
 

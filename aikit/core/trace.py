@@ -25,6 +25,7 @@ import decimal
 import io
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from numbers import Integral, Real
 from pathlib import Path
@@ -72,6 +73,11 @@ def exact_int(value: Real | decimal.Decimal) -> int | None:
         return int(value) if exact else None
     value = float(value)
     return int(value) if math.isfinite(value) and value.is_integer() and abs(value) <= _EXACT_FLOAT else None
+
+
+class TraceStepWarning(UserWarning):
+    """A CSV trace whose step column restarts or skips: its sizes are read in file order anyway
+    (as eth-easl's variable batch size reads them; real traces are often runs concatenated)."""
 
 
 class Trace:
@@ -167,12 +173,16 @@ def _integer_cell(text: str) -> int | None:
         return None
 
 
-def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error") -> Trace:
+def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error", *, strict_steps: bool = False) -> Trace:
     """Load a ``step,batchsize`` CSV, naming the file, row, line and value of anything malformed.
-    Blank lines are skipped (and counted in line numbers); sizes are read as exact integers."""
+    Blank lines are skipped (and counted in line numbers); sizes are read as exact integers.
+
+    The batch sizes are taken in file order, as eth-easl's variable batch size takes them: where
+    the step column restarts or skips (runs concatenated into one trace), a
+    :class:`TraceStepWarning` names those rows. ``strict_steps=True`` refuses such a file."""
     path = Path(path)
     reader = csv.reader(io.StringIO(_text(path)), skipinitialspace=True, strict=True)
-    header, columns, sizes = None, (0, 0), []
+    header, columns, sizes, slow = None, (0, 0), [], {}  # slow: row -> (step, line) off the fast path
     try:
         for cells in reader:
             if header is not None and len(cells) == len(header):  # the common case, kept fast
@@ -192,41 +202,74 @@ def read_csv_trace(path: str | os.PathLike, when_exhausted: str = "error") -> Tr
                 columns = header.index("step"), header.index("batchsize")
                 continue
             row = len(sizes)
-            sizes.append(_checked_row(cells, header, columns, row, row_name(str(path), row, reader.line_num)))
+            where = row_name(str(path), row, reader.line_num)
+            size, step = _checked_row(cells, header, columns, row, where, strict_steps)
+            sizes.append(size)
+            slow[row] = step, reader.line_num
     except csv.Error as error:
         raise TraceFileError(f"trace {path}, line {reader.line_num}: not CSV ({error})") from None
     if not sizes:
         raise TraceFileError(f"trace {path} has no rows: write one 'step,batchsize' line per step after the header")
+    jumps = _step_jumps(slow, len(sizes))
+    if jumps:
+        shown = "; ".join(jumps[:5]) + (f"; and {len(jumps) - 5} more" if len(jumps) > 5 else "")
+        warnings.warn(
+            f"trace {path}: the step column restarts or skips at {len(jumps)} row(s) ({shown}); the batch sizes are "
+            "read in file order, as eth-easl's variable batch size reads them (pass strict_steps=True to refuse)",
+            TraceStepWarning, stacklevel=3)
     return Trace(np.array(sizes, dtype=np.int64), when_exhausted, source=str(path))
 
 
-def _checked_row(cells: list[str], header: list[str], columns: tuple[int, int], row: int, where: str) -> int:
-    """The batch size of a row the fast path did not take, or the error that names what is wrong."""
+def _checked_row(cells: list[str], header: list[str], columns: tuple[int, int], row: int, where: str,
+                 strict_steps: bool) -> tuple[int, int]:
+    """The batch size and step of a row the fast path did not take, or the error that names
+    what is wrong. With ``strict_steps`` the step must be the row's index."""
     step_at, size_at = columns
     if len(cells) != len(header):
         raise TraceFileError(f"{where} has {len(cells)} fields, the header has {len(header)} "
                              f"({','.join(header)!r:.100}): write one 'step,batchsize' pair per line")
-    if _integer_cell(cells[step_at]) != row:
+    step = _integer_cell(cells[step_at])
+    if step is None or step < 0:
+        raise TraceFileError(f"{where} has step {cells[step_at]!r:.60}; it must be a non-negative integer")
+    if strict_steps and step != row:
         raise TraceFileError(f"{where} has step {cells[step_at]!r:.60}, expected {row}: "
-                             "steps must be 0, 1, 2, ... in order")
+                             "steps must be 0, 1, 2, ... in order (strict_steps)")
     size = _integer_cell(cells[size_at])
     if size is None:
         raise TraceFileError(f"{where} has batch size {cells[size_at]!r:.60}; it must be a positive integer")
     try:
-        return exact_size(size, where)
+        return exact_size(size, where), step
     except InvalidValue as error:
         raise TraceFileError(str(error)) from None
+
+
+def _step_jumps(slow: dict[int, tuple[int, int]], rows: int) -> list[str]:
+    """Where the step column does not go on by one from the row before (a run appended after
+    another restarts it). Rows read on the fast path have step == row; only rows off it, and
+    the row after each, can be a jump."""
+    def step_of(row: int) -> int:
+        return slow[row][0] if row in slow else row
+
+    jumps = []
+    for row in sorted(set(slow) | {r + 1 for r in slow if r + 1 < rows}):
+        if step_of(row) != (step_of(row - 1) + 1 if row else 0):
+            line = f", line {slow[row][1]}" if row in slow else ""
+            jumps.append(f"row {row}{line}: step {step_of(row)}")
+    return jumps
 
 
 def load_trace(
     source: Trace | str | os.PathLike | Sequence[int] | np.ndarray | int,
     when_exhausted: str | None = None,
+    *,
+    strict_steps: bool = False,
 ) -> Trace:
-    """A :class:`Trace` from a CSV path, a list of sizes, an int (constant) or a Trace."""
+    """A :class:`Trace` from a CSV path, a list of sizes, an int (constant) or a Trace.
+    ``strict_steps`` applies to CSV files (see :func:`read_csv_trace`)."""
     if isinstance(source, Trace):
         return source if when_exhausted is None else Trace(source.sizes, when_exhausted, source.source)
     if isinstance(source, (str, os.PathLike)):
-        return read_csv_trace(Path(source), when_exhausted or "error")
+        return read_csv_trace(Path(source), when_exhausted or "error", strict_steps=strict_steps)
     if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
         size = positive_int(source, "trace batch size")
         return Trace([size], when_exhausted or "repeat_last", source=f"constant {size}")

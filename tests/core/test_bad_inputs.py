@@ -73,7 +73,7 @@ def test_a_size_above_the_data_set_fails_trace_check(tmp_path, capsys):
     (b"step,batchsize\n0,64\n1,64,3\n", r"trace {path}: row 1 \(step 1, line 3\) has 3 fields, the header has 2"),
     (b"step,batchsize\n0\n", r"row 0 \(step 0, line 2\) has 1 fields, the header has 2"),
     (b"\n\nstep,batchsize\n\n0,64\n\n\n1,zero\n", r"row 1 \(step 1, line 8\) has batch size 'zero'"),
-    (b"\nstep,batchsize\n\n0,64\n2,64\n", r"row 1 \(step 1, line 5\) has step '2', expected 1"),
+    (b"\nstep,batchsize\n\n0,64\n-2,64\n", r"row 1 \(step 1, line 5\) has step '-2'; it must be a non-negative"),
     (b"size\n64\n", r"trace {path}, line 1: columns must be 'step,batchsize', found \['size'\]"),
     (b"step,batchsize\n0,64\x00\n", r"trace {path}, line 2: a NUL byte"),
     (b'step,batchsize\n0,"64\n', r"trace {path}, line 2: not CSV \(unexpected end of data\)"),

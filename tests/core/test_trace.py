@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aikit.core import trace as tr
-from aikit.core.trace import Trace, TraceExhaustedError, load_trace
+from aikit.core.trace import Trace, TraceExhaustedError, TraceStepWarning, load_trace
 
 
 def write(tmp_path, text, name="trace.csv"):
@@ -37,8 +37,8 @@ def test_list_and_int_sources():
         ("step,batchsize\n0,32\n1,48.5\n", r"row 1 \(step 1, line 3\) has batch size '48.5'"),
         ("step,batchsize\n0,32\n1,abc\n", r"row 1 \(step 1, line 3\) has batch size 'abc'"),
         ("step,batchsize\n0,32\n1,\n", r"row 1 \(step 1, line 3\) has batch size ''"),
-        ("step,batchsize\n0,32\n2,32\n", r"row 1 \(step 1, line 3\) has step '2', expected 1"),
-        ("step,batchsize\n0,32\n1,32\n0,32\n", r"row 2 \(step 2, line 4\) has step '0', expected 2"),
+        ("step,batchsize\n0,32\n-1,32\n", r"row 1 \(step 1, line 3\) has step '-1'; it must be a non-negative"),
+        ("step,batchsize\n0,32\nx,32\n", r"row 1 \(step 1, line 3\) has step 'x'; it must be a non-negative"),
         ("step,batchsize\n", "has no rows"),
     ],
 )
@@ -103,3 +103,46 @@ def test_ramps_are_monotone_multiples_between_their_ends(start, end, steps, mult
     assert len(sizes) == steps and (sizes % multiple == 0).all() and (sizes > 0).all()
     diffs = np.diff(sizes)
     assert (diffs >= 0).all() if end >= start else (diffs <= 0).all()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("step,batchsize\n0,32\n2,32\n", r"row 1 \(step 1, line 3\) has step '2', expected 1"),
+        ("step,batchsize\n0,32\n1,32\n0,32\n", r"row 2 \(step 2, line 4\) has step '0', expected 2"),
+    ],
+)
+def test_strict_steps_refuses_a_step_column_out_of_order(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message):
+        load_trace(write(tmp_path, text), strict_steps=True)
+
+
+def test_a_concatenated_trace_is_read_in_file_order_with_a_warning_naming_the_rows(tmp_path):
+    """eth-easl's own sample trace is three runs concatenated: its step column restarts. Their
+    sampler reads the batchsize column in file order and ignores the step column; so does aikit,
+    and it says where the column restarts."""
+    runs = [[32, 64, 64, 128], [32, 32, 64], [256, 512]]
+    rows = [f"{step}, {size}" for run in runs for step, size in enumerate(run)]
+    path = write(tmp_path, "step,batchsize\n" + "\n".join(rows) + "\n")
+    with pytest.warns(TraceStepWarning, match=r"restarts or skips at 2 row\(s\) \(row 4, line 6: step 0; "
+                                              r"row 7, line 9: step 0\); the batch sizes are read in file order"):
+        trace = load_trace(path)
+    assert trace.sizes.tolist() == [size for run in runs for size in run]
+    with pytest.raises(ValueError, match=r"row 4 \(step 4, line 6\) has step '0', expected 4"):
+        load_trace(path, strict_steps=True)
+
+
+def test_many_jumps_are_summarised(tmp_path):
+    path = write(tmp_path, "step,batchsize\n" + "\n".join(f"{7 * i},32" for i in range(9)) + "\n")
+    with pytest.warns(TraceStepWarning, match=r"at 8 row\(s\) .*row 5, line 7: step 35; and 3 more\)"):
+        assert len(load_trace(path)) == 9
+
+
+def test_trace_check_reads_a_concatenated_trace_and_strict_steps_refuses_it(tmp_path):
+    from aikit.cli import main
+
+    path = write(tmp_path, "step,batchsize\n0,32\n1,64\n0,32\n1,64\n")
+    args = ["trace", "check", str(path), "--minibatch-size", "32", "--dataset-size", "192"]
+    with pytest.warns(TraceStepWarning, match=r"row 2, line 4: step 0"):
+        assert main(args) == 0
+    assert main([*args, "--strict-steps"]) == 2

@@ -33,7 +33,8 @@ class CustomSampler(Sampler[list[int]]):
 
     ``dataset`` is a Dataset (its ``len()`` is used) or an int; ``dataset_size=`` says the same
     thing. ``trace`` is a CSV path (``step,batchsize``), a list of sizes, an int (constant) or a
-    :class:`~aikit.core.trace.Trace`; ``when_exhausted`` overrides its end-of-trace policy.
+    :class:`~aikit.core.trace.Trace`; ``when_exhausted`` overrides its end-of-trace policy; a CSV whose
+    step column restarts or skips is read in file order with a warning (``strict_steps=True`` refuses it).
     ``num_replicas`` and ``rank`` default to the running engine (torch.distributed, Horovod or
     torch_xla). Every epoch is a fresh permutation seeded by ``seed`` and the epoch. Under
     torch_xla's SPMD the process is one replica and each micro-batch holds ``minibatch_size``
@@ -52,6 +53,7 @@ class CustomSampler(Sampler[list[int]]):
         dataset_size: int | None = None,
         shuffle: bool = True,
         when_exhausted: str | None = None,
+        strict_steps: bool = False,
     ):
         global _latest
         size = _dataset_size(dataset, dataset_size)
@@ -61,7 +63,7 @@ class CustomSampler(Sampler[list[int]]):
             engine_replicas, engine_rank = distributed.world_size(), distributed.rank()
             num_replicas = engine_replicas if num_replicas is None else num_replicas
             rank = engine_rank if rank is None else rank
-        trace = load_trace(trace, when_exhausted)
+        trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
         micro = spmd.micro_batch(trace, minibatch_size, self.devices)
         self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle)
