@@ -30,20 +30,12 @@ Every function here is plain Python and property-tested against a direct mean ov
 
 from __future__ import annotations
 
-import operator
+from aikit.core.errors import checked_int
 
 
 def sample_count(value: object, name: str) -> int:
-    """``value`` as a non-negative int, or a ValueError naming it."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        count = operator.index(value)
-    except TypeError:
-        count = -1
-    if count < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    return count
+    """``value`` as a non-negative int, or an aikit error (a ValueError) naming it."""
+    return checked_int(value, name, 0, None, "a non-negative integer")
 
 
 def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1) -> float:

@@ -34,6 +34,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from aikit.core.ga import sample_count
 from aikit.core.plan import positive_int
 
 __all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "gain"]
@@ -69,8 +70,7 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
         )
     parts = []
     for j, (norm, samples) in enumerate(zip(part_sq_norms, part_samples, strict=True)):
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise ValueError(f"part_samples[{j}] must be a non-negative integer, got {samples!r}")
+        samples = sample_count(samples, f"part_samples[{j}]")
         if not (math.isfinite(norm) and norm >= 0):
             raise ValueError(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
         if samples:

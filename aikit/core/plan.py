@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import bisect
 import math
-import operator
 import random
 from dataclasses import dataclass
 
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidValue, checked_int
 from aikit.core.ga import sample_weight
 
 POLICIES = ("ragged", "fewer_devices", "error")
@@ -39,28 +38,12 @@ POLICIES = ("ragged", "fewer_devices", "error")
 
 def positive_int(value: object, name: str) -> int:
     """Return ``value`` as an int, or raise an aikit error naming it (bools and floats refused)."""
-    if isinstance(value, bool):
-        raise InvalidType(f"{name} must be a positive integer, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise InvalidType(f"{name} must be a positive integer, got {value!r:.100}") from None
-    if number <= 0:
-        raise InvalidValue(f"{name} must be a positive integer, got {number}")
-    return number
+    return checked_int(value, name, 1, None, "a positive integer")
 
 
 def index_in(value: object, name: str, count: int) -> int:
     """``value`` as an int in ``0..count-1`` (a rank), or an aikit error naming it."""
-    if isinstance(value, bool):
-        raise InvalidType(f"{name} must be an integer in 0..{count - 1}, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise InvalidType(f"{name} must be an integer in 0..{count - 1}, got {value!r:.100}") from None
-    if not 0 <= number < count:
-        raise InvalidValue(f"{name} must be an integer in 0..{count - 1}, got {number}")
-    return number
+    return checked_int(value, name, 0, count - 1, f"an integer in 0..{count - 1}")
 
 
 @dataclass(frozen=True)
