@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from integration_common import AUTOLRS as COMMON_AUTOLRS
-from integration_common import data
+from integration_common import assert_same_search, autolrs_by_hand, data
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
@@ -95,19 +95,10 @@ def test_autolrs_callback_equals_the_hook_called_by_hand(tmp_path):
     # 32 updates of 2 micro-batches of 8: warmup, trials with restores, training
     train(model, [callback], tmp_path, epochs=4, per_device_train_batch_size=8, gradient_accumulation_steps=2)
 
-    reference, (x, y) = Net(), data()
+    reference = Net()
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     by_hand = AutoLRS(reference, optimizer, validation(reference), 1e-3, 1.0, **AUTOLRS)
-    for _ in range(4):
-        for start in range(0, 128, 16):
-            optimizer.zero_grad()
-            losses = [reference(x[i:i + 8], y[i:i + 8])["loss"] for i in (start, start + 8)]
-            for loss in losses:
-                (loss / 2).backward()
-            optimizer.step()
-            by_hand.on_train_batch_end(sum(float(loss) for loss in losses) / 2)
-    history = [(r.step, r.phase, r.lr, r.loss) for r in callback.autolrs.controller.history]
-    assert history == [(r.step, r.phase, r.lr, r.loss) for r in by_hand.controller.history]
-    assert {r.phase for r in by_hand.controller.history} >= {"warmup", "trial", "train"}
+    autolrs_by_hand(by_hand, optimizer, lambda x, y: reference(x, y)["loss"])
+    assert_same_search(callback.autolrs, by_hand)
     assert callback.lr == by_hand.lr and len(calls) >= 4  # both runs scored trials on validation
     assert_same_weights(model, reference)

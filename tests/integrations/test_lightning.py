@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from integration_common import AUTOLRS as COMMON_AUTOLRS
-from integration_common import data
+from integration_common import assert_same_search, autolrs_by_hand, data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -140,16 +140,7 @@ def test_autolrs_callback_equals_the_hook_called_by_hand():
     model = net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     by_hand = TorchAutoLRS(model, optimizer, validation(model), 1e-3, 1.0, **AUTOLRS)
-    for _ in range(4):
-        for start in range(0, 128, 16):
-            optimizer.zero_grad()
-            losses = [nn.functional.cross_entropy(model(x[i:i + 8]), y[i:i + 8]) for i in (start, start + 8)]
-            for loss in losses:
-                (loss / 2).backward()
-            optimizer.step()
-            by_hand.on_train_batch_end(sum(float(loss) for loss in losses) / 2)
-    history = [(r.step, r.phase, r.lr, r.loss) for r in callback.autolrs.controller.history]
-    assert history == [(r.step, r.phase, r.lr, r.loss) for r in by_hand.controller.history]
-    assert {r.phase for r in by_hand.controller.history} >= {"warmup", "trial", "train"}
+    autolrs_by_hand(by_hand, optimizer, lambda x, y: nn.functional.cross_entropy(model(x), y))
+    assert_same_search(callback.autolrs, by_hand)
     assert callback.lr == by_hand.lr
     assert_same_weights(module.net, model)
