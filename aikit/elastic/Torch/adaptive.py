@@ -166,7 +166,8 @@ class AdaptiveSchedule:
     def checked(self, state: dict) -> tuple[list[int], list[int], _Controller]:
         """``state`` converted for loading, or a ValueError naming what does not fit."""
         if not isinstance(state, dict) or set(state) != _ADAPTIVE_KEYS:
-            raise ValueError(f"not an adaptive schedule state: keys {sorted(state) if isinstance(state, dict) else state}")
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not an adaptive schedule state: keys {keys}, expected {sorted(_ADAPTIVE_KEYS)}")
         if state["settings"] != self.settings():
             differ = [f"{k} {state['settings'].get(k)!r} then, {v!r} now" for k, v in self.settings().items()
                       if state["settings"].get(k) != v]
