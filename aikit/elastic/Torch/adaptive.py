@@ -89,8 +89,12 @@ class _Controller(GoodputController):
             self.noise.update(noise)
         self.batches.append(batch)
 
+    min_estimates = 0  # noise estimates needed before the first change
+
     def propose(self) -> int | None:
-        return super().propose() if self.throughput.configurations else None  # the first updates are not timed
+        if not self.throughput.configurations or self.noise.updates < self.min_estimates:
+            return None  # the first updates are not timed; the first noise estimates are too noisy
+        return super().propose()
 
 
 class AdaptiveSchedule:
@@ -178,6 +182,7 @@ class AdaptiveSchedule:
         controller = _Controller(c.max_device_batch, c.devices, base_batch=c.base_batch, max_batch=c.max_batch,
                                  min_batch=c.min_batch, threshold=c.threshold, decay=c.noise.decay, policy=c.policy)
         controller.load_state_dict(state["controller"])
+        controller.min_estimates = c.min_estimates
         return sizes, starts, controller
 
     def load(self, sizes: list[int], starts: list[int], controller: _Controller) -> None:
@@ -212,6 +217,8 @@ class AdaptiveSampler(CustomSampler):
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
         threshold: change the batch only for a predicted goodput gain above this (5 %: Pollux's).
         decay: smoothing of the noise estimates over updates.
+        min_estimates: noise estimates to average before the first change (default: the
+            smoothing's horizon, ``1 / (1 - decay)``; a single estimate is very noisy).
         lookahead: updates between a decision and the update it changes; at least the
             micro-batches a DataLoader fetches ahead (``num_workers * prefetch_factor``; 0 without
             workers). :meth:`loader` sets it for you.
@@ -236,6 +243,7 @@ class AdaptiveSampler(CustomSampler):
         threshold: float = 0.05,
         decay: float = 0.95,
         lookahead: int = 0,
+        min_estimates: int | None = None,
         dataset_size: int | None = None,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
@@ -258,6 +266,8 @@ class AdaptiveSampler(CustomSampler):
                                f"cannot span epochs; use max_batch <= {size // unit * unit}")
         controller = _Controller(micro_batch, num_replicas, base_batch=base_batch, max_batch=max_batch,
                                  min_batch=min_batch, threshold=threshold, decay=decay, policy="error")
+        controller.min_estimates = round(1 / (1 - controller.noise.decay)) if min_estimates is None else \
+            _count(min_estimates, "min_estimates")
         self.schedule = AdaptiveSchedule(size, controller, micro_batch, num_replicas, seed, shuffle, lookahead)
         self.devices = 1
         self.rank = _checked_rank(rank, num_replicas)
