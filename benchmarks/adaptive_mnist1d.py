@@ -267,8 +267,8 @@ def main() -> None:
     print("\npredicted on 8 devices (assumptions: each device as fast as this one, fitted per micro-step "
           f"{per_micro * 1e3:.2f} ms + {per_sample * 1e6:.1f} us/sample + {per_update * 1e3:.2f} ms/update; a ring "
           f"all-reduce of {params} float32 gradients at {args.bandwidth / 1e9:.2f} GB/s and {args.latency * 1e6:.0f}"
-          " us a hop; the same updates to target as measured here, the adaptive run keeping the batches it chose on one "
-          f"device): best fixed {fixed_8:.2f} s, adaptive {adaptive_8:.2f} s, ratio {fixed_8 / adaptive_8:.2f}")
+          " us a hop; the same updates to target as measured here, the adaptive run keeping the batches it chose on "
+          f"one device): best fixed {fixed_8:.2f} s, adaptive {adaptive_8:.2f} s, ratio {fixed_8 / adaptive_8:.2f}")
     if args.plot:
         from aikit.plot_adaptive import plot_adaptive
 
