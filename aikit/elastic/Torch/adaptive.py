@@ -489,8 +489,12 @@ class AdaptiveOptimizer(TraceOptimizer):
         timed = seconds[2] == 1 and seconds[1] > 0
         grads = [p.grad for p in self.params if p.grad is not None]
         mean_sq = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in grads)) * weight**2
+        if self.engine.scaler is not None:  # AMP: every gradient so far carries the loss scale
+            scale = float(self.engine.scaler.get_scale()) ** 2
+            parts, mean_sq = [part / scale for part in parts], mean_sq / scale
         samples = [micro if j < plan.counts(r)[step] else 0 for r in range(replicas) for j in range(slots)]
-        noise = estimate(parts, samples, mean_sq) if sum(1 for s in samples if s) >= 2 else None
+        measurable = sum(1 for s in samples if s) >= 2 and all(map(math.isfinite, [*parts, mean_sq]))
+        noise = estimate(parts, samples, mean_sq) if measurable else None  # not an inf/NaN step AMP skips
         controller = self.controller
         controller.record(batch, (seconds[0], seconds[1]) if timed else None, noise)
 
