@@ -200,11 +200,11 @@ def predicted_8_devices(model_fit: ThroughputModel, batches: list[int], micro: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--micro", type=int, default=50, help="most samples one device holds per micro-batch")
     parser.add_argument("--max-batch", type=int, default=1000)
-    parser.add_argument("--batches", type=int, nargs="+", default=[100, 200, 400, 800])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.03, 0.063, 0.126], help="LR at batch 100")
+    parser.add_argument("--batches", type=int, nargs="+", default=[100, 200, 400])
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.063, 0.126], help="LR at batch 100")
     parser.add_argument("--eval-every", type=int, default=700, help="samples between validations")
     parser.add_argument("--below", type=float, default=2.0, help="target: best fixed final accuracy less these points")
     parser.add_argument("--seed", type=int, default=0)
