@@ -227,8 +227,8 @@ def main() -> None:
                   f"test {fixed[batch, lr]['test']:.3f}", flush=True)
     best_final = max(run["curve"][-1][3] for run in fixed.values())
     target = best_final - args.below / 100
-    tuned = {b: min((to_target(run, target)[1], lr) for (bb, lr), run in fixed.items() if bb == b)[1]
-             for b in args.batches}
+    tuned = {b: min((to_target(run, target)[1], -run["curve"][-1][3], lr) for (bb, lr), run in fixed.items()
+                    if bb == b)[2] for b in args.batches}  # first to the target, else the best final accuracy
     base_lr = tuned.get(BASE, args.lrs[len(args.lrs) // 2])
     adaptive, sampler, optimizer = adaptive_run(data, base_lr, args, args.seed)
     adl, why = adaptdl_run(base_lr, args, args.seed)

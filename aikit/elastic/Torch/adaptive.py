@@ -219,6 +219,8 @@ class AdaptiveSampler(CustomSampler):
         decay: smoothing of the noise estimates over updates.
         min_estimates: noise estimates to average before the first change (default: the
             smoothing's horizon, ``1 / (1 - decay)``; a single estimate is very noisy).
+        interval: updates between decisions (each fits the throughput model and scores every
+            candidate batch: milliseconds, not worth paying at every update).
         lookahead: updates between a decision and the update it changes; at least the
             micro-batches a DataLoader fetches ahead (``num_workers * prefetch_factor``; 0 without
             workers). :meth:`loader` sets it for you.
@@ -244,6 +246,7 @@ class AdaptiveSampler(CustomSampler):
         decay: float = 0.95,
         lookahead: int = 0,
         min_estimates: int | None = None,
+        interval: int = 10,
         dataset_size: int | None = None,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
@@ -269,6 +272,7 @@ class AdaptiveSampler(CustomSampler):
         controller.min_estimates = round(1 / (1 - controller.noise.decay)) if min_estimates is None else \
             _count(min_estimates, "min_estimates")
         self.schedule = AdaptiveSchedule(size, controller, micro_batch, num_replicas, seed, shuffle, lookahead)
+        self.interval = positive_int(interval, "interval")
         self.devices = 1
         self.rank = _checked_rank(rank, num_replicas)
         if self.schedule.samples_left_out:
@@ -515,7 +519,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         smoothed = controller.noise.smoothed.noise_scale if controller.noise.updates else math.nan
         self.history.append((done - 1, batch, lr, smoothed))
         old = controller.batch
-        new = controller.propose()
+        new = controller.propose() if done % self.sampler.interval == 0 else None
         if new is not None and rank == 0:
             plan_new = controller.plan(new)
             log.info("aikit adaptive: update %d: global batch %d -> %d from update %d (%d GA steps x %d per device "
