@@ -19,7 +19,7 @@ measured every ``--eval-every`` samples with the clock paused, so wall times cou
 Target: the best fixed run's final validation accuracy minus ``--below`` points. Prints updates
 and wall seconds to the target and final test accuracy for each, the ratios best-fixed / adaptive
 (> 1: adaptive is better), and the predicted time to target on 8 devices from the throughput model
-the adaptive run fitted (assumptions printed). ``--plot`` draws the adaptive run's batch, noise
+the adaptive run fitted (assumptions printed: see ``eight_devices``). ``--plot`` draws the adaptive run's batch, noise
 scale and LR. Default run: a few minutes::
 
     nice -n 10 python benchmarks/adaptive_mnist1d.py --plot docs/adaptive_mnist1d.png
@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.goodput import ThroughputModel
+from aikit.core.gradient_noise import gain
 from aikit.core.plan import make_plan
 from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler, ConstantOptimizer, CustomSampler
 
@@ -184,18 +185,44 @@ def to_target(run: dict, target: float) -> tuple[float, float]:
     return math.inf, math.inf
 
 
-def predicted_8_devices(model_fit: ThroughputModel, batches: list[int], micro: int, parameters: int,
-                        bandwidth: float, latency: float) -> float:
-    """Seconds for the updates ``batches`` on 8 devices: each update's plan on 8 devices (GA steps x
-    micro-batch), its micro-steps at this device's fitted speed, plus a ring all-reduce of the
-    float32 gradients (``2 (N-1)/N`` of them over ``bandwidth`` bytes/s, ``2 (N-1)`` latencies)."""
+def eight_devices(fit: ThroughputModel, noise_scales: list[float], base_updates: float, fixed: dict[int, float],
+                  args, parameters: int) -> tuple[float, float, int, list[int]]:
+    """Predicted seconds to the target on 8 devices: ``(best fixed, adaptive, best fixed batch, batches)``.
+
+    An update of ``B`` takes its 8-device plan's GA steps x (per micro-step + per sample x
+    micro-batch) at this device's fitted speed, plus a ring all-reduce of the float32 gradients
+    (``2 (N-1)/N`` of them over ``bandwidth``, ``2 (N-1)`` latencies). A fixed batch needs the
+    updates it needed here. The adaptive run is Pollux's controller on that 8-device throughput
+    model: every update it takes the batch of best goodput (changing only for more than 5 %), and
+    is worth AdaScale's gain in base-batch updates; it reaches the target when those add up to
+    the base batch's updates to target, the noise scale following the measured one by progress.
+    """
     devices = 8
-    all_reduce = 2 * (devices - 1) / devices * parameters * 4 / bandwidth + 2 * (devices - 1) * latency
-    total = 0.0
-    for batch in batches:
-        plan = make_plan(batch, micro, devices)
-        total += model_fit.seconds(plan.batch_size, plan.steps) + all_reduce
-    return total
+    per_micro, per_sample, per_update = fit.coefficients()
+    all_reduce = 2 * (devices - 1) / devices * parameters * 4 / args.bandwidth + 2 * (devices - 1) * args.latency
+
+    def seconds(batch: int) -> float:
+        plan = make_plan(batch, args.micro, devices)
+        return plan.steps * (per_micro + per_sample * plan.batch_size) + per_update + all_reduce
+
+    fixed_seconds = {b: updates * seconds(b) for b, updates in fixed.items() if math.isfinite(updates)}
+    best_batch = min(fixed_seconds, key=fixed_seconds.get)
+    candidates = range(BASE, args.max_batch + 1, devices)
+    progress, total, batch, chosen = 0.0, 0.0, BASE, []
+    while progress < base_updates:
+        phi = noise_scales[min(int(progress), len(noise_scales) - 1)]
+        phi = phi if math.isfinite(phi) else 0.0
+
+        def goodput(b: int, phi: float = phi) -> float:
+            return b / seconds(b) * gain(phi, 1.0, b, BASE) * BASE / b
+
+        best = max(candidates, key=goodput)
+        if goodput(best) > 1.05 * goodput(batch):
+            batch = best
+        chosen.append(batch)
+        total += seconds(batch)
+        progress += gain(phi, 1.0, batch, BASE)
+    return fixed_seconds[best_batch], total, best_batch, chosen
 
 
 def main() -> None:
@@ -258,17 +285,21 @@ def main() -> None:
 
     # 8 devices, from the throughput model the adaptive run fitted on this one
     fit, params = sampler.controller.throughput, sum(p.numel() for p in ConvBase().parameters())
-    reach = int(to_target(adaptive, target)[0]) if math.isfinite(au) else len(batches)
-    fixed_batch = int(best_name.split()[1])
-    fixed_steps = int(bu) if math.isfinite(bu) else 0
-    adaptive_8 = predicted_8_devices(fit, batches[:reach], args.micro, params, args.bandwidth, args.latency)
-    fixed_8 = predicted_8_devices(fit, [fixed_batch] * fixed_steps, args.micro, params, args.bandwidth, args.latency)
-    per_micro, per_sample, per_update = fit.coefficients()
-    print("\npredicted on 8 devices (assumptions: each device as fast as this one, fitted per micro-step "
-          f"{per_micro * 1e3:.2f} ms + {per_sample * 1e6:.1f} us/sample + {per_update * 1e3:.2f} ms/update; a ring "
-          f"all-reduce of {params} float32 gradients at {args.bandwidth / 1e9:.2f} GB/s and {args.latency * 1e6:.0f}"
-          " us a hop; the same updates to target as measured here, the adaptive run keeping the batches it chose on "
-          f"one device): best fixed {fixed_8:.2f} s, adaptive {adaptive_8:.2f} s, ratio {fixed_8 / adaptive_8:.2f}")
+    fixed_updates = {b: to_target(fixed[b, tuned[b]], target)[0] for b in args.batches}
+    if math.isfinite(fixed_updates.get(BASE, math.inf)):
+        noise_scales = [row[3] for row in optimizer.history]
+        fixed_8, adaptive_8, batch_8, chosen = eight_devices(fit, noise_scales, fixed_updates[BASE], fixed_updates,
+                                                             args, params)
+        per_micro, per_sample, per_update = fit.coefficients()
+        print("\npredicted on 8 devices, each as fast as this one (fitted: "
+              f"{per_micro * 1e3:.2f} ms per micro-step + {per_sample * 1e6:.1f} us per sample + {per_update * 1e3:.2f}"
+              f" ms per update), a ring all-reduce of {params} float32 gradients at {args.bandwidth / 1e9:.2f} GB/s "
+              f"and {args.latency * 1e6:.0f} us a hop, fixed batches needing the updates they needed here, the "
+              "adaptive batch chosen by goodput on that model with each update worth AdaScale's gain and the "
+              f"noise scale measured here: best fixed (batch {batch_8}) {fixed_8:.2f} s, adaptive {adaptive_8:.2f} s "
+              f"in {len(chosen)} updates (batches {min(chosen)}..{max(chosen)}), ratio {fixed_8 / adaptive_8:.2f}")
+    else:
+        print("\n8-device prediction skipped: the base batch never reached the target")
     if args.plot:
         from aikit.plot_adaptive import plot_adaptive
 
