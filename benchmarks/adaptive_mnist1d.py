@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -103,6 +104,9 @@ def train(data, model, sampler, optimizer, epochs: int, eval_every: int, clock: 
                 if samples >= budget:
                     break
         epoch += 1
+    if not curve or curve[-1][0] != samples:
+        with clock.pause():
+            curve.append((samples, optimizer.updates, clock(), evaluate(model, xv, yv)))
     return {"curve": curve, "test": evaluate(model, xt, yt)}
 
 
@@ -238,6 +242,8 @@ def main() -> None:
     parser.add_argument("--adaptdl-path", default=os.environ.get("AIKIT_ADAPTDL_PATH"))
     parser.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s between devices (10 Gbit/s)")
     parser.add_argument("--latency", type=float, default=50e-6, help="seconds per all-reduce hop")
+    parser.add_argument("--timing-repeats", type=int, default=3, help="alternated runs timing the overhead")
+    parser.add_argument("--timing-epochs", type=int, default=2)
     parser.add_argument("--plot", help="save the adaptive run's batch / noise scale / LR plot here")
     parser.add_argument("--json", help="write every curve here")
     args = parser.parse_args()
@@ -282,6 +288,20 @@ def main() -> None:
     batches = sampler.controller.batches
     print(f"adaptive batches: {batches[0]} .. {max(batches)}, {len(sampler.controller.changes)} changes, "
           f"{len(batches)} updates in all")
+
+    # the adaptive machinery's cost: the base batch fixed and adaptive, alternated, median seconds per update
+    if args.timing_repeats:
+        timing = argparse.Namespace(**{**vars(args), "epochs": args.timing_epochs, "eval_every": 10**9})
+        per_update = {"fixed": [], "adaptive": []}
+        for repeat in range(args.timing_repeats):
+            for name in ("fixed", "adaptive"):
+                run = (fixed_run(data, BASE, base_lr, timing, args.seed + repeat) if name == "fixed"
+                       else adaptive_run(data, base_lr, timing, args.seed + repeat)[0])
+                samples, updates, seconds, _ = run["curve"][-1]
+                per_update[name].append(seconds / samples)
+        ratio = statistics.median(per_update["fixed"]) / statistics.median(per_update["adaptive"])
+        print(f"seconds per sample at the base batch, median of {args.timing_repeats} alternated runs of "
+              f"{args.timing_epochs} epochs: fixed / adaptive {ratio:.2f} (the adaptive machinery's overhead)")
 
     # 8 devices, from the throughput model the adaptive run fitted on this one
     fit, params = sampler.controller.throughput, sum(p.numel() for p in ConvBase().parameters())
