@@ -411,7 +411,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         self.clock = clock
         self.history: list[tuple[int, int, float, float]] = []
         self._parts: list[torch.Tensor] = []  # squared norms of this update's micro-batch gradients
-        self._part: torch.Tensor | None = None  # of the micro-batch in progress, summed over parameters
+        self._norms: list[torch.Tensor] = []  # gradient norms of the micro-batch in progress, per parameter
         self._last: float | None = None  # the previous update's last micro-step, this iteration
         self._micro_stamp: float | None = None  # this update's latest micro-step
         self._accumulating = 0.0  # seconds of this update's micro-steps after its first
@@ -447,19 +447,17 @@ class AdaptiveOptimizer(TraceOptimizer):
     # --- measuring -----------------------------------------------------------------------------
     def _measure(self, grad: torch.Tensor) -> None:
         # runs as autograd produces a parameter's gradient, before it is added into .grad
-        if grad.is_sparse:
-            grad = grad.coalesce().values()
-        sq = torch.linalg.vector_norm(grad.detach(), dtype=torch.float64).square()
-        self._part = sq if self._part is None else self._part + sq
+        # one kernel per parameter: its norm; the micro-step sums their squares once (see step)
+        self._norms.append(torch.linalg.vector_norm(grad.coalesce().values() if grad.is_sparse else grad.detach()))
 
     def step(self, closure: Callable[[], Any] | None = None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update."""
 
         def measured() -> Any:
             loss = closure() if closure is not None else None
-            if self._part is not None:
-                self._parts.append(self._part)
-                self._part = None
+            if self._norms:
+                self._parts.append(torch.stack(self._norms).double().square().sum())
+                self._norms = []
             stamp = self.clock()
             if self._micro_stamp is not None:  # the micro-steps of this update after its first
                 self._accumulating += stamp - self._micro_stamp
@@ -478,7 +476,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         slots = int(plan.counts(0)[step])  # the busiest replica's micro-batches
         parts = [0.0] * (replicas * slots)
         mine = torch.stack(self._parts).tolist() if self._parts else []
-        self._parts, self._part = [], None
+        self._parts, self._norms = [], []
         parts[rank * slots: rank * slots + len(mine)] = mine
         # timed from the previous update's last micro-step to this one's: this update's micro-steps
         # and the previous update's work (all-reduce, optimizer step, decision)
@@ -492,7 +490,7 @@ class AdaptiveOptimizer(TraceOptimizer):
             parts, seconds = summed[:-3], [summed[-3] / replicas, summed[-2] / replicas, summed[-1] / replicas]
         timed = seconds[2] == 1 and seconds[1] > 0
         grads = [p.grad for p in self.params if p.grad is not None]
-        mean_sq = float(sum(torch.linalg.vector_norm(g, dtype=torch.float64).square() for g in grads)) * weight**2
+        mean_sq = float(torch.stack(torch._foreach_norm(grads)).double().square().sum()) * weight**2 if grads else 0.0
         if self.engine.scaler is not None:  # AMP: every gradient so far carries the loss scale
             scale = float(self.engine.scaler.get_scale()) ** 2
             parts, mean_sq = [part / scale for part in parts], mean_sq / scale
@@ -561,7 +559,7 @@ class AdaptiveOptimizer(TraceOptimizer):
                 p.grad = None if grad is None else grad.to(p.device).clone()
         self.sampler.resume(trace["epoch"], trace["step"], trace["micro"])
         self._start(trace["epoch"], trace["step"], trace["micro"])
-        self.updated, self._last, self._parts, self._part = False, None, [], None
+        self.updated, self._last, self._parts, self._norms = False, None, [], []
         self._micro_stamp, self._accumulating = None, 0.0
 
     def check_state(self, state: dict) -> None:
