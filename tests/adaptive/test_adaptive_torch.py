@@ -216,3 +216,9 @@ def test_root_rule_replay_uses_the_trace_optimizer_of_that_rule(tmp_path):
         torch.nn.functional.mse_loss(model(x), y[:, :1]).backward()
         replay_opt.step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), history[-1], strict=True))
+
+
+def test_a_resume_on_another_number_of_replicas_is_refused_naming_why():
+    sampler = AdaptiveSampler(dataset(), base_batch=BASE, max_batch=MAX, micro_batch=MICRO)
+    with pytest.raises(ValueError, match="planned for 1 replicas and resumes on 2: its throughput model"):
+        sampler.set_world(2, 0)
