@@ -11,15 +11,18 @@ import pytest
 import torch
 from adaptive_common import Clock, big_batch_history, dataset, make_model, train
 
+from aikit.autolrs.Torch import ReplaySchedule
 from aikit.core.gradient_noise import gain
 from aikit.elastic.Torch import (
     AdaptiveOptimizer,
     AdaptiveSampler,
+    ConstantOptimizer,
     CustomSampler,
     ElasticState,
     LinearRuleOptimizer,
     RootRuleOptimizer,
 )
+from aikit.ga.Torch.optim import UpdateScheduler
 
 MICRO, BASE, MAX = 4, 8, 64
 
@@ -222,3 +225,33 @@ def test_a_resume_on_another_number_of_replicas_is_refused_naming_why():
     sampler = AdaptiveSampler(dataset(), base_batch=BASE, max_batch=MAX, micro_batch=MICRO)
     with pytest.raises(ValueError, match="planned for 1 replicas and resumes on 2: its throughput model"):
         sampler.set_world(2, 0)
+
+
+def test_an_adascale_run_replays_bit_for_bit_with_its_lr_schedule(tmp_path):
+    data, model, clock = dataset(), make_model(), Clock()
+    start = [p.detach().clone() for p in model.parameters()]
+    sampler, optimizer = adaptive(data, model, rule="adascale", clock=clock)
+    history, _ = train(model, data, 2, sampler=sampler, optimizer=optimizer, clock=clock)
+    assert len({lr for _, _, lr, _ in optimizer.history}) > 2  # the gain moved the LR
+    sampler.write_trace(tmp_path / "trace.csv")
+    optimizer.write_lr_schedule(tmp_path / "lr.csv")
+    model = make_model()
+    with torch.no_grad():
+        for p, s in zip(model.parameters(), start, strict=True):
+            p.copy_(s)
+    replay = CustomSampler(data, str(tmp_path / "trace.csv"), minibatch_size=MICRO, seed=5)
+    replay_opt = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), replay)
+    scheduler = UpdateScheduler(ReplaySchedule(replay_opt, tmp_path / "lr.csv"))
+    replayed = []
+    replay_opt.optimizer.register_step_post_hook(lambda *_: replayed.append([p.detach().clone()
+                                                                             for p in model.parameters()]))
+    for epoch in range(2):
+        replay.set_epoch(epoch)
+        replay_opt.set_epoch(epoch)
+        for x, y in torch.utils.data.DataLoader(data, batch_sampler=replay):
+            torch.nn.functional.mse_loss(model(x), y[:, :1]).backward()
+            replay_opt.step()
+            scheduler.step()
+    assert len(replayed) == len(history)
+    for got, want in zip(replayed, history, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -538,6 +538,18 @@ class AdaptiveOptimizer(TraceOptimizer):
         smoothed = noise.smoothed
         return lr * gain(smoothed.trace, smoothed.grad_sq, batch, self.ref_batchsize)
 
+    def write_lr_schedule(self, path: str) -> None:
+        """Write the LR of every update as a ``step,lr`` CSV (exact floats): with the sampler's
+        trace, ``ConstantOptimizer`` and ``UpdateScheduler(ReplaySchedule(optimizer, path))``
+        replay even an AdaScale run bit for bit (for optimizers whose groups share one LR)."""
+        from aikit.core.autolrs import write_schedule
+
+        if len(self.history) != len(self.controller.batches):
+            raise ValueError(
+                f"this optimizer saw {len(self.history)} of the run's {len(self.controller.batches)} updates (it was "
+                "resumed; the LRs before are not kept): write the schedule from the run that trained them all")
+        write_schedule(path, [(update, lr) for update, _, lr, _ in self.history])
+
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The trace optimizer's state and the adaptive schedule's (decided batches, controller)."""
