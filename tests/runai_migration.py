@@ -110,10 +110,14 @@ def torchvision_stand_in() -> types.ModuleType:
     return module
 
 
-def install_stand_ins(monkeypatch) -> None:
-    """Serve the digits where the examples load MNIST."""
-    if "keras" in sys.modules or "tensorflow" in sys.modules:
+def install_stand_ins(monkeypatch, train_samples: int | None = None) -> None:
+    """Serve the digits where the examples load MNIST (Keras: the first ``train_samples``)."""
+    if "keras" in sys.modules:
         import keras
 
-        monkeypatch.setattr(keras.datasets.mnist, "load_data", mnist_like)
+        def load_data():
+            (x_train, y_train), test = mnist_like()
+            return (x_train[:train_samples], y_train[:train_samples]), test
+
+        monkeypatch.setattr(keras.datasets.mnist, "load_data", load_data)
     monkeypatch.setitem(sys.modules, "torchvision", torchvision_stand_in())

@@ -47,6 +47,7 @@ def losses(out: str) -> list[float]:
     return [float(v) for v in re.findall(r"Loss: ([\d.]+)", out)]
 
 
+@pytest.mark.slow  # trains the original's CNN (a few seconds of CPU)
 def test_ga_example_makes_one_adadelta_update_per_ga_steps_with_either_form(monkeypatch, capsys):
     """examples/ga/torch/mnist.py: ``Optimizer(Adadelta(...), steps)`` and the prebuilt
     ``Adadelta(steps, params, lr=...)`` train identically, one real update per 2 micro-batches."""
@@ -59,6 +60,7 @@ def test_ga_example_makes_one_adadelta_update_per_ga_steps_with_either_form(monk
     assert "Test set: Average loss:" in wrapped and len(losses(wrapped)) == 4
 
 
+@pytest.mark.slow
 def test_elastic_example_takes_its_plan_from_aikit_elastic(monkeypatch, capsys):
     """examples/elastic/torch/mnist.py: ``runai.elastic.torch.init(G, M)`` then ``runai.elastic.steps``
     and ``runai.elastic.batch_size``, with the model in ``nn.DataParallel``."""
