@@ -205,7 +205,6 @@ class Optimizer(WrappingOptimizer):
         self.updated = self.position == self._steps
         if self.updated:
             self.updated = self._update(short=False)
-        self.micro_steps += 1
         return loss
 
     def flush(self) -> bool:
