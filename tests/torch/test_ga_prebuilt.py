@@ -152,3 +152,11 @@ def test_an_optimizer_with_a_zero_grad_of_no_arguments_is_served():
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()
     assert optimizer.updated and all(p.grad is None for p in model.parameters())
+
+
+def test_an_optimizer_with_a_scheduler_attached_is_not_taken_for_one_needing_a_closure():
+    """An LR scheduler wraps ``optimizer.step``; its signature then reads ``step(self, closure=None)``."""
+    model = torch.nn.Linear(2, 1)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.1)
+    torch.optim.lr_scheduler.StepLR(inner, step_size=2)
+    assert ga.Optimizer(inner, 2).steps == 2

@@ -97,9 +97,9 @@ class Optimizer(WrappingOptimizer):
             )
         reduction = reduction_name(reduction)
         super().__init__(optimizer)
-        if "closure" in (required := _required_step_arguments(optimizer)):
+        if _closure_required(optimizer):
             raise TypeError(
-                f"{type(optimizer).__name__}.step{required} needs a closure, which it evaluates many times per "
+                f"{type(optimizer).__name__}.step(closure) needs a closure, which it evaluates many times per "
                 "update (L-BFGS's line search), but gradient accumulation evaluates each micro-step's closure "
                 "once: train it without GA, on the whole batch"
             )
@@ -205,6 +205,7 @@ class Optimizer(WrappingOptimizer):
         self.updated = self.position == self._steps
         if self.updated:
             self.updated = self._update(short=False)
+        self.micro_steps += 1
         return loss
 
     def flush(self) -> bool:
@@ -450,15 +451,13 @@ def _world_size() -> int:
 
 
 
-def _required_step_arguments(optimizer: torch.optim.Optimizer) -> str:
-    """The signature of ``optimizer.step`` when it has an argument without a default, else ''."""
+def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` takes a ``closure`` without a default (L-BFGS)."""
     try:
-        signature = inspect.signature(optimizer.step)
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
     except (TypeError, ValueError):  # a builtin or C step: nothing to read
-        return ""
-    required = [p for p in signature.parameters.values() if p.default is p.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return str(signature) if required else ""
+        return False
+    return closure is not None and closure.default is closure.empty
 
 
 def _prebuilt(inner: type[torch.optim.Optimizer]) -> type[Optimizer]:
