@@ -4,6 +4,8 @@ bits as the original; aikit's default (the mean) differs by exactly the original
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -53,3 +55,43 @@ def test_the_default_mean_is_the_original_at_an_lr_divided_by_the_steps():
     mean = train(lambda p: aikit.ga.Torch.optim.SGD(3, p, lr=0.03))
     for mine, theirs in zip(mean, original, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-14)
+
+
+def test_a_run_ai_state_dict_saved_between_updates_resumes_to_the_same_bits():
+    """Run:AI's AIkit's GA state_dict (its counter in ``state['runai']``), as a user holds it after
+    loading their checkpoint, continues in aikit with reduction='sum' exactly as in the original."""
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 2).double()
+
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(3, 4, generator=gen, dtype=torch.float64),) for _ in range(12)]
+
+    def micro_step(net, optimizer, x):
+        optimizer.zero_grad()
+        net(x).pow(2).sum().backward()
+        optimizer.step()
+
+    theirs = model()
+    original = runai.optim.Adam(3, theirs.parameters(), lr=0.01)
+    for (x,) in batches[:6]:
+        micro_step(theirs, original, x)
+    saved = copy.deepcopy(original.state_dict())  # as from a checkpoint file: torch shares the state's tensors
+    mine = model()
+    mine.load_state_dict(theirs.state_dict())
+    resumed = aikit.ga.Torch.optim.Adam(3, mine.parameters(), lr=0.01, reduction="sum")
+    resumed.load_state_dict(saved)
+    assert (resumed.micro_steps, resumed.position) == (6, 0)
+    for (x,) in batches[6:]:
+        micro_step(theirs, original, x)
+        micro_step(mine, resumed, x)
+    for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+    mean = aikit.ga.Torch.optim.Adam(3, model().parameters(), lr=0.01)
+    with pytest.raises(ValueError, match="saved by an optimizer with reduction='sum', this one has reduction='mean'"):
+        mean.load_state_dict(saved)
+    micro_step(theirs, original, batches[0][0])
+    with pytest.raises(ValueError, match="Run:AI's AIkit's state_dict was saved 1 micro-steps into an update of "
+                                         "steps=3, and Run:AI's AIkit does not save the gradients"):
+        resumed.load_state_dict(original.state_dict())

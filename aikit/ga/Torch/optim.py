@@ -285,10 +285,13 @@ class Optimizer(WrappingOptimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``; strict about its keys, and checked whole before anything
         changes. Saved between updates, it may be loaded with a different ``steps`` (an elastic
-        restart on other hardware). Local: no collective."""
+        restart on other hardware). Run:AI's AIkit's GA state_dict (its counter in
+        ``state['runai']``, a sum) loads too, saved between updates, into ``reduction="sum"``.
+        Local: no collective."""
         self._run_load_hooks(state_dict, self._load)
 
     def _load(self, state_dict: dict[str, Any]) -> None:
+        state_dict = _from_runai(state_dict)
         self.check_state(state_dict)
         ga = state_dict["ga"]
         position, params = ga["position"], self._params()
@@ -302,6 +305,7 @@ class Optimizer(WrappingOptimizer):
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
         """Every reason ``state_dict`` cannot be loaded, before anything is changed."""
+        state_dict = _from_runai(state_dict)
         if not isinstance(state_dict, dict) or set(state_dict) != _STATE_KEYS:
             if isinstance(state_dict, dict) and "param_groups" in state_dict:
                 raise ValueError(
@@ -449,6 +453,27 @@ def _world_size() -> int:
 
     return distributed.world_size()
 
+
+
+def _from_runai(state_dict: Any) -> Any:
+    """Run:AI's AIkit's GA state_dict (a torch optimizer's, its ``State(steps, step)`` counter in
+    ``state['runai']``) as this wrapper's; anything else as it is. Run:AI's summed the micro-batch
+    gradients and did not save them, so it converts only between updates."""
+    state = state_dict.get("state") if isinstance(state_dict, dict) else None
+    runai = state.get("runai") if isinstance(state, dict) else None
+    if not (hasattr(runai, "steps") and hasattr(runai, "step")):
+        return state_dict
+    steps, step = positive_int(runai.steps, "Run:AI's runai.steps"), sample_count(runai.step, "Run:AI's runai.step")
+    if step % steps:
+        raise ValueError(
+            f"Run:AI's AIkit's state_dict was saved {step % steps} micro-steps into an update of steps={steps}, "
+            "and Run:AI's AIkit does not save the gradients accumulated so far: resume from one saved between "
+            "updates (runai.step a multiple of runai.steps)"
+        )
+    inner = {**state_dict, "state": {key: value for key, value in state.items() if key != "runai"}}
+    ga = {"steps": steps, "position": 0, "micro_steps": step, "reduction": "sum", "samples": 0, "weighted": 0,
+          "unit": None, "pending_grads": []}
+    return {"optimizer": inner, "ga": ga}
 
 
 def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
