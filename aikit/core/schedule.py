@@ -264,13 +264,18 @@ class Schedule:
         order = self.permutation(self.seed, epoch, self.dataset_size)
         if self.permutation is numpy_permutation:
             return order
-        order = np.asarray(order)
-        size = self.dataset_size
-        if order.shape != (size,) or order.dtype.kind not in "iu" or (
-            size and (order.min() < 0 or order.max() >= size or np.bincount(order, minlength=size).max() > 1)
-        ):
-            raise InvalidValue(
-                f"permutation {getattr(self.permutation, '__name__', self.permutation)!r} returned "
-                f"{order!r:.80} for epoch {epoch}, not a permutation of range({size})"
-            )
+        order, size = np.asarray(order), self.dataset_size
+        problem = None
+        if order.shape != (size,):
+            problem = f"an array of shape {order.shape}"
+        elif order.dtype.kind not in "iu":
+            problem = f"an array of {order.dtype}"
+        elif size and (order.min() < 0 or order.max() >= size):
+            problem = f"index {int(order.min() if order.min() < 0 else order.max())}, outside 0..{size - 1}"
+        elif size and np.bincount(order, minlength=size).max() > 1:
+            problem = f"index {int(np.bincount(order, minlength=size).argmax())} more than once"
+        if problem:
+            name = getattr(self.permutation, "__name__", repr(self.permutation))
+            raise InvalidValue(f"permutation {name!r} returned {problem} for epoch {epoch}: it must return a "
+                               f"permutation of range({size}), every index once")
         return order.astype(np.int64, copy=False)
