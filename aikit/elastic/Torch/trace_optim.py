@@ -426,6 +426,10 @@ class AdaScaleOptimizer(TraceOptimizer):
             handle.remove()
         self._hooks = []
 
+    def redeal(self) -> None:
+        self._sq_norms = None  # the step cut short is retrained: so are its micro-batches' norms
+        super().redeal()
+
     def _add_sq_norm(self, index: int, grad: torch.Tensor) -> None:
         if self._sq_norms is None:
             self._sq_norms = torch.zeros(len(self.param_groups), dtype=self._sum_dtype, device=grad.device)
