@@ -55,6 +55,20 @@ def test_positional_arguments_follow_eth_easls_order_seed_third():
     assert list(every) == list(by_keyword)
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    ((2, 1, 4, 8), r"rank must be an integer in 0..0, got 4"),  # aikit 0.1: (num_replicas, rank, mb, seed)
+    ((2, 0), r"num_replicas must be a positive integer, got 0"),  # rank 0 of 2, as aikit 0.1 read it
+])
+def test_aikit_0_1s_positional_order_is_refused_with_the_order_named(args, message):
+    """aikit 0.1 took (num_replicas, rank, minibatch_size, seed) after the trace: such calls fail
+    loudly and say why. (``CustomSampler(ds, trace, k)`` alone now means seed k, the replicas
+    coming from the engine: under aikit 0.1 it trained only when k was the engine's world size.)"""
+    with pytest.raises(ValueError, match=message + r".*arguments after the trace are seed, num_replicas, rank, "
+                                               r"minibatch_size, verbose, in eth-easl's order; aikit 0.1 took "
+                                               r"num_replicas third: pass them by keyword"):
+        CustomSampler(400, [16, 32], *args, verbose=False)
+
+
 def test_verbose_prints_eth_easls_two_lines_on_rank_0(capsys):
     CustomSampler(100, [64, 32, 96], 42, 2, 0, 32)  # the original's default verbose=True, rank 0 given
     assert capsys.readouterr().out.splitlines() == [

@@ -41,6 +41,8 @@ def torch_permutation(seed: int, epoch: int, dataset_size: int) -> np.ndarray:
     return torch.randperm(dataset_size, generator=generator).numpy()
 
 
+ORDER_HINT = ("CustomSampler's arguments after the trace are seed, num_replicas, rank, minibatch_size, verbose, "
+              "in eth-easl's order; aikit 0.1 took num_replicas third: pass them by keyword")
 PERMUTATIONS: dict[str, Permutation] = {"numpy": numpy_permutation, "torch": torch_permutation}
 
 
@@ -96,9 +98,14 @@ class CustomSampler(Sampler[list[int]]):
             rank = engine_rank if rank is None else rank
         trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
-        micro = spmd.micro_batch(trace, minibatch_size, self.devices)
-        self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order)
-        self.rank = _checked_rank(rank, self.schedule.num_replicas)
+        try:
+            micro = spmd.micro_batch(trace, minibatch_size, self.devices)
+            self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order)
+            self.rank = _checked_rank(rank, self.schedule.num_replicas)
+        except (InvalidType, InvalidValue) as error:
+            if str(error).startswith(("seed", "num_replicas", "rank", "minibatch_size")):
+                raise type(error)(f"{error} ({ORDER_HINT})") from None
+            raise
         self.set_epoch(0)
         _latest = self
         if (given_rank == 0 if verbose is None else verbose) and self.rank == 0:
