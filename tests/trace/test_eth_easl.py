@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.trace import TraceStepWarning
 from aikit.datasets import digits
-from aikit.elastic.Torch import CustomSampler, LinearRuleMomentumOptimizer, LinearRuleOptimizer
+from aikit.elastic.Torch import CustomOptimizer, CustomSampler, LinearRuleMomentumOptimizer, LinearRuleOptimizer
 
 SEED_TRACE = Path(__file__).parent / "data" / "eth_easl_test_trace.csv"  # eth-easl's test/test_trace.csv
 
@@ -175,6 +175,31 @@ def test_get_lr_set_lr_get_bs_current_lr_and_adapt_lr_mean_what_they_meant():
     assert inner.param_groups[1]["lr"] == 0.2
     with pytest.raises(ValueError, match=r"set_lr needs one LR per param group \(2\), got 1"):
         optimizer.set_lr((0.1,))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_custom_optimizer_keeps_the_lr_and_averages_or_sums(reduction):
+    """eth-easl's base class: CustomOptimizer(optimizer, sampler, log_steps, reduction)."""
+    data = digits_data()
+    model, reference = digits_model(), digits_model()
+    sampler = CustomSampler(data, [64, 32, 96], minibatch_size=32, when_exhausted="cycle")
+    optimizer = CustomOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, None, reduction)
+    plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x, y = data.tensors
+    for step in range(3):
+        micro_batches = [b.tolist() for b in sampler.epoch_schedule.micro_batches(step, 0)]
+        for xs, ys in DataLoader(data, batch_sampler=micro_batches):
+            nn.functional.nll_loss(model(xs), ys).backward()
+            optimizer.step()
+        index = torch.as_tensor(sampler.epoch_schedule.step_indices(step))
+        plain.zero_grad()
+        loss = nn.functional.nll_loss(reference(x[index]), y[index])
+        (loss * (len(index) // 32) if reduction == "sum" else loss).backward()  # sum of micro-batch means
+        plain.step()
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum', got 'max'"):
+        CustomOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, reduction="max")
 
 
 def test_linear_rule_momentum_warns_when_it_replaces_the_optimizers_weight_decay():

@@ -20,6 +20,7 @@ from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import (
     AdaScaleOptimizer,
     ConstantOptimizer,
+    CustomOptimizer,
     LinearRuleMomentumOptimizer,
     LinearRuleOptimizer,
     RootRuleOptimizer,
@@ -29,6 +30,7 @@ from aikit.elastic.Torch.trace_optim import (
 __all__ = [
     "AdaScaleOptimizer",
     "ConstantOptimizer",
+    "CustomOptimizer",
     "CustomSampler",
     "ElasticState",
     "LinearRuleMomentumOptimizer",

@@ -342,6 +342,24 @@ class ConstantOptimizer(TraceOptimizer):
     rule = "constant"
 
 
+class CustomOptimizer(TraceOptimizer):
+    """eth-easl's base optimizer, ``CustomOptimizer(optimizer, sampler, log_steps=None,
+    reduction='mean')``: the wrapped optimizer's LR whatever the batch, and the step's micro-batch
+    gradients averaged (``'mean'``) or summed (``'sum'``) over micro-batches and replicas."""
+
+    rule = "constant"
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 log_steps: int | None = None, reduction: str = "mean", **options: Any):
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        super().__init__(optimizer, sampler, None, log_steps, **options)
+        self.reduction = reduction
+
+    def _gradient_scale(self) -> float:
+        return 1.0 if self.reduction == "sum" else super()._gradient_scale()
+
+
 class LinearRuleMomentumOptimizer(TraceOptimizer):
     """eth-easl's linear rule with *summed* gradients: the micro-batch gradients of a step are
     added up (not averaged) over micro-batches and replicas, the LR is the linear rule's LR for
