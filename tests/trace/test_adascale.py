@@ -34,12 +34,12 @@ def group_slices(model: nn.Module) -> list[list[int]]:
             for kind in ("weight", "bias")]
 
 
-def run(epochs=range(2), decay=0.5, stop_after=None, resume_from=None):
+def run(epochs=range(2), decay=0.5, stop_after=None, resume_from=None, scaler=None):
     data = dataset(60)
     model = make_model()
     sampler = CustomSampler(data, TRACE, minibatch_size=MINIBATCH, when_exhausted="cycle")
     inner = two_groups(model)
-    optimizer = AdaScaleOptimizer(inner, sampler, ref_batchsize=16, decay=decay)
+    optimizer = AdaScaleOptimizer(inner, sampler, ref_batchsize=16, decay=decay, scaler=scaler)
     if resume_from is not None:
         model.load_state_dict(resume_from["model"])
         optimizer.load_state_dict(resume_from["optimizer"])
@@ -60,7 +60,8 @@ def run(epochs=range(2), decay=0.5, stop_after=None, resume_from=None):
             if micro_batches == stop_after:
                 return model, optimizer, seen
             parts.append(y[:, 1].long().tolist())
-            nn.functional.mse_loss(model(x), y[:, :1]).backward()
+            loss = nn.functional.mse_loss(model(x), y[:, :1])
+            (loss if scaler is None else scaler.scale(loss)).backward()
             micro_batches += 1
             if optimizer.step():
                 seen["parts"].append(parts)
@@ -89,6 +90,15 @@ def test_every_gain_equals_the_gain_from_per_sample_gradients(decay):
         assert seen["progress"][update] == pytest.approx(progress, rel=1e-12)
     assert any(len(parts) == 1 for parts in seen["parts"])  # a step without noise to measure was there
     assert max(max(g) for g in seen["gains"]) > 1.2  # and the gain did move
+
+
+def test_amps_loss_scale_is_divided_out_of_the_gains():
+    _, plain, seen = run()
+    _, scaled, seen_scaled = run(scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10))
+    assert len(seen_scaled["gains"]) == len(seen["gains"]) > 8
+    for scaled_gains, gains in zip(seen_scaled["gains"], seen["gains"], strict=True):
+        assert scaled_gains == pytest.approx(gains, rel=1e-9)
+    assert scaled.progress == pytest.approx(plain.progress, rel=1e-9)
 
 
 @pytest.mark.parametrize("stop_after", [3, 6, 11])  # at a step start and mid-step
