@@ -119,6 +119,13 @@ class CustomSampler(Sampler[list[int]]):
         print(f"    MySampler (rank {self.rank}): trace_samples={self.trace_samples}, "
               f"minibatches_per_epoch={self.minibatches_per_epoch} => max_epoch=~{self.max_epoch}")
 
+    @property
+    def permutation(self) -> str:
+        """Which sample order: ``"numpy"``, ``"torch"`` or the function's ``module.qualname``."""
+        order = self.schedule.permutation
+        known = [name for name, function in PERMUTATIONS.items() if function is order]
+        return known[0] if known else f"{order.__module__}.{getattr(order, '__qualname__', repr(order))}"
+
     # --- eth-easl's public surface, over the schedule -------------------------------------------
     @property
     def seed(self) -> int:
