@@ -250,8 +250,12 @@ def test_a_whole_run_is_bit_identical_to_eth_easls(tmp_path, cls, rule):
             assert torch.equal(p, q), f"update {step} differs by {(p - q).abs().max():.3g}"
 
 
-def test_aikits_own_order_differs_and_the_runs_then_part():
+def test_the_sample_order_is_part_of_the_samplers_state():
     data = digits_data()
     ours = CustomSampler(data, 64, 42, minibatch_size=32)
     theirs = CustomSampler(data, 64, 42, minibatch_size=32, permutation="torch")
-    assert list(ours) != list(theirs)
+    assert list(ours) != list(theirs)  # same seed, other samples: a resume must not mix them
+    assert (ours.permutation, theirs.permutation) == ("numpy", "torch")
+    with pytest.raises(ValueError, match=r"sampler state is for seed 42, 1 replicas and permutation 'torch', this "
+                                         r"sampler has seed 42, 1 and 'numpy'"):
+        ours.load_state_dict(theirs.state_dict())

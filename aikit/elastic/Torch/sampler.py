@@ -237,15 +237,16 @@ class CustomSampler(Sampler[list[int]]):
         ``state_dict`` records what was trained and repositions this sampler when loaded.
         """
         return {"epoch": self.epoch, "step": self.step, "micro": self.micro, "seed": self.schedule.seed,
-                "rank": self.rank, "num_replicas": self.num_replicas}
+                "rank": self.rank, "num_replicas": self.num_replicas, "permutation": self.permutation}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next ``set_epoch(state['epoch'])`` keeps the position."""
-        if state["seed"] != self.schedule.seed or state["num_replicas"] != self.num_replicas:
+        permutation = state.get("permutation", "numpy")  # states from before the option
+        if (state["seed"], state["num_replicas"], permutation) != (self.seed, self.num_replicas, self.permutation):
             raise InvalidValue(
-                f"sampler state is for seed {state['seed']} and {state['num_replicas']} replicas, this sampler "
-                f"has seed {self.schedule.seed} and {self.num_replicas}: build it with the settings of the run "
-                "that saved it"
+                f"sampler state is for seed {state['seed']}, {state['num_replicas']} replicas and permutation "
+                f"{permutation!r}, this sampler has seed {self.seed}, {self.num_replicas} and {self.permutation!r}: "
+                "build it with the settings of the run that saved it"
             )
         self.resume(state["epoch"], state["step"], state["micro"])
 
