@@ -29,6 +29,7 @@ from collections import defaultdict
 import numpy as np
 from scipy.optimize import nnls
 
+from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, efficiency
 from aikit.core.plan import make_plan, positive_int
 
@@ -157,12 +158,24 @@ class GoodputController:
 
     def candidates(self) -> np.ndarray:
         """Global batches to evaluate: every multiple of the device count in the bounds, or
-        about a thousand of them spread geometrically when there are more."""
+        about a thousand of them spread geometrically when there are more. With policy
+        ``"error"`` (equal micro-batches only, as Keras feeds them) only the batches that split
+        evenly over the devices are candidates."""
         low = max(self.min_batch, 1)
         multiples = range(-(-low // self.devices) * self.devices, self.max_batch + 1, self.devices)
         found = np.array(multiples if len(multiples) <= 1000 else
                          np.unique(np.geomspace(low, self.max_batch, 1000).round()), dtype=np.int64)
-        return np.unique(np.concatenate([found, [self.min_batch, self.base_batch, self.max_batch, self.batch]]))
+        found = np.unique(np.concatenate([found, [self.min_batch, self.base_batch, self.max_batch, self.batch]]))
+        if self.policy == "error":
+            found = found[[self._splits_evenly(int(b)) for b in found]]
+        return found
+
+    def _splits_evenly(self, batch: int) -> bool:
+        try:
+            self.plan(batch)
+        except InvalidValue:  # policy "error" refuses it
+            return False
+        return True
 
     def goodput(self, batch: int) -> float:
         """Predicted training progress per second at ``batch``, in base-batch samples per second."""
