@@ -172,3 +172,14 @@ def test_policy_error_evaluates_only_the_batches_that_split_evenly():
         c.observe(0.01 * batch + 0.2, NoiseEstimate(grad_sq=1.0, trace=1000.0))
     c.batch = 64
     assert c.propose() in found
+
+
+def test_an_untimed_update_or_one_at_another_batch_is_recorded_as_it_ran():
+    c = GoodputController(64, base_batch=64, max_batch=512)
+    c.observe(None, NoiseEstimate(grad_sq=1.0, trace=1e4))  # compiled: not timed
+    assert c.batches == [64] and c.throughput.configurations == 0 and c.propose() is None
+    c.observe(0.5, None, batch=32)  # an epoch's shorter last update
+    assert c.batches == [64, 32] and c.batch == 64
+    assert c.throughput.state_dict()["times"] == [[32, 1, [0.5]]]
+    with pytest.raises(ValueError, match="batch must be a positive integer, got 0"):
+        c.observe(0.5, batch=0)
