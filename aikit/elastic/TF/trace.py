@@ -11,6 +11,7 @@ So one update equals one step on the trace's global batch at the rule's LR.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,27 @@ from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.optimizers import Optimizer
 
 keras = keras_on_tensorflow()
+
+
+def train_micro_step(keras_model: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[np.ndarray]) -> float:
+    """One micro-step in which replica ``r`` trains on samples ``rows[r]``; returns the loss.
+
+    Under a ``tf.distribute`` strategy each replica is handed its own rows as distributed values:
+    ``train_on_batch`` given plain arrays would hand every replica the whole batch (each then
+    computing the same gradient, the work done once per replica)."""
+    if len(rows) == 1:
+        return float(np.ravel(keras_model.train_on_batch(x[rows[0]], y[rows[0]]))[0])
+    strategy = keras_model.distribute_strategy
+    # what train_on_batch does first, from one replica's arrays: Keras' symbolic build of the
+    # compiled loss and metrics needs shapes, which distributed values do not have
+    keras_model._maybe_symbolic_build(data_batch=(x[rows[0]], y[rows[0]], None))
+
+    def distributed(array: np.ndarray):
+        parts = [array[r] for r in rows]
+        return strategy.experimental_distribute_values_from_function(
+            lambda context: parts[context.replica_id_in_sync_group])
+
+    return float(np.ravel(keras_model.train_on_batch(distributed(x), distributed(y)))[0])
 
 
 def fit_trace(
@@ -78,11 +100,7 @@ def fit_trace(
             per_replica = [plan.micro_batches(step, r) for r in range(replicas)]
             optimizer.steps = len(per_replica[0])
             optimizer.learning_rate = lr
-            losses = []
-            for micro in zip(*per_replica, strict=True):
-                # Keras splits a batch into contiguous, equal per-replica slices: replica r gets micro[r]
-                rows = np.concatenate(micro)
-                losses.append(float(np.ravel(keras_model.train_on_batch(x[rows], y[rows]))[0]))
+            losses = [train_micro_step(keras_model, x, y, micro) for micro in zip(*per_replica, strict=True)]
             row = {"epoch": epoch, "step": update, "batch_size": batch_size, "ga_steps": len(losses),
                    "lr": lr, "loss": float(np.mean(losses))}
             log.append(row)

@@ -76,7 +76,7 @@ class NoiseOptimizer(Optimizer):
         if present and not tf.distribute.in_cross_replica_context():  # the base class refuses cross-replica
             replicas = tf.distribute.get_strategy().num_replicas_in_sync
             squared = ops.sum(ops.stack([ops.sum(ops.square(ops.cast(g, "float64"))) for g in present]))
-            self._micro_sq_norms.assign_add(squared * float(replicas) ** 2)
+            self.assign_add(self._micro_sq_norms, squared * float(replicas) ** 2)
         super().apply(grads, trainable_variables)
 
     def _maybe_update(self, update) -> None:
@@ -99,7 +99,7 @@ class NoiseOptimizer(Optimizer):
         self._noise_parts.assign((self._accumulated + 1) * replicas)
         self._noise_part_sq_norms.assign(part_sq_norms)
         self._noise_mean_sq_norm.assign(ops.sum(ops.stack(mean)) if mean else ops.zeros((), "float64"))
-        self._micro_sq_norms.assign(ops.zeros((), "float64"))
+        self.assign(self._micro_sq_norms, ops.zeros((), "float64"))
         return reduced
 
     def noise(self, part_samples: int) -> NoiseEstimate | None:
