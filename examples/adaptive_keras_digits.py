@@ -1,6 +1,6 @@
 """aikit picks the batch size (Keras): goodput-driven adaptive batch on the embedded digits.
 
-A GoodputController (Pollux/AdaptDL's rule) starts at a global batch of 64 and may grow it up to
+A GoodputController (Pollux/AdaptDL's rule) starts at a global batch of 96 (2 GA steps of 48) and may grow it up to
 512 whenever the predicted goodput -- throughput x statistical efficiency, from the gradient
 noise measured inside the GA optimizer -- gains more than 5 %; every update stays equal to one
 big-batch step, the LR follows AdaScale's gain, and the batches are written as a
@@ -53,10 +53,10 @@ def plot(rows: list[dict], path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--base-batch", type=int, default=64, help="the batch the LR is tuned for (the start)")
+    parser.add_argument("--base-batch", type=int, default=96, help="the batch the LR is tuned for (the start)")
     parser.add_argument("--max-batch", type=int, default=512)
-    parser.add_argument("--max-device-batch", type=int, default=32, help="the largest micro-batch one device holds")
-    parser.add_argument("--lr", type=float, default=0.05, help="SGD's LR at --base-batch")
+    parser.add_argument("--max-device-batch", type=int, default=64, help="the largest micro-batch one device holds")
+    parser.add_argument("--lr", type=float, default=0.08, help="SGD's LR at --base-batch")
     parser.add_argument("--rule", default="adascale", choices=["adascale", "sqrt", "linear", "constant"])
     parser.add_argument("--cpu-replicas", type=int, default=0,
                         help="split the CPU into this many logical devices under MirroredStrategy")

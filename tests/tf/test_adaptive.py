@@ -126,6 +126,22 @@ def test_adascale_scales_the_lr_by_the_gain_of_the_measured_noise(float64):
     assert rows[2]["lr"] > rows[1]["lr"]  # a larger batch takes a larger step
 
 
+def test_an_adascale_run_replays_with_its_learning_rates(float64, tmp_path):
+    x, y = data(50)
+    adaptive, _, rows = adaptive_run(x, y, {2: 24, 4: 12}, rule="adascale", trace_path=tmp_path / "a.csv")
+    replay = mlp()
+    replay.compile(Optimizer(momentum()), loss="mse")
+    lrs = [r["lr"] for r in rows]
+    too_few = rf"learning_rates has {len(rows) - 1} entries but the 2 epoch\(s\) train steps 0\.\.{len(rows) - 1}"
+    with pytest.raises(ValueError, match=too_few):
+        fit_trace(replay, x, y, str(tmp_path / "a.csv"), minibatch_size=1, base_lr=0.05, ref_batch_size=8,
+                  epochs=2, seed=3, learning_rates=lrs[:-1])
+    assert int(replay.optimizer.iterations.numpy()) == 0  # refused before training
+    fit_trace(replay, x, y, str(tmp_path / "a.csv"), minibatch_size=1, base_lr=0.05, ref_batch_size=8, epochs=2,
+              seed=3, learning_rates=lrs)
+    assert len(set(lrs)) > 3 and max_difference(adaptive, replay) < 1e-12
+
+
 def test_plan_changes_do_not_retrace_the_training_step_each_time(float64):
     """Four micro-batch sizes: the training step is traced for the first (twice: Keras' first
     call, as with one fixed size) and once more for a shape-generic one (tf.function's

@@ -57,6 +57,7 @@ def fit_trace(
     ref_batch_size: int,
     rule: str = "linear",
     warmup_steps: int = 0,
+    learning_rates: Sequence[float] | None = None,
     epochs: int = 1,
     initial_epoch: int = 0,
     seed: int = 42,
@@ -69,6 +70,8 @@ def fit_trace(
     optimizer is an :class:`aikit.ga.TF.optimizers.Optimizer`; its replicas come from the
     strategy the model was built under. Every trace entry must be a multiple of
     ``minibatch_size`` x replicas (each replica gets the same number of micro-batches).
+    ``learning_rates``: the LR of every update by step, used instead of the rule (an AdaScale
+    run of :func:`~aikit.elastic.TF.adaptive.fit_adaptive` replays with its rows' ``lr``).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
     keras_model = getattr(model, "model", model)
@@ -89,6 +92,11 @@ def fit_trace(
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     schedule = Schedule(trace, len(x), num_replicas=replicas, minibatch_size=minibatch_size, seed=seed,
                         shuffle=shuffle, balanced=True)
+    if learning_rates is not None:
+        steps = schedule.epoch_bounds(initial_epoch + epochs - 1)[1]
+        if len(learning_rates) < steps:
+            raise ValueError(f"learning_rates has {len(learning_rates)} entries but the {epochs} epoch(s) train steps "
+                             f"0..{steps - 1}: give one LR per step of the trace")
 
     log: list[dict] = []
     for epoch in range(initial_epoch, initial_epoch + epochs):
@@ -96,7 +104,10 @@ def fit_trace(
         for step in range(len(plan)):
             batch_size = int(plan.batch_sizes[step])
             update = plan.first_step + step
-            lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
+            if learning_rates is None:
+                lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
+            else:
+                lr = float(learning_rates[update])
             per_replica = [plan.micro_batches(step, r) for r in range(replicas)]
             optimizer.steps = len(per_replica[0])
             optimizer.learning_rate = lr
