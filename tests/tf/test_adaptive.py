@@ -200,6 +200,9 @@ def test_bad_settings_are_refused_with_the_fix(float64):
     with pytest.raises(ValueError, match=r"clipnorm=1\.0"):
         NoiseOptimizer(keras.optimizers.SGD(0.1, clipnorm=1.0))
     assert int(model.optimizer.iterations.numpy()) == 0  # nothing ran
+    model.optimizer.build(model.trainable_variables)  # from now on its inner all-reduce carries the norms
+    with pytest.raises(ValueError, match="already serves another NoiseOptimizer"):
+        NoiseOptimizer(model.optimizer.inner)
 
 
 def test_a_controller_saved_at_an_epoch_end_resumes_with_the_next_epoch(float64):

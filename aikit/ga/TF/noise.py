@@ -7,7 +7,8 @@ keeps what :func:`aikit.core.gradient_noise.estimate` needs to measure ``|G|²``
   squared norm of that micro-batch's gradient to a per-replica scalar (``ON_READ``, no
   communication): every micro-batch on every replica is one *part* of the update;
 * at the update, that scalar rides in the wrapped optimizer's own gradient all-reduce (one more
-  element in the same ``all_reduce`` call, so no second collective), giving the sum of the
+  element in the same ``all_reduce`` call, so no second collective: the wrapped optimizer's
+  Keras ``_all_reduce_sum_gradients`` is replaced, on that instance, by one that adds it), giving the sum of the
   parts' squared norms over all replicas, and the squared norm of the reduced (mean) gradient
   is taken from the same reduced gradients.
 
@@ -47,6 +48,8 @@ class NoiseOptimizer(Optimizer):
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None, **kwargs):
+        if "_all_reduce_sum_gradients" in vars(optimizer):
+            raise ValueError("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
         super().__init__(optimizer, steps, name=name, **kwargs)
         changed = {name: value for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
                    if (value := getattr(self.inner, name, None)) is not None}
@@ -79,13 +82,11 @@ class NoiseOptimizer(Optimizer):
             self.assign_add(self._micro_sq_norms, squared * float(replicas) ** 2)
         super().apply(grads, trainable_variables)
 
-    def _maybe_update(self, update) -> None:
-        # the wrapped optimizer's all-reduce carries the part norms during this update only
+    def build(self, variables):
+        super().build(variables)
+        # from now on the wrapped optimizer's gradient all-reduce carries the part norms. Set once
+        # (not around each update): replicas may trace the update concurrently, in threads.
         self.inner._all_reduce_sum_gradients = self._all_reduce_with_part_norms
-        try:
-            super()._maybe_update(update)
-        finally:
-            del self.inner._all_reduce_sum_gradients
 
     def _all_reduce_with_part_norms(self, grads_and_vars):
         """Keras' gradient all-reduce with one more element: this replica's part norms. Runs once
