@@ -93,6 +93,18 @@ results["epochs"] = [r["epoch"] for r in rows]
 results["adaptive_difference"] = max_difference(adaptive, big_batch_reference(x, y, rows, 5, momentum))
 results["noise_measured"] = [bool(np.isfinite(r["trace"])) for r in rows]
 
+# fit_adaptive's noise: one update of 2 micro-steps x 2 replicas (16 samples in order), each
+# replica on its own 4 samples, against numpy part by part
+with strategy.scope():
+    measured = mlp()
+    measured.compile(NoiseOptimizer(momentum()), loss="mse")
+expected = brute_force_noise(mlp(), x, y, [np.arange(4 * p, 4 * p + 4) for p in range(4)])
+fit_adaptive(measured, x[:16], y[:16], ScriptedController({}, 4, 2, base_batch=16, max_batch=16), base_lr=0.05,
+             shuffle=False)
+found = measured.optimizer.noise(4)
+results["fit_adaptive_noise_difference"] = max(abs(found.grad_sq / expected.grad_sq - 1),
+                                               abs(found.trace / expected.trace - 1))
+
 # the trace replays the run with fit_trace under the same strategy
 with strategy.scope():
     replay = mlp()

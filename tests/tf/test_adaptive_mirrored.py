@@ -53,6 +53,7 @@ def test_fit_adaptive_equals_big_batch_steps_across_plan_changes(results):
     assert sum(b for b, e in zip(results["batches"], results["epochs"], strict=True) if e == 0) == 48
     assert all(results["noise_measured"])  # two replicas: every update has two parts or more
     assert results["adaptive_difference"] < 1e-12
+    assert results["fit_adaptive_noise_difference"] < 1e-12  # each replica trained on its own samples
 
 
 def test_the_trace_replays_the_run_with_fit_trace(results):

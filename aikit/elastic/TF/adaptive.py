@@ -35,6 +35,7 @@ from aikit.core.gradient_noise import gain
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
+from aikit.elastic.TF.trace import train_micro_step
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.noise import NoiseOptimizer
 
@@ -149,9 +150,8 @@ def fit_adaptive(
             optimizer.learning_rate = lr
             samples = order[offset:offset + batch]
             start = time.perf_counter()
-            losses = [  # each micro-step: micro_batch samples per replica, replica r the r-th slice (Keras)
-
-                float(np.ravel(keras_model.train_on_batch(x[part], y[part]))[0])
+            losses = [  # each micro-step: micro_batch samples on each replica
+                train_micro_step(keras_model, x, y, np.split(part, replicas))
                 for part in np.split(samples, plan.steps)
             ]
             seconds = time.perf_counter() - start if plan.batch_size in seen_micro else None
