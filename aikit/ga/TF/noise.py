@@ -48,7 +48,7 @@ class NoiseOptimizer(Optimizer):
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None, **kwargs):
-        if "_all_reduce_sum_gradients" in vars(optimizer):
+        if "_all_reduce_sum_gradients" in getattr(optimizer, "__dict__", {}):  # (a dict is a saved config)
             raise ValueError("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
         super().__init__(optimizer, steps, name=name, **kwargs)
         changed = {name: value for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
