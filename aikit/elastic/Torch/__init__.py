@@ -18,16 +18,22 @@ from aikit.elastic.Torch import distributed, spmd
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import (
+    AdaScaleOptimizer,
     ConstantOptimizer,
+    CustomOptimizer,
+    LinearRuleMomentumOptimizer,
     LinearRuleOptimizer,
     RootRuleOptimizer,
     TraceOptimizer,
 )
 
 __all__ = [
+    "AdaScaleOptimizer",
     "ConstantOptimizer",
+    "CustomOptimizer",
     "CustomSampler",
     "ElasticState",
+    "LinearRuleMomentumOptimizer",
     "LinearRuleOptimizer",
     "RootRuleOptimizer",
     "TraceOptimizer",
