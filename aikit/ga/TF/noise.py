@@ -1,7 +1,7 @@
 """Gradient noise measured by the Keras GA optimizer, in the graph, for the cost of one scalar.
 
 :class:`NoiseOptimizer` is aikit's Keras GA :class:`~aikit.ga.TF.optimizers.Optimizer` that also
-keeps what :func:`aikit.core.gradient_noise.estimate` needs to measure ``|G|²`` and ``tr(Σ)``:
+keeps what :mod:`aikit.core.gradient_noise` needs to measure ``|G|²`` and ``tr(Σ)``:
 
 * every micro-step, before its gradient is added to the accumulators, each replica adds the
   squared norm of that micro-batch's gradient to a per-replica scalar (``ON_READ``, no
@@ -13,10 +13,9 @@ keeps what :func:`aikit.core.gradient_noise.estimate` needs to measure ``|G|²``
   is taken from the same reduced gradients.
 
 Three numbers per update (parts, sum of part norms, norm of the mean) are read from Python
-between updates by :meth:`NoiseOptimizer.noise`, which returns the unbiased estimate.
-
-Keras feeds micro-batches of one size, so every part holds the same samples; the estimator uses
-only the parts' sample-weighted mean squared norm, which is then their plain mean. Each replica's
+between updates by :meth:`NoiseOptimizer.noise`, which returns the unbiased estimate
+(:func:`aikit.core.gradient_noise.estimate_from_totals`: Keras feeds micro-batches of one size,
+so the sample-weighted sum of the part norms is the plain sum times that size). Each replica's
 gradients are its micro-batch mean divided by the replicas (Keras' loss scaling under
 ``tf.distribute``, or ``tf.nn.compute_average_loss``), so a part's gradient is ``replicas`` times
 what the replica hands to ``apply``.
@@ -26,7 +25,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from aikit.core.gradient_noise import NoiseEstimate, estimate
+from aikit.core.gradient_noise import NoiseEstimate, estimate_from_totals
 from aikit.core.plan import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.optimizers import Optimizer
@@ -111,5 +110,5 @@ class NoiseOptimizer(Optimizer):
         parts = int(self._noise_parts.numpy())
         if parts < 2:
             return None
-        mean_part = float(self._noise_part_sq_norms.numpy()) / parts
-        return estimate([mean_part] * parts, [part_samples] * parts, float(self._noise_mean_sq_norm.numpy()))
+        return estimate_from_totals(float(self._noise_part_sq_norms.numpy()) * part_samples, parts,
+                                    parts * part_samples, float(self._noise_mean_sq_norm.numpy()))
