@@ -24,6 +24,7 @@ from aikit.ga.TF.keras_backend import keras_on_tensorflow
 keras_on_tensorflow()
 
 from aikit.elastic.TF import model  # noqa: E402  (needs Keras on TF first)
+from aikit.elastic.TF.adaptive import fit_adaptive  # noqa: E402
 from aikit.elastic.TF.model import Model  # noqa: E402
 from aikit.elastic.TF.trace import fit_trace  # noqa: E402
 
@@ -124,4 +125,4 @@ def current_plan() -> Plan:
     return plan
 
 
-__all__ = ["Model", "current_plan", "fit_trace", "init", "model", "models", "strategies"]
+__all__ = ["Model", "current_plan", "fit_adaptive", "fit_trace", "init", "model", "models", "strategies"]
