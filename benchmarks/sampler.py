@@ -52,7 +52,7 @@ def main() -> None:
     all_epochs = median_seconds(lambda: Schedule(trace, DATASET, REPLICAS, MINIBATCH).full_epochs(), repeats)
     epochs = Schedule(trace, DATASET, REPLICAS, MINIBATCH).full_epochs()
 
-    sampler = CustomSampler(DATASET, trace, num_replicas=REPLICAS, rank=0, minibatch_size=MINIBATCH)
+    sampler = CustomSampler(DATASET, trace, num_replicas=REPLICAS, rank=0, minibatch_size=MINIBATCH, verbose=False)
     batches = len(sampler)
     ours = median_seconds(lambda: sum(1 for _ in sampler), repeats) / batches
     torch_sampler = DistributedSampler(Sized(), num_replicas=REPLICAS, rank=0, shuffle=True, seed=0)

@@ -25,6 +25,8 @@ TRACE_TESTS = "tests/trace/test_trace_optim.py"
 REDUCE_TESTS = "tests/torch/test_reduce_at_update.py"
 RESIZE_TESTS = "tests/resize/test_resize_state.py"
 KERAS_TESTS = "tests/tf/test_keras_ga_optimizer.py"
+RUNAI_TESTS = "tests/torch/test_ga_prebuilt.py tests/torch/test_runai_ga_torch.py"
+KERAS_RUNAI_TESTS = "tests/tf/test_keras_ga_prebuilt.py tests/tf/test_runai_ga_keras.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -35,7 +37,10 @@ MUTANTS = [
     ("core: short window factor inverted", "aikit/core/ga.py",
      "return planned / seen", "return seen / planned", CORE_TESTS),
     ("core: equal weight off by one", "aikit/core/ga.py",
-     "return 1.0 / steps", "return 1.0 / (steps + 1)", CORE_TESTS),
+     "return micro_steps if replicas == 1 else", "return micro_steps + 1 if replicas == 1 else", CORE_TESTS),
+    ("core: the sum divides by the micro-steps", "aikit/core/ga.py",
+     "    if reduction_name(reduction) == \"sum\":\n        return 1\n",
+     "    if reduction_name(reduction) == \"sum\":\n        return micro_steps\n", CORE_TESTS),
     ("engine: clipping before AMP unscaling", "aikit/ga/Torch/engine.py",
      "            scale_before = self.scaler.get_scale()\n"
      "            self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's\n"
@@ -54,7 +59,7 @@ MUTANTS = [
      GA_TESTS),
     ("engine: gradients kept after the update", "aikit/ga/Torch/engine.py",
      "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped\n"
-     "        self.optimizer.zero_grad(set_to_none=True)",
+     "        self.optimizer.zero_grad()",
      "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped",
      GA_TESTS),
     ("engine: weight applied after clipping", "aikit/ga/Torch/engine.py",
@@ -66,13 +71,20 @@ MUTANTS = [
     ("engine: untouched parameters get a zero gradient", "aikit/ga/Torch/engine.py",
      "p.grad = grad if used else None", "p.grad = grad", REDUCE_TESTS),
     ("optim: reduce forgets to average over ranks", "aikit/ga/Torch/optim.py",
-     "scale = equal_weight(steps) / (world if self.reduce else 1)", "scale = equal_weight(steps)", REDUCE_TESTS),
+     "equal_weight(steps, self.reduction, world,", "equal_weight(steps, self.reduction, 1,", REDUCE_TESTS),
     ("optim: reduce scales sample weights by the world", "aikit/ga/Torch/optim.py",
      "averaging = 1 if self.reduce else world", "averaging = world", REDUCE_TESTS),
     ("optim: short window not corrected", "aikit/ga/Torch/optim.py",
      "                scale *= short_window_factor(total, samples)", "                pass", GA_TESTS),
     ("optim: divisor is steps, not micro-steps accumulated", "aikit/ga/Torch/optim.py",
-     "scale = equal_weight(steps) /", "scale = equal_weight(self._steps) /", GA_TESTS),
+     "scale = equal_weight(steps,", "scale = equal_weight(self._steps,", GA_TESTS),
+    ("optim: micro_steps not counted", "aikit/ga/Torch/optim.py",
+     "        self.micro_steps += 1\n        return loss", "        return loss", RUNAI_TESTS),
+    ("optim: a checkpoint of the other reduction loads", "aikit/ga/Torch/optim.py",
+     "        if ga[\"reduction\"] != self.reduction:", "        if False:", RUNAI_TESTS),
+    ("optim: the prebuilt optimizers give the wrapper's keywords to torch", "aikit/ga/Torch/optim.py",
+     "options = {name: kwargs.pop(name) for name in wrapper_keywords if name in kwargs}", "options = {}",
+     RUNAI_TESTS),
     ("optim: update always reported", "aikit/ga/Torch/optim.py",
      "self.updated = self._update(short=False)", "self._update(short=False)", GA_TESTS),
     ("optim: pending gradient shapes not checked", "aikit/ga/Torch/optim.py",
@@ -84,10 +96,9 @@ MUTANTS = [
      "for _ in range(applied - self._seen):", "for _ in range(min(applied - self._seen, 1)):",
      "tests/resize/test_restore_order.py"),
     ("trace: step weight not applied", "aikit/elastic/Torch/trace_optim.py",
-     "self.updated = self.engine.step(self.plan.weight(self.step_index))", "self.updated = self.engine.step(1.0)",
-     TRACE_TESTS),
+     "        return self.plan.weight(self.step_index)", "        return 1.0", TRACE_TESTS),
     ("trace: base LR not restored", "aikit/elastic/Torch/trace_optim.py",
-     "                group[\"lr\"] = lr_base", "                pass", TRACE_TESTS),
+     "                group.update(values)", "                pass", TRACE_TESTS),
     ("trace: set_epoch restarts a resumed epoch", "aikit/elastic/Torch/trace_optim.py",
      "if not (self._untouched and epoch == self.epoch):", "if True:", TRACE_TESTS),
     ("trace: load forgets the sampler position", "aikit/elastic/Torch/trace_optim.py",
@@ -101,7 +112,10 @@ MUTANTS = [
      "            for name, state in before.items():\n                self._objects[name].load_state_dict(state)\n",
      "", RESIZE_TESTS + " -k 'failed_restore or puts_back'"),
     ("keras: divides by steps, not micro-steps accumulated", "aikit/ga/TF/optimizers.py",
-     "count = self._accumulated + 1", "count = self._steps", KERAS_TESTS),
+     "accumulated_divisor(self._accumulated + 1,", "accumulated_divisor(self._steps,", KERAS_TESTS),
+    ("keras: the sum switch ignored", "aikit/ga/TF/optimizers.py",
+     "accumulated_divisor(self._accumulated + 1, self.reduction)",
+     "accumulated_divisor(self._accumulated + 1, \"mean\")", KERAS_RUNAI_TESTS),
     ("keras: load_weights overwrites steps", "aikit/ga/TF/optimizers.py",
      "        self._steps.assign(steps)\n\n    def _maybe_update", "\n    def _maybe_update", KERAS_TESTS),
 ]

@@ -112,6 +112,7 @@ tf_examples() {
     fails_naming torch "$python" -c "import aikit.lr_finder.Torch"
     quiet "$python" examples/keras_elastic_digits.py  # exits 1 below 95 % held-out, so it trains its full 15 epochs
     quiet "$python" examples/lr_finder_digits.py --framework keras --out lr
+    quiet "$python" examples/adaptive_keras_digits.py --epochs 2 --target 0 --trace adaptive.csv
     quiet "$python" examples/autolrs_digits.py --framework keras --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
 }
 

@@ -12,6 +12,12 @@ than sums, every weight is multiplied by ``replicas`` (world scaling), read at e
 cached, so a resize scales right. When micro-batch sizes are not declared, the micro-batches are
 taken to be equal and each weighs ``1 / micro-steps accumulated`` (:func:`equal_weight`).
 
+``reduction="sum"`` is Run:AI's AIkit's original arithmetic, for a *sum*-reduced loss (its own
+tests compare with a big batch under ``MSELoss(reduction='sum')``): every micro-batch enters with
+weight 1 (times the averaging replicas), so the update's gradient is the sum over the window,
+which is the big batch's gradient of a summed loss. Declared sample shares and the short
+window's correction are means' arithmetic and have no meaning there (:func:`reduction_name`).
+
 Two refinements keep the framework adapters cheap and exact:
 
 * **one multiply per update**: weights are expressed relative to a *unit* (the weight of the
@@ -30,7 +36,22 @@ Every function here is plain Python and property-tested against a direct mean ov
 
 from __future__ import annotations
 
-from aikit.core.errors import checked_int
+from typing import Any
+
+from aikit.core.errors import InvalidValue, checked_int
+
+REDUCTIONS = ("mean", "sum")
+
+
+def reduction_name(value: object) -> str:
+    """``value`` if it is one of :data:`REDUCTIONS`, or an aikit error naming it and the fix."""
+    if not isinstance(value, str) or value not in REDUCTIONS:
+        raise InvalidValue(
+            f"reduction must be 'mean' or 'sum', got {value!r}: 'mean' for a mean loss (aikit's default: the "
+            "update is the mean over the window), 'sum' for a sum-reduced loss (Run:AI's AIkit's original "
+            "arithmetic: the micro-batch gradients are summed)"
+        )
+    return value
 
 
 def sample_count(value: object, name: str) -> int:
@@ -50,12 +71,23 @@ def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1
     return samples * averaging_replicas / window
 
 
-def equal_weight(micro_steps: int) -> float:
-    """Weight of each of ``micro_steps`` equal micro-batches: their mean."""
+def equal_weight(micro_steps: int, reduction: str = "mean", replicas: int = 1, averaging_replicas: int = 1) -> float:
+    """Weight of each of ``micro_steps`` equal micro-batches on each of ``replicas`` replicas, when
+    the reduction over replicas averages over ``averaging_replicas`` (1 when it sums): their mean
+    over the window, or for ``reduction="sum"`` their sum."""
     steps = sample_count(micro_steps, "micro_steps")
     if steps == 0:
         raise ValueError("an update needs at least one micro-step")
-    return 1.0 / steps
+    return averaging_replicas / accumulated_divisor(steps, reduction, replicas)
+
+
+def accumulated_divisor(micro_steps: Any, reduction: str, replicas: int = 1) -> Any:
+    """What the sum of a window's equal micro-batch gradients, ``micro_steps`` on each of
+    ``replicas`` replicas, is divided by: their number for their mean, 1 for their sum.
+    ``micro_steps`` may be a framework's tensor (Keras counts micro-steps in its graph)."""
+    if reduction_name(reduction) == "sum":
+        return 1
+    return micro_steps if replicas == 1 else micro_steps * replicas
 
 
 def common_size(window_samples: int, micro_batches: int) -> int:

@@ -29,6 +29,7 @@ from collections import defaultdict
 import numpy as np
 from scipy.optimize import nnls
 
+from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, efficiency
 from aikit.core.plan import make_plan, positive_int
 
@@ -153,23 +154,39 @@ class GoodputController:
         """The plan ``batch`` runs with on these devices."""
         return make_plan(batch, self.max_device_batch, self.devices, policy=self.policy)
 
-    def observe(self, seconds: float, noise: NoiseEstimate | None = None) -> None:
-        """Record one update at the current batch: its duration and, where the update had two
-        or more parts, its noise estimate."""
-        plan = self.plan(self.batch)
-        self.throughput.observe(plan.batch_size, plan.steps, seconds)
+    def observe(self, seconds: float | None, noise: NoiseEstimate | None = None, *, batch: int | None = None) -> None:
+        """Record one update at the current batch: its duration (None: not timed, e.g. it
+        included compiling the training step) and, where the update had two or more parts, its
+        noise estimate. ``batch``: the batch the update ran at when it was not the controller's
+        (an epoch's last, shorter update); it is recorded, timed and measured as such."""
+        batch = self.batch if batch is None else positive_int(batch, "batch")
+        if seconds is not None:
+            plan = self.plan(batch)
+            self.throughput.observe(plan.batch_size, plan.steps, seconds)
         if noise is not None:
             self.noise.update(noise)
-        self.batches.append(self.batch)
+        self.batches.append(batch)
 
     def candidates(self) -> np.ndarray:
         """Global batches to evaluate: every multiple of the device count in the bounds, or
-        about a thousand of them spread geometrically when there are more."""
+        about a thousand of them spread geometrically when there are more. With policy
+        ``"error"`` (equal micro-batches only, as Keras feeds them) only the batches that split
+        evenly over the devices are candidates."""
         low = max(self.min_batch, 1)
         multiples = range(-(-low // self.devices) * self.devices, self.max_batch + 1, self.devices)
         found = np.array(multiples if len(multiples) <= 1000 else
                          np.unique(np.geomspace(low, self.max_batch, 1000).round()), dtype=np.int64)
-        return np.unique(np.concatenate([found, [self.min_batch, self.base_batch, self.max_batch, self.batch]]))
+        found = np.unique(np.concatenate([found, [self.min_batch, self.base_batch, self.max_batch, self.batch]]))
+        if self.policy == "error":
+            found = found[[self._splits_evenly(int(b)) for b in found]]
+        return found
+
+    def _splits_evenly(self, batch: int) -> bool:
+        try:
+            self.plan(batch)
+        except InvalidValue:  # policy "error" refuses it
+            return False
+        return True
 
     def goodput(self, batch: int) -> float:
         """Predicted training progress per second at ``batch``, in base-batch samples per second."""
@@ -181,7 +198,7 @@ class GoodputController:
     def propose(self) -> int | None:
         """The new global batch to use from the next update on, or None to keep the current
         one. Needs at least one timed update and one noise estimate."""
-        if not self.batches or not self.noise.updates:
+        if not self.throughput.configurations or not self.noise.updates:
             return None
         current = self.goodput(self.batch)
         scores = {int(b): self.goodput(int(b)) for b in self.candidates()}

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from aikit.core.ga import sample_count
 from aikit.core.plan import positive_int
 
-__all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "gain"]
+__all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "estimate_from_totals", "gain"]
 
 
 @dataclass(frozen=True)
@@ -75,17 +75,27 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
             raise ValueError(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
         if samples:
             parts.append((float(norm), samples))
+    total = sum(samples for _, samples in parts)
+    return estimate_from_totals(sum(norm * samples for norm, samples in parts), len(parts), total, mean_sq_norm)
+
+
+def estimate_from_totals(weighted_sq_norms: float, parts: int, samples: int, mean_sq_norm: float) -> NoiseEstimate:
+    """:func:`estimate` from sums that replicas can add up in one all-reduce: ``weighted_sq_norms``
+    is ``Σ_j b_j |g_j|²`` over the ``parts`` non-empty parts holding ``samples = Σ_j b_j`` samples."""
+    if not (math.isfinite(weighted_sq_norms) and weighted_sq_norms >= 0):
+        raise ValueError(f"weighted_sq_norms must be a finite sum of squared norms (>= 0), got {weighted_sq_norms!r}")
     if not (math.isfinite(mean_sq_norm) and mean_sq_norm >= 0):
         raise ValueError(f"mean_sq_norm must be a finite squared norm (>= 0), got {mean_sq_norm!r}")
-    if len(parts) < 2:
+    parts, samples = sample_count(parts, "parts"), sample_count(samples, "samples")
+    if parts < 2:
         raise ValueError(
-            f"estimating gradient noise needs at least two parts with samples, got {len(parts)}: "
+            f"estimating gradient noise needs at least two parts with samples, got {parts}: "
             "accumulate over two or more micro-batches, or train on two or more replicas"
         )
-    total = sum(samples for _, samples in parts)
-    weighted = sum(norm * samples for norm, samples in parts) / total
-    trace = (weighted - mean_sq_norm) * total / (len(parts) - 1)
-    return NoiseEstimate(grad_sq=mean_sq_norm - trace / total, trace=trace)
+    if samples < parts:
+        raise ValueError(f"{parts} non-empty parts need at least {parts} samples, got {samples}")
+    trace = (weighted_sq_norms / samples - mean_sq_norm) * samples / (parts - 1)
+    return NoiseEstimate(grad_sq=mean_sq_norm - trace / samples, trace=trace)
 
 
 def gain(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:

@@ -50,4 +50,7 @@ def scaled_lr(
     if not (isinstance(base_lr, (int, float)) and base_lr >= 0 and math.isfinite(base_lr)):
         raise ValueError(f"base_lr must be a finite number >= 0, got {base_lr!r}")
     factor = scale_factor(batch_size, ref_batch_size, rule)
-    return base_lr * (1.0 + (factor - 1.0) * warmup_fraction(step, warmup_steps))
+    fraction = warmup_fraction(step, warmup_steps)
+    if fraction == 1.0:  # exactly the rule's LR (1 + (f - 1) would round f in its last bit)
+        return base_lr * factor
+    return base_lr * (1.0 + (factor - 1.0) * fraction)

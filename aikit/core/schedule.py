@@ -1,7 +1,9 @@
 """Which samples every replica processes in every step of a batch-size trace.
 
 An epoch is one pass over a fresh permutation of the data set (seeded by ``seed`` and the
-epoch, identical on every replica). Trace steps are packed into the epoch in order while
+epoch, identical on every replica): ``numpy.random.default_rng([seed, epoch])`` unless a
+``permutation`` function says otherwise (the torch sampler passes eth-easl's
+``torch.randperm`` order that way; the core imports no framework). Trace steps are packed into the epoch in order while
 their samples fit; a step never straddles two epochs, so the step that would overflow opens
 the next epoch and the epoch's last few samples (fewer than that step needs) are left out of
 that epoch only. Each step of global batch ``B`` is cut into ``B / minibatch_size`` full
@@ -18,6 +20,7 @@ epoch the trace does not cover to its end raises :class:`TraceExhaustedError`; w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from numbers import Integral
@@ -31,6 +34,15 @@ from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_pr
 
 MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
 MAX_REPLICAS = 2**31 - 1
+
+Permutation = Callable[[int, int, int], np.ndarray]
+"""``permutation(seed, epoch, dataset_size)``: the epoch's sample order, a permutation of ``range(dataset_size)``."""
+
+
+def numpy_permutation(seed: int, epoch: int, dataset_size: int) -> np.ndarray:
+    """aikit's sample order: a permutation from NumPy's PCG64 seeded with ``[seed, epoch]``
+    (independent streams per epoch, where ``seed + epoch`` would make run 1's epoch 1 run 2's epoch 0)."""
+    return np.random.default_rng([seed, epoch]).permutation(dataset_size)
 
 
 @dataclass(frozen=True)
@@ -72,13 +84,17 @@ class EpochSchedule:
         """Samples the epoch uses, over all replicas."""
         return int(self.batch_sizes.sum())
 
+    def micro_batch_ids(self, step: int, replica: int) -> range:
+        """Which of the epoch's micro-batches ``replica`` processes in ``step``: micro-batch ``b``
+        holds ``order[b * minibatch_size : (b + 1) * minibatch_size]``, and a step's ``j``-th goes
+        to replica ``j % num_replicas`` (eth-easl's ``get_batch_assignments``)."""
+        first = int(self.offsets[step]) // self.minibatch_size
+        return range(first + replica, first + int(self.micro_batches_per_step[step]), self.num_replicas)
+
     def micro_batches(self, step: int, replica: int) -> list[np.ndarray]:
         """Sample indices of each micro-batch ``replica`` processes in ``step`` of this epoch."""
-        mb, start = self.minibatch_size, int(self.offsets[step])
-        return [
-            self.order[start + j * mb : start + (j + 1) * mb]
-            for j in range(replica, int(self.micro_batches_per_step[step]), self.num_replicas)
-        ]
+        mb = self.minibatch_size
+        return [self.order[b * mb : (b + 1) * mb] for b in self.micro_batch_ids(step, replica)]
 
     def step_indices(self, step: int) -> np.ndarray:
         """All sample indices of one step over all replicas (the big batch it equals)."""
@@ -149,6 +165,7 @@ class Schedule:
         seed: int = 42,
         shuffle: bool = True,
         balanced: bool = False,
+        permutation: Permutation = numpy_permutation,
     ):
         self.trace = load_trace(trace)
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
@@ -156,6 +173,10 @@ class Schedule:
         self.seed = seed_value(seed)
         self.shuffle = flag(shuffle, "shuffle")
         self.balanced = flag(balanced, "balanced")
+        if not callable(permutation):
+            raise InvalidType(
+                f"permutation must be a function (seed, epoch, dataset_size) -> order, got {permutation!r:.60}")
+        self.permutation = permutation
         problems = schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, balanced)
         if problems:
             shown = "\n  ".join(problems[:10])
@@ -227,8 +248,7 @@ class Schedule:
     def epoch(self, epoch: int) -> EpochSchedule:
         """The steps of ``epoch`` (0-based) and its sample order."""
         first, end, complete = self.epoch_bounds(epoch)
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(self.dataset_size) if self.shuffle else np.arange(self.dataset_size)
+        order = self._order(epoch) if self.shuffle else np.arange(self.dataset_size)
         return EpochSchedule(
             epoch,
             first,
@@ -238,3 +258,24 @@ class Schedule:
             self.num_replicas,
             complete,
         )
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """The epoch's permutation; one from a ``permutation`` of the user's is checked to be one."""
+        order = self.permutation(self.seed, epoch, self.dataset_size)
+        if self.permutation is numpy_permutation:
+            return order
+        order, size = np.asarray(order), self.dataset_size
+        problem = None
+        if order.shape != (size,):
+            problem = f"an array of shape {order.shape}"
+        elif order.dtype.kind not in "iu":
+            problem = f"an array of {order.dtype}"
+        elif size and (order.min() < 0 or order.max() >= size):
+            problem = f"index {int(order.min() if order.min() < 0 else order.max())}, outside 0..{size - 1}"
+        elif size and np.bincount(order, minlength=size).max() > 1:
+            problem = f"index {int(np.bincount(order, minlength=size).argmax())} more than once"
+        if problem:
+            name = getattr(self.permutation, "__name__", repr(self.permutation))
+            raise InvalidValue(f"permutation {name!r} returned {problem} for epoch {epoch}: it must return a "
+                               f"permutation of range({size}), every index once")
+        return order.astype(np.int64, copy=False)

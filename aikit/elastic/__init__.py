@@ -2,7 +2,7 @@
 
 After either ``init``, the plan's attributes (``steps``, ``batch_size``, ``global_batch_size``,
 ``gpus``, ``master``) can also be read here, as Run:AI's AIkit Elastic writes them
-(``aikit.elastic.batch_size``).
+(``aikit.elastic.batch_size``); after the Keras ``init`` under Horovod, ``hvd`` too.
 """
 
 from __future__ import annotations

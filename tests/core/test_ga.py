@@ -12,7 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aikit.core.ga import common_size, equal_weight, relative_weight, sample_weight, short_window_factor
+from aikit.core.ga import (
+    accumulated_divisor,
+    common_size,
+    equal_weight,
+    reduction_name,
+    relative_weight,
+    sample_weight,
+    short_window_factor,
+)
 from aikit.core.plan import make_plan
 
 # a window: per replica, the sizes of its micro-batches (0: the replica sits that step out)
@@ -75,6 +83,23 @@ def test_equal_micro_batches_weigh_one_over_the_micro_steps_accumulated(steps, s
     np.testing.assert_allclose(sum(equal_weight(steps) * m[0] for m in means), expected, rtol=1e-12)
 
 
+@given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 7), st.booleans(), st.sampled_from(["mean", "sum"]))
+def test_equal_weights_make_the_windows_mean_or_sum_when_replicas_sum_or_average(steps, replicas, size, averaged,
+                                                                               reduction):
+    """Each replica weighs its own micro-batches; the replicas' results are summed or averaged.
+    'mean' gives the mean of a mean loss's big batch; 'sum' (Run:AI's original) the gradient of a
+    summed loss over the window: the sum of the micro-batch sums."""
+    rng = np.random.default_rng(steps * 100 + replicas * 10 + size)
+    per_sample = rng.normal(size=(steps, replicas, size, 3))
+    world = replicas if averaged else 1
+    weight = equal_weight(steps, reduction, replicas, world)
+    micro_losses = per_sample.mean(2) if reduction == "mean" else per_sample.sum(2)  # the loss's own reduction
+    reduced = sum(weight * micro_losses[s, r] for s in range(steps) for r in range(replicas)) / world
+    expected = per_sample.reshape(-1, 3).mean(0) if reduction == "mean" else per_sample.reshape(-1, 3).sum(0)
+    np.testing.assert_allclose(reduced, expected, rtol=1e-12, atol=1e-12)
+    assert accumulated_divisor(steps, reduction) * equal_weight(steps, reduction) == pytest.approx(1.0)
+
+
 @given(st.integers(1, 600), st.integers(1, 80), st.integers(1, 9))
 def test_the_common_size_is_the_size_most_micro_batches_of_a_plan_share(g, m, n):
     plan = make_plan(g, m, n)
@@ -92,6 +117,8 @@ def test_the_common_size_is_the_size_most_micro_batches_of_a_plan_share(g, m, n)
         (lambda: sample_weight(9, 8), "a micro-batch of 9 samples cannot lie in a window of 8"),
         (lambda: sample_weight(2.5, 8), "samples must be a non-negative integer, got 2.5"),
         (lambda: equal_weight(0), "an update needs at least one micro-step"),
+        (lambda: equal_weight(2, "avg"), "reduction must be 'mean' or 'sum', got 'avg': 'mean' for a mean loss"),
+        (lambda: reduction_name(None), "reduction must be 'mean' or 'sum', got None"),
         (lambda: short_window_factor(8, 0), "an update with no samples has no mean gradient"),
         (lambda: short_window_factor(8, 9), "the update held 9 samples, more than the 8 of its global batch"),
     ],

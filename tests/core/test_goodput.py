@@ -157,3 +157,29 @@ def test_bad_timings_and_states_are_refused():
 def test_the_plan_is_aikits():
     c = GoodputController(48, 3, base_batch=96, max_batch=1000)
     assert c.plan(256) == make_plan(256, 48, 3)
+
+
+def test_policy_error_evaluates_only_the_batches_that_split_evenly():
+    """Keras feeds equal micro-batches: with policy "error" a batch that does not split evenly
+    over the devices is no candidate (evaluating it would raise instead of proposing)."""
+    c = GoodputController(32, 2, base_batch=64, max_batch=256, policy="error")
+    found = c.candidates().tolist()
+    # 66 = 2 devices x 2 steps x 16.5, 130 = 2 x 3 x 21.7: uneven; 68 and 132 split evenly
+    assert 66 not in found and 68 in found and 130 not in found and 132 in found
+    assert all(c.plan(b).is_even for b in found)
+    for batch in (64, 128, 256):
+        c.batch = batch
+        c.observe(0.01 * batch + 0.2, NoiseEstimate(grad_sq=1.0, trace=1000.0))
+    c.batch = 64
+    assert c.propose() in found
+
+
+def test_an_untimed_update_or_one_at_another_batch_is_recorded_as_it_ran():
+    c = GoodputController(64, base_batch=64, max_batch=512)
+    c.observe(None, NoiseEstimate(grad_sq=1.0, trace=1e4))  # compiled: not timed
+    assert c.batches == [64] and c.throughput.configurations == 0 and c.propose() is None
+    c.observe(0.5, None, batch=32)  # an epoch's shorter last update
+    assert c.batches == [64, 32] and c.batch == 64
+    assert c.throughput.state_dict()["times"] == [[32, 1, [0.5]]]
+    with pytest.raises(ValueError, match="batch must be a positive integer, got 0"):
+        c.observe(0.5, batch=0)

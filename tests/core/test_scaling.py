@@ -42,3 +42,11 @@ def test_bad_arguments(call, message):
 def test_linear_is_proportional_and_sqrt_is_its_root(b, ref, k):
     assert math.isclose(scale_factor(k * b, ref) / scale_factor(b, ref), k)
     assert math.isclose(scale_factor(b, ref, "sqrt") ** 2, scale_factor(b, ref), rel_tol=1e-9)
+
+
+@given(st.integers(1, 10**6), st.integers(1, 10**6), st.floats(1e-6, 10.0))
+def test_after_warmup_the_lr_is_exactly_the_rules_product_as_eth_easl_computes_it(batch, ref, lr):
+    """eth-easl's F(ref_lr, batchsize, ref_batchsize) = batchsize / ref_batchsize * ref_lr, to the
+    last bit (``1 + (f - 1)`` is not f: 1/10 would come out 0.09999999999999998)."""
+    assert scaled_lr(lr, batch, ref, "linear") == batch / ref * lr
+    assert scaled_lr(lr, batch, ref, "linear", step=5, warmup_steps=3) == batch / ref * lr

@@ -53,6 +53,7 @@ class Case:
     optimizer: str
     max_grad_norm: float | None = None
     scheduler: bool = False
+    reduction: str = "mean"  # of the loss and of the GA wrapper ("sum": Run:AI's AIkit's arithmetic)
 
     def window_indices(self) -> list[np.ndarray]:
         """The windows' sample indices: consecutive pieces of one fixed permutation per pass."""
@@ -81,6 +82,8 @@ CASES = (
     Case("ragged-adamw-sched", 11, 3, (11, 4, 11, 11, 8), True, "adamw", scheduler=True),
     # G=12: [3, 3] twice, no samples declared; the window of 6 is one GA step, then flush().
     Case("equal-sgd", 12, 3, (12, 6, 12, 12), False, "sgd"),
+    # the same with a summed loss and reduction="sum": every update (the flushed one too) is the window's sum
+    Case("equal-sgd-sum", 12, 3, (12, 6, 12, 12), False, "sgd", reduction="sum"),
 )
 
 
@@ -91,7 +94,7 @@ def reference(case: Case, seed: int = 100) -> list[torch.Tensor]:
     opt, scheduler = case.inner(net)
     for window in case.window_indices():
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x[window]), y[window]).backward()
+        torch.nn.functional.cross_entropy(net(x[window]), y[window], reduction=case.reduction).backward()
         if case.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(net.parameters(), case.max_grad_norm)
         opt.step()
@@ -118,10 +121,12 @@ def train(case: Case, engine: str = "horovod") -> dict:
     if engine == "horovod":
         from aikit.elastic.Torch import horovod
 
-        optimizer = horovod.DistributedOptimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm)
+        optimizer = horovod.DistributedOptimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm,
+                                                 reduction=case.reduction)
         horovod.broadcast_state(net, optimizer)
     else:
-        optimizer = Optimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm, reduce=True)
+        optimizer = Optimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm, reduce=True,
+                              reduction=case.reduction)
         with torch.no_grad():
             broadcast_(list(net.state_dict().values()))
     mine, whole = micro_batch_slices(plan, rank), micro_batch_slices(plan)
@@ -133,7 +138,7 @@ def train(case: Case, engine: str = "horovod") -> dict:
             declared = optimizer.accumulate(net, samples=len(idx)) if case.declare_samples else contextlib.nullcontext()
             with declared:
                 if len(idx):
-                    torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+                    torch.nn.functional.cross_entropy(net(x[idx]), y[idx], reduction=case.reduction).backward()
             optimizer.step()
             if optimizer.updated and scheduler is not None:
                 scheduler.step()

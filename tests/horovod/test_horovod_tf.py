@@ -42,6 +42,7 @@ def test_keras_ga_over_horovod_equals_the_big_batch_steps(ranks):
 def test_tf_init_takes_the_world_from_horovod(ranks):
     for rank, result in enumerate(ranks):
         assert result["plan"] == {"steps": 2, "batch_size": 2, "global_batch_size": 8, "gpus": 2, "master": rank == 0}
+        assert result["hvd"]  # Run:AI's AIkit's runai.elastic.hvd: the Horovod module in use
 
 
 def test_tf_init_refuses_a_plan_that_leaves_horovod_processes_idle(ranks):

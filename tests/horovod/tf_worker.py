@@ -48,7 +48,8 @@ def main(out: Path) -> None:
     net.fit(x[mine], y[mine], batch_size=aikit.elastic.TF.batch_size, shuffle=False, verbose=0,
             callbacks=[horovod.BroadcastVariables()])
     result = {"weights": [w.numpy() for w in net.weights], "updates": int(net.optimizer.iterations.numpy()),
-              "plan": {name: getattr(aikit.elastic, name) for name in aikit.elastic.PUBLIC}, "refused": refused}
+              "plan": {name: getattr(aikit.elastic, name) for name in aikit.elastic.PUBLIC}, "refused": refused,
+              "hvd": aikit.elastic.hvd is hvd and aikit.elastic.TF.hvd is hvd}
     if rank == 0:  # one process, one step per window of G samples
         big = model(seed=100)
         big.compile(sgd(), loss="mse")

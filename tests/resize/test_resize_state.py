@@ -39,7 +39,7 @@ def data():
     return x, y, reference(x, y)
 
 
-def build(directory, trace_=None, seed=SEED, restarted=False):
+def build(directory, trace_=None, seed=SEED, restarted=False, permutation="numpy"):
     """What a user's script builds at start: model, sampler, trace optimizer, state. A restarted
     process gets other initial weights, so only the restore can bring the run's back."""
     model = make_model()
@@ -47,7 +47,8 @@ def build(directory, trace_=None, seed=SEED, restarted=False):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-    sampler = CustomSampler(N, trace_ if trace_ is not None else trace(), minibatch_size=MINIBATCH, seed=seed)
+    sampler = CustomSampler(N, trace_ if trace_ is not None else trace(), minibatch_size=MINIBATCH, seed=seed,
+                            permutation=permutation)
     opt = LinearRuleOptimizer(make_sgd(model), sampler, ref_batchsize=REF_BATCH)
     return model, opt, ElasticState(directory, model=model, optimizer=opt, verbose=False)
 
@@ -135,6 +136,9 @@ def test_resuming_with_other_samples_per_step_is_refused(tmp_path, data):
         state.restore()
     _, _, state = build(tmp_path, seed=SEED + 1)
     with pytest.raises(ValueError, match=rf"seed {SEED} then, {SEED + 1} now"):
+        state.restore()
+    _, _, state = build(tmp_path, permutation="torch")  # eth-easl's sample order: other samples per step
+    with pytest.raises(ValueError, match=r"permutation 'numpy' then, 'torch' now"):
         state.restore()
 
 

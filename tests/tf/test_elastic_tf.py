@@ -23,6 +23,24 @@ def test_init_publishes_the_plan():
     assert aikit.elastic.models.Model is elastic_tf.model.Model is elastic_tf.models.Model
 
 
+def test_init_without_horovod_publishes_no_hvd():
+    """Run:AI's AIkit's runai.elastic.hvd exists only under Horovod (its own test checks that)."""
+    elastic_tf.init(64, 32, verbose=False)
+    assert not hasattr(aikit.elastic, "hvd") and not hasattr(elastic_tf, "hvd")
+
+
+def test_init_under_horovodrun_without_horovod_initialised_is_refused(monkeypatch):
+    """Run:AI's Keras example runs under horovodrun and lets init() start Horovod; aikit does not,
+    so each process would train alone: refused, with the two ways to run it."""
+    before = elastic_tf.init(64, 32, verbose=False)
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"this process is one of 2 that horovodrun started, but "
+                                         r"horovod.tensorflow is not initialised, so each would train alone: "
+                                         r"call `import horovod.tensorflow as hvd; hvd.init\(\)`"):
+        elastic_tf.init(128, 16, verbose=False)
+    assert elastic_tf.plan is before and aikit.elastic.global_batch_size == 64  # nothing changed
+
+
 def test_init_keeps_the_global_batch_exact():
     plan = elastic_tf.init(100, 30, verbose=False)
     assert plan.steps * plan.batch_size * plan.gpus == 100 and plan.batch_size <= 30 and plan.is_even

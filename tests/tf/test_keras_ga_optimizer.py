@@ -187,7 +187,7 @@ def test_learning_rate_is_the_wrapped_optimizers():
      "already accumulates with Keras' gradient_accumulation_steps=2"),
     (lambda: Optimizer(Optimizer(keras.optimizers.SGD(0.1), 2), 2), ValueError, "set its .steps instead"),
     (lambda: Optimizer(keras.optimizers.SGD(0.1), 2, clipnorm=1.0), ValueError,
-     "takes only optimizer, steps and name, got ['clipnorm']"),
+     "takes only optimizer, steps, name and reduction, got ['clipnorm']"),
 ])
 def test_bad_input_is_named(make, error, message):
     with pytest.raises(error) as raised:

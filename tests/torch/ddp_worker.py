@@ -14,11 +14,13 @@ from pathlib import Path
 import torch
 
 SCENARIOS = {
-    # name: (global batch, max per device, optimizer, use accumulate(samples=...))
-    "even": (16, 4, "sgd", True),  # 2 GA steps of 4 samples per rank
-    "ragged": (11, 3, "adam", True),  # steps [3, 3] then [3, 2]: ranks hold different counts
-    "plain": (16, 4, "sgd", False),  # the seed recipe: backward + step(), no context manager
-    "empty": (3, 1, "adam", True),  # steps [1, 1] then [1, 0]: rank 1 joins with an empty batch
+    # name: (global batch, max per device, optimizer, use accumulate(samples=...), loss reduction)
+    "even": (16, 4, "sgd", True, "mean"),  # 2 GA steps of 4 samples per rank
+    "ragged": (11, 3, "adam", True, "mean"),  # steps [3, 3] then [3, 2]: ranks hold different counts
+    "plain": (16, 4, "sgd", False, "mean"),  # the seed recipe: backward + step(), no context manager
+    "empty": (3, 1, "adam", True, "mean"),  # steps [1, 1] then [1, 0]: rank 1 joins with an empty batch
+    # Run:AI's AIkit's arithmetic: a summed loss, reduction="sum" (DDP averages: weights x world)
+    "sum": (16, 4, "sgd", False, "sum"),
 }
 UPDATES = 3
 
@@ -44,8 +46,8 @@ def make_data(global_batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def loss_fn(net, x, y) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(net(x), y)
+def loss_fn(net, x, y, reduction: str = "mean") -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(net(x), y, reduction=reduction)
 
 
 def run(name: str) -> dict:
@@ -57,7 +59,7 @@ def run(name: str) -> dict:
     from aikit.elastic.Torch import distributed
     from aikit.ga.Torch.optim import Optimizer
 
-    global_batch, max_batch, opt_name, weighted = SCENARIOS[name]
+    global_batch, max_batch, opt_name, weighted, reduction = SCENARIOS[name]
     plan = aikit.elastic.Torch.init(global_batch, max_batch)
     rank = distributed.rank()
     model = DistributedDataParallel(make_model())
@@ -69,7 +71,8 @@ def run(name: str) -> dict:
         return default_hooks.allreduce_hook(None, bucket)
 
     model.register_comm_hook(counts, counting_allreduce)
-    optimizer = Optimizer(make_optimizer(opt_name, model.parameters()), aikit.elastic.Torch.steps)
+    optimizer = Optimizer(make_optimizer(opt_name, model.parameters()), aikit.elastic.Torch.steps,
+                          reduction=reduction)
     for x, y in make_data(global_batch):
         for piece in micro_batch_slices(plan, rank):
             xm, ym = x[piece], y[piece]
@@ -78,7 +81,7 @@ def run(name: str) -> dict:
                     loss_fn(model, xm, ym).backward()
             else:
                 optimizer.zero_grad()
-                loss_fn(model, xm, ym).backward()
+                loss_fn(model, xm, ym, reduction).backward()
             optimizer.step()
     return {
         "params": [p.detach().tolist() for p in model.module.parameters()],

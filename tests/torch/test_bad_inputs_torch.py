@@ -74,7 +74,8 @@ def test_trace_check_refuses_exactly_what_custom_sampler_refuses(tmp_path, capsy
     path = tmp_path / "trace.csv"
     Trace(sizes).to_csv(path)
     try:
-        CustomSampler(dataset_size, str(path), replicas, 0, minibatch, when_exhausted=when_exhausted)
+        CustomSampler(dataset_size, str(path), num_replicas=replicas, rank=0, minibatch_size=minibatch,
+                      when_exhausted=when_exhausted, verbose=False)
         accepted = True
     except AikitError:
         accepted = False

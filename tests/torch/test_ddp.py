@@ -26,12 +26,12 @@ def ranks(torchrun, tmp_path_factory) -> list[dict]:
 
 
 def big_batch_params(name: str) -> list[torch.Tensor]:
-    global_batch, _, opt_name, _ = worker.SCENARIOS[name]
+    global_batch, _, opt_name, _, reduction = worker.SCENARIOS[name]
     net = worker.make_model()
     opt = worker.make_optimizer(opt_name, net.parameters())
     for x, y in worker.make_data(global_batch):
         opt.zero_grad()
-        worker.loss_fn(net, x, y).backward()
+        worker.loss_fn(net, x, y, reduction).backward()
         opt.step()
     return [p.detach() for p in net.parameters()]
 

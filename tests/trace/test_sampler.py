@@ -25,7 +25,7 @@ def setups(draw):
 @given(setups(), st.integers(0, 2))
 def test_replicas_together_train_each_scheduled_sample_once(setup, epoch):
     size, sizes, replicas, mb, seed = setup
-    samplers = [CustomSampler(size, sizes, replicas, r, mb, seed, when_exhausted="cycle") for r in range(replicas)]
+    samplers = [CustomSampler(size, sizes, seed, replicas, r, mb, when_exhausted="cycle") for r in range(replicas)]
     seen = []
     for sampler in samplers:
         sampler.set_epoch(epoch)
@@ -40,10 +40,10 @@ def test_replicas_together_train_each_scheduled_sample_once(setup, epoch):
 
 def test_dataset_int_and_dataset_size_keyword_agree():
     data = dataset(100)
-    by_dataset = CustomSampler(data, [8, 16], 2, 1, minibatch_size=4, when_exhausted="cycle")
+    by_dataset = CustomSampler(data, [8, 16], num_replicas=2, rank=1, minibatch_size=4, when_exhausted="cycle")
     by_size = CustomSampler(dataset_size=len(data), trace=[8, 16], num_replicas=2, rank=1, minibatch_size=4,
                             when_exhausted="cycle")
-    assert list(by_dataset) == list(by_size) == list(CustomSampler(100, [8, 16], 2, 1, 4, when_exhausted="cycle"))
+    assert list(by_dataset) == list(by_size) == list(CustomSampler(100, [8, 16], 42, 2, 1, 4, when_exhausted="cycle"))
 
 
 def test_runtime_defaults_to_one_replica_and_works_as_a_batch_sampler():
@@ -68,7 +68,7 @@ def test_epochs_are_fresh_permutations_and_repeatable():
 def test_state_dict_resumes_mid_epoch_with_the_same_batches(setup, data):
     size, sizes, replicas, mb, seed = setup
     rank = data.draw(st.integers(0, replicas - 1))
-    sampler = CustomSampler(size, sizes, replicas, rank, mb, seed, when_exhausted="cycle")
+    sampler = CustomSampler(size, sizes, seed, replicas, rank, mb, when_exhausted="cycle")
     sampler.set_epoch(1)
     whole = list(sampler)
     stop = data.draw(st.integers(0, len(whole)))
@@ -76,7 +76,7 @@ def test_state_dict_resumes_mid_epoch_with_the_same_batches(setup, data):
     iterator = iter(sampler)
     head = [next(iterator) for _ in range(stop)]
     state = sampler.state_dict()
-    fresh = CustomSampler(size, sizes, replicas, rank, mb, seed, when_exhausted="cycle")
+    fresh = CustomSampler(size, sizes, seed, replicas, rank, mb, when_exhausted="cycle")
     fresh.load_state_dict(state)
     fresh.set_epoch(1)  # the training loop's call keeps the loaded position
     assert len(fresh) == len(whole) - stop

@@ -81,16 +81,32 @@ def test_lr_is_scaled_per_step_with_warmup_and_the_base_lr_is_restored_for_sched
     assert used == pytest.approx(expected, rel=1e-12)
 
 
-def test_log_steps_prints_step_batch_and_lr(capsys):
+def test_log_steps_in_aikits_format_prints_epoch_trace_step_batch_and_lr(capsys):
     data = dataset(40)
     sampler = CustomSampler(data, [4, 8], minibatch_size=MINIBATCH, when_exhausted="cycle")
     model = make_model()
     optimizer = LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.2), sampler, ref_batchsize=8,
-                                    log_steps=2)
-    train(model, sampler, optimizer, data, range(1))
+                                    log_steps=2, log_format="aikit")
+    train(model, sampler, optimizer, data, range(2))
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == ["aikit trace: epoch 0 step 1 batch 8 lr 0.2", "aikit trace: epoch 0 step 3 batch 8 lr 0.2"]
+    assert "aikit trace: epoch 1 step 7 batch 8 lr 0.2" in lines  # steps counted over the trace, not per epoch
     assert len(lines) == optimizer.updates // 2
+
+
+def test_log_steps_prints_eth_easls_lines_with_the_step_index_within_each_epoch(capsys):
+    data = dataset(40)
+    sampler = CustomSampler(data, [4, 8, 16], minibatch_size=MINIBATCH, when_exhausted="cycle")
+    model = make_model()
+    optimizer = LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.2), sampler, ref_batchsize=8,
+                                    log_steps=2)
+    train(model, sampler, optimizer, data, range(2))
+    # 40 samples: epoch 0 is steps [4, 8, 16, 4, 8] (40), epoch 1 starts again at step 0 of the epoch
+    assert capsys.readouterr().out.splitlines() == [
+        "    CustomOptimizer: Step=0, bs=4, lr=(0.1,)", "    CustomOptimizer: Step=2, bs=16, lr=(0.4,)",
+        "    CustomOptimizer: Step=4, bs=8, lr=(0.2,)",
+        "    CustomOptimizer: Step=0, bs=16, lr=(0.4,)", "    CustomOptimizer: Step=2, bs=8, lr=(0.2,)",
+    ]
 
 
 @pytest.mark.parametrize("stop_after", [0, 1, 2, 5, 9, 13, 21])  # at step starts, and mid-step

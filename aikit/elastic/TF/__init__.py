@@ -3,8 +3,9 @@
 ``init`` finds the devices (TPU, several GPUs, several workers from ``TF_CONFIG``, or one
 device), plans GA steps and micro-batches with :func:`aikit.core.plan.make_plan`, and
 publishes ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and
-``strategy`` here. Wrap the Keras model with :class:`aikit.elastic.TF.model.Model`
-(``models.Model`` is the same class, as Run:AI's AIkit Elastic writes it), compile and fit.
+``strategy`` here (and ``hvd``, the ``horovod.tensorflow`` module, under Horovod). Wrap the
+Keras model with :class:`aikit.elastic.TF.model.Model` (``models.Model`` is the same class, as
+Run:AI's AIkit Elastic writes it), compile and fit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aikit.ga.TF.keras_backend import keras_on_tensorflow
 keras_on_tensorflow()
 
 from aikit.elastic.TF import model  # noqa: E402  (needs Keras on TF first)
+from aikit.elastic.TF.adaptive import fit_adaptive  # noqa: E402
 from aikit.elastic.TF.model import Model  # noqa: E402
 from aikit.elastic.TF.trace import fit_trace  # noqa: E402
 
@@ -66,8 +68,17 @@ def init(
             f"strategy must be a tf.distribute.Strategy object, got {strategy!r:.60}: pass e.g. "
             "tf.distribute.MirroredStrategy(), or leave strategy out to use every device found"
         )
-    chosen = strategy or strategies.available_strategy()
     hvd = strategies.horovod()
+    launched = strategies.horovodrun_processes()
+    if hvd is None and launched > 1:
+        raise InvalidValue(
+            f"this process is one of {launched} that horovodrun started, but horovod.tensorflow is not "
+            "initialised, so each would train alone: call `import horovod.tensorflow as hvd; hvd.init()` "
+            "before init() and compile with aikit.elastic.TF.horovod.DistributedOptimizer (Run:AI's AIkit "
+            "initialised Horovod itself), or run the script once with python: aikit then uses every GPU of "
+            "the machine through MirroredStrategy"
+        )
+    chosen = strategy or strategies.available_strategy()
     available = hvd.size() if hvd else chosen.num_replicas_in_sync
     if gpus is not None:
         gpus = positive_int(gpus, "gpus")
@@ -94,6 +105,11 @@ def init(
     module = sys.modules[__name__]
     aikit.elastic.publish(new_plan, module)
     module.strategy = chosen
+    for target in (module, aikit.elastic):  # Run:AI's AIkit's runai.elastic.hvd: only under Horovod
+        if hvd is None:
+            target.__dict__.pop("hvd", None)
+        else:
+            target.hvd = hvd
     if verbose and new_plan.master:
         print(new_plan.summary(), f"\n  strategy: {type(chosen).__name__}", sep="")
     return new_plan
@@ -109,4 +125,4 @@ def current_plan() -> Plan:
     return plan
 
 
-__all__ = ["Model", "current_plan", "fit_trace", "init", "model", "models", "strategies"]
+__all__ = ["Model", "current_plan", "fit_adaptive", "fit_trace", "init", "model", "models", "strategies"]

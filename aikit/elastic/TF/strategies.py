@@ -45,6 +45,15 @@ def horovod():
     return hvd if hvd is not None and hvd.is_initialized() else None
 
 
+def horovodrun_processes() -> int:
+    """Processes that horovodrun (or mpirun) started with this one; 0 when it did not start it."""
+    for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def available_strategy() -> tf.distribute.Strategy:
     """The strategy that uses every device found (see the module docstring)."""
     if tf.distribute.has_strategy():

@@ -11,6 +11,7 @@ So one update equals one step on the trace's global batch at the rule's LR.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,27 @@ from aikit.ga.TF.optimizers import Optimizer
 keras = keras_on_tensorflow()
 
 
+def train_micro_step(keras_model: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[np.ndarray]) -> float:
+    """One micro-step in which replica ``r`` trains on samples ``rows[r]``; returns the loss.
+
+    Under a ``tf.distribute`` strategy each replica is handed its own rows as distributed values:
+    ``train_on_batch`` given plain arrays would hand every replica the whole batch (each then
+    computing the same gradient, the work done once per replica)."""
+    if len(rows) == 1:
+        return float(np.ravel(keras_model.train_on_batch(x[rows[0]], y[rows[0]]))[0])
+    strategy = keras_model.distribute_strategy
+    # what train_on_batch does first, from one replica's arrays: Keras' symbolic build of the
+    # compiled loss and metrics needs shapes, which distributed values do not have
+    keras_model._maybe_symbolic_build(data_batch=(x[rows[0]], y[rows[0]], None))
+
+    def distributed(array: np.ndarray):
+        parts = [array[r] for r in rows]
+        return strategy.experimental_distribute_values_from_function(
+            lambda context: parts[context.replica_id_in_sync_group])
+
+    return float(np.ravel(keras_model.train_on_batch(distributed(x), distributed(y)))[0])
+
+
 def fit_trace(
     model: Any,
     x: np.ndarray,
@@ -35,6 +57,7 @@ def fit_trace(
     ref_batch_size: int,
     rule: str = "linear",
     warmup_steps: int = 0,
+    learning_rates: Sequence[float] | None = None,
     epochs: int = 1,
     initial_epoch: int = 0,
     seed: int = 42,
@@ -47,6 +70,8 @@ def fit_trace(
     optimizer is an :class:`aikit.ga.TF.optimizers.Optimizer`; its replicas come from the
     strategy the model was built under. Every trace entry must be a multiple of
     ``minibatch_size`` x replicas (each replica gets the same number of micro-batches).
+    ``learning_rates``: the LR of every update by step, used instead of the rule (an AdaScale
+    run of :func:`~aikit.elastic.TF.adaptive.fit_adaptive` replays with its rows' ``lr``).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
     keras_model = getattr(model, "model", model)
@@ -67,6 +92,11 @@ def fit_trace(
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     schedule = Schedule(trace, len(x), num_replicas=replicas, minibatch_size=minibatch_size, seed=seed,
                         shuffle=shuffle, balanced=True)
+    if learning_rates is not None:
+        steps = schedule.epoch_bounds(initial_epoch + epochs - 1)[1]
+        if len(learning_rates) < steps:
+            raise ValueError(f"learning_rates has {len(learning_rates)} entries but the {epochs} epoch(s) train steps "
+                             f"0..{steps - 1}: give one LR per step of the trace")
 
     log: list[dict] = []
     for epoch in range(initial_epoch, initial_epoch + epochs):
@@ -74,15 +104,14 @@ def fit_trace(
         for step in range(len(plan)):
             batch_size = int(plan.batch_sizes[step])
             update = plan.first_step + step
-            lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
+            if learning_rates is None:
+                lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
+            else:
+                lr = float(learning_rates[update])
             per_replica = [plan.micro_batches(step, r) for r in range(replicas)]
             optimizer.steps = len(per_replica[0])
             optimizer.learning_rate = lr
-            losses = []
-            for micro in zip(*per_replica, strict=True):
-                # Keras splits a batch into contiguous, equal per-replica slices: replica r gets micro[r]
-                rows = np.concatenate(micro)
-                losses.append(float(np.ravel(keras_model.train_on_batch(x[rows], y[rows]))[0]))
+            losses = [train_micro_step(keras_model, x, y, micro) for micro in zip(*per_replica, strict=True)]
             row = {"epoch": epoch, "step": update, "batch_size": batch_size, "ga_steps": len(losses),
                    "lr": lr, "loss": float(np.mean(losses))}
             log.append(row)

@@ -19,18 +19,24 @@ from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import (
+    AdaScaleOptimizer,
     ConstantOptimizer,
+    CustomOptimizer,
+    LinearRuleMomentumOptimizer,
     LinearRuleOptimizer,
     RootRuleOptimizer,
     TraceOptimizer,
 )
 
 __all__ = [
+    "AdaScaleOptimizer",
     "AdaptiveOptimizer",
     "AdaptiveSampler",
     "ConstantOptimizer",
+    "CustomOptimizer",
     "CustomSampler",
     "ElasticState",
+    "LinearRuleMomentumOptimizer",
     "LinearRuleOptimizer",
     "RootRuleOptimizer",
     "TraceOptimizer",

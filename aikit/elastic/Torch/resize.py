@@ -327,12 +327,13 @@ class ElasticState:
             return s.identity()
         return {"trace": hashlib.sha256(s.trace.sizes.tobytes()).hexdigest(), "trace_source": s.trace.source,
                 "when_exhausted": s.trace.when_exhausted, "dataset_size": s.dataset_size, "seed": s.seed,
-                "shuffle": s.shuffle}
+                "shuffle": s.shuffle, "permutation": self.optimizer.sampler.permutation}
 
     def _check_schedule(self, saved: dict | None) -> None:
         now = self._schedule_identity()
         if saved is None or now is None:
             return
+        saved = {"permutation": "numpy", **saved}  # commits from before the permutation option
         differ = [f"{key} {saved.get(key)!r} then, {now[key]!r} now" for key in now
                   if key != "trace_source" and saved.get(key) != now[key]]
         if differ:
@@ -341,7 +342,7 @@ class ElasticState:
                              for d in differ)
             raise ValueError(
                 f"the checkpoint {self.path} was written by a run with other samples per step ({what}): resume "
-                "with the same trace, data set, seed and shuffle, or start from an empty directory"
+                "with the same trace, data set, seed, shuffle and permutation, or start from an empty directory"
             )
 
     # ---- Horovod elastic protocol (hvd.elastic.run drives these) ----------------------------

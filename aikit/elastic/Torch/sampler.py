@@ -9,15 +9,19 @@ takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sized
+from functools import cached_property
 from numbers import Integral
 
+import numpy as np
+import torch
 from torch.utils.data import Sampler
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.plan import index_in
-from aikit.core.schedule import EpochSchedule, Schedule
-from aikit.core.trace import Trace, load_trace
+from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation
+from aikit.core.trace import Trace, load_trace, multiple_problems
 from aikit.elastic.Torch import distributed, spmd
 
 _latest: CustomSampler | None = None
@@ -28,30 +32,52 @@ def latest_sampler() -> CustomSampler | None:
     return _latest
 
 
+def torch_permutation(seed: int, epoch: int, dataset_size: int) -> np.ndarray:
+    """eth-easl's sample order: ``torch.randperm`` from a CPU generator seeded with ``seed + epoch``."""
+    if seed + epoch >= 2**64:
+        raise InvalidValue(f"permutation='torch' seeds torch's generator with seed + epoch, which must be below 2**64, "
+                           f"got {seed} + {epoch}: use a smaller seed")
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(dataset_size, generator=generator).numpy()
+
+
+ORDER_HINT = ("CustomSampler's arguments after the trace are seed, num_replicas, rank, minibatch_size, verbose, "
+              "in eth-easl's order; aikit 0.1 took num_replicas third: pass them by keyword")
+PERMUTATIONS: dict[str, Permutation] = {"numpy": numpy_permutation, "torch": torch_permutation}
+
+
 class CustomSampler(Sampler[list[int]]):
     """This replica's micro-batches of every step of a batch-size trace, as lists of indices.
 
-    ``dataset`` is a Dataset (its ``len()`` is used) or an int; ``dataset_size=`` says the same
-    thing. ``trace`` is a CSV path (``step,batchsize``), a list of sizes, an int (constant) or a
-    :class:`~aikit.core.trace.Trace`; ``when_exhausted`` overrides its end-of-trace policy; a CSV whose
-    step column restarts or skips is read in file order with a warning (``strict_steps=True`` refuses it).
-    ``num_replicas`` and ``rank`` default to the running engine (torch.distributed, Horovod or
-    torch_xla). Every epoch is a fresh permutation seeded by ``seed`` and the epoch. Under
-    torch_xla's SPMD the process is one replica and each micro-batch holds ``minibatch_size``
-    samples for every device of the mesh (see :mod:`aikit.elastic.Torch.spmd`).
+    The arguments keep eth-easl's order, ``(dataset, trace, seed, num_replicas, rank,
+    minibatch_size, verbose)``, positionally or by keyword. ``dataset`` is a Dataset (its
+    ``len()`` is used) or an int; ``dataset_size=`` says the same thing. ``trace`` is a CSV path
+    (``step,batchsize``), a list of sizes, an int (constant) or a :class:`~aikit.core.trace.Trace`;
+    ``when_exhausted`` overrides its end-of-trace policy; a CSV whose step column restarts or skips
+    is read in file order with a warning (``strict_steps=True`` refuses it). ``num_replicas`` and
+    ``rank`` default to the running engine (torch.distributed, Horovod or torch_xla). Every epoch
+    is a fresh permutation seeded by ``seed`` and the epoch: NumPy's ``default_rng([seed, epoch])``,
+    or with ``permutation="torch"`` eth-easl's ``torch.randperm`` seeded ``seed + epoch`` (same seed,
+    same samples as the original), or a function ``(seed, epoch, dataset_size) -> order``.
+    ``verbose`` prints eth-easl's two lines about the trace (None: as the original, only when
+    ``rank=0`` is given; True: on rank 0). Under torch_xla's SPMD the process is one replica and
+    each micro-batch holds ``minibatch_size`` samples for every device of the mesh (see
+    :mod:`aikit.elastic.Torch.spmd`).
     """
 
     def __init__(
         self,
         dataset: Sized | int | None = None,
         trace: Trace | str | list[int] | int | None = None,
+        seed: int = 42,
         num_replicas: int | None = None,
         rank: int | None = None,
         minibatch_size: int = 32,
-        seed: int = 42,
+        verbose: bool | None = None,
         *,
         dataset_size: int | None = None,
         shuffle: bool = True,
+        permutation: str | Permutation = "numpy",
         when_exhausted: str | None = None,
         strict_steps: bool = False,
     ):
@@ -59,17 +85,105 @@ class CustomSampler(Sampler[list[int]]):
         size = _dataset_size(dataset, dataset_size)
         if trace is None:
             raise InvalidValue("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
+        if verbose is not None and not isinstance(verbose, bool):
+            raise InvalidType(f"verbose must be True, False or None, got {verbose!r:.60}")
+        order = PERMUTATIONS.get(permutation) if isinstance(permutation, str) else permutation
+        if order is None:
+            raise InvalidValue(f"permutation must be one of {sorted(PERMUTATIONS)} or a function "
+                               f"(seed, epoch, dataset_size) -> order, got {permutation!r}")
+        given_rank = rank
         if num_replicas is None or rank is None:
             engine_replicas, engine_rank = distributed.world_size(), distributed.rank()
             num_replicas = engine_replicas if num_replicas is None else num_replicas
             rank = engine_rank if rank is None else rank
         trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
-        micro = spmd.micro_batch(trace, minibatch_size, self.devices)
-        self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle)
-        self.rank = _checked_rank(rank, self.schedule.num_replicas)
+        try:
+            micro = spmd.micro_batch(trace, minibatch_size, self.devices)
+            self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order)
+            self.rank = _checked_rank(rank, self.schedule.num_replicas)
+        except (InvalidType, InvalidValue) as error:
+            if str(error).startswith(("seed", "num_replicas", "rank", "minibatch_size")):
+                raise type(error)(f"{error} ({ORDER_HINT})") from None
+            raise
         self.set_epoch(0)
         _latest = self
+        if (given_rank == 0 if verbose is None else verbose) and self.rank == 0:
+            self._print_summary()
+
+    def _print_summary(self) -> None:
+        """eth-easl's two lines about the trace, word for word (the original crashed on a one-step trace)."""
+        trace = self.schedule.trace
+        first = trace.window(0, min(2, len(trace)) if trace.is_finite else 2).tolist()
+        print(f"    MySampler (rank {self.rank}): Loaded trace starting with {', '.join(map(str, first))},...")
+        print(f"    MySampler (rank {self.rank}): trace_samples={self.trace_samples}, "
+              f"minibatches_per_epoch={self.minibatches_per_epoch} => max_epoch=~{self.max_epoch}")
+
+    @property
+    def permutation(self) -> str:
+        """Which sample order: ``"numpy"``, ``"torch"`` or the function's ``module.qualname``."""
+        order = self.schedule.permutation
+        known = [name for name, function in PERMUTATIONS.items() if function is order]
+        return known[0] if known else f"{order.__module__}.{getattr(order, '__qualname__', repr(order))}"
+
+    # --- eth-easl's public surface, over the schedule -------------------------------------------
+    @property
+    def seed(self) -> int:
+        return self.schedule.seed
+
+    @cached_property
+    def trace(self) -> list[int]:
+        """The trace's batch sizes in file order (what follows the last is the trace's policy;
+        eth-easl's int trace was 2,000,000 copies, aikit's is one that repeats)."""
+        return self.schedule.trace.sizes.tolist()
+
+    @property
+    def minibatches_per_epoch(self) -> int:
+        """Micro-batches the data set holds (its last ``len % minibatch_size`` samples never train)."""
+        return self.dataset_size // self.schedule.minibatch_size
+
+    @cached_property
+    def trace_samples(self) -> int | float:
+        """Samples the whole trace asks for (``math.inf`` when it repeats)."""
+        trace = self.schedule.trace
+        return int(trace.sizes.astype(object).sum()) if trace.is_finite else math.inf
+
+    @property
+    def max_epoch(self) -> int | float:
+        """eth-easl's estimate of the epochs the trace covers, ``trace_samples // (minibatches_per_epoch
+        * minibatch_size)`` (an upper bound: steps do not straddle epochs; ``schedule.full_epochs()``
+        counts exactly). ``math.inf`` for a trace that repeats."""
+        samples, epoch = self.trace_samples, self.minibatches_per_epoch * self.schedule.minibatch_size
+        return samples if samples == math.inf else samples // epoch
+
+    def get_epoch_range(self, epoch: int) -> tuple[int, int]:
+        """``(start, end)``: epoch ``epoch`` is trace steps ``start..end-1``."""
+        start, end, _ = self.schedule.epoch_bounds(epoch)
+        return start, end
+
+    def get_epochtrace(self, epoch: int) -> list[int]:
+        """The batch sizes of the steps of ``epoch``."""
+        start, end = self.get_epoch_range(epoch)
+        return self.schedule.trace.window(start, end).tolist()
+
+    def get_batch_assignments(self, epochtrace: list[int]) -> list[list[int]]:
+        """For each step of ``epochtrace``, the epoch's micro-batch ids this rank processes
+        (micro-batch ``b`` is samples ``b * minibatch_size`` to ``(b + 1) * minibatch_size - 1`` of
+        the epoch's order); an empty list where this rank only joins the all-reduce."""
+        mb = self.schedule.minibatch_size
+        steps = load_trace(list(epochtrace))
+        sizes = steps.sizes
+        problems = multiple_problems(steps, mb, "minibatch_size")
+        if int(sizes.sum()) > self.minibatches_per_epoch * mb:
+            problems.append(f"the steps need {int(sizes.sum())} samples but an epoch holds "
+                            f"{self.minibatches_per_epoch * mb}")
+        if problems:
+            raise InvalidValue("epochtrace cannot be dealt:\n  " + "\n  ".join(problems[:10]))
+        plan = EpochSchedule(self.epoch, 0, sizes, self.epoch_schedule.order, mb, self.num_replicas, True)
+        return [list(plan.micro_batch_ids(step, self.rank)) for step in range(len(plan))]
+
+    def __bool__(self) -> bool:
+        return True  # a sampler is there even when len() is 0 (eth-easl's has this too)
 
     @property
     def num_replicas(self) -> int:
@@ -123,15 +237,16 @@ class CustomSampler(Sampler[list[int]]):
         ``state_dict`` records what was trained and repositions this sampler when loaded.
         """
         return {"epoch": self.epoch, "step": self.step, "micro": self.micro, "seed": self.schedule.seed,
-                "rank": self.rank, "num_replicas": self.num_replicas}
+                "rank": self.rank, "num_replicas": self.num_replicas, "permutation": self.permutation}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next ``set_epoch(state['epoch'])`` keeps the position."""
-        if state["seed"] != self.schedule.seed or state["num_replicas"] != self.num_replicas:
+        permutation = state.get("permutation", "numpy")  # states from before the option
+        if (state["seed"], state["num_replicas"], permutation) != (self.seed, self.num_replicas, self.permutation):
             raise InvalidValue(
-                f"sampler state is for seed {state['seed']} and {state['num_replicas']} replicas, this sampler "
-                f"has seed {self.schedule.seed} and {self.num_replicas}: build it with the settings of the run "
-                "that saved it"
+                f"sampler state is for seed {state['seed']}, {state['num_replicas']} replicas and permutation "
+                f"{permutation!r}, this sampler has seed {self.seed}, {self.num_replicas} and {self.permutation!r}: "
+                "build it with the settings of the run that saved it"
             )
         self.resume(state["epoch"], state["step"], state["micro"])
 
@@ -141,7 +256,7 @@ class CustomSampler(Sampler[list[int]]):
         current step (a step cut short by the resize is retrained)."""
         old = self.schedule
         self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, old.minibatch_size, old.seed,
-                                 old.shuffle, old.balanced)
+                                 old.shuffle, old.balanced, old.permutation)
         self.rank = _checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 

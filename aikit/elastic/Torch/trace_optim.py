@@ -24,10 +24,17 @@ order on every replica.
 
 from __future__ import annotations
 
+import functools
+import math
+import warnings
+import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
+from aikit.core import gradient_noise
+from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, estimate_from_totals
 from aikit.core.plan import positive_int
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
@@ -37,14 +44,17 @@ from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
 from aikit.ga.Torch.optim import check_groups, check_pending
 
 _TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated"}
+LOG_FORMATS = ("eth-easl", "aikit")
 
 
 class TraceOptimizer(WrappingOptimizer):
     """Wraps a torch optimizer to train through ``sampler``'s trace with LR rule ``rule``.
 
     ``ref_batchsize`` is the global batch the wrapped optimizer's LR was tuned for; ``warmup_steps``
-    ramps the rule's factor in over the first updates; ``log_steps`` prints step, batch size and
-    LR on rank 0 every that many updates. ``sampler`` defaults to the last CustomSampler made.
+    ramps the rule's factor in over the first updates; ``log_steps`` prints on rank 0, as eth-easl's
+    ``CustomOptimizer: Step=S, bs=B, lr=(L,)`` at every step ``S`` of an epoch that is a multiple
+    of it, or with ``log_format="aikit"`` ``aikit trace: epoch E step S batch B lr L`` every that
+    many updates (``S`` counted over the trace). ``sampler`` defaults to the last CustomSampler made.
     ``max_grad_norm`` clips each update's gradient; ``scaler`` (a ``torch.amp.GradScaler``) is
     unscaled, stepped and updated once per update. Replicas start from rank 0's parameters,
     broadcast at the first :meth:`set_epoch` or :meth:`join` (``ElasticState.restore()``), unless
@@ -65,8 +75,12 @@ class TraceOptimizer(WrappingOptimizer):
         broadcast: bool = True,
         max_grad_norm: float | None = None,
         scaler: Any = None,
+        log_format: str = "eth-easl",
     ):
         super().__init__(optimizer)
+        if log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
+        self.log_format = log_format
         self.sampler = sampler if sampler is not None else latest_sampler()
         if not isinstance(self.sampler, CustomSampler):
             raise ValueError(
@@ -171,26 +185,80 @@ class TraceOptimizer(WrappingOptimizer):
 
     def _update(self) -> None:
         """All-reduce this step's gradients and make its one update at the step's LR."""
-        batch = int(self.plan.batch_sizes[self.step_index])
+        batch, step = self.get_bs(), self.step_index
+        extras = self._local_statistics()
         if self.sampler.num_replicas > 1 or engine(self.device) == "xla":
-            self.engine.reduce()
-        base = [group["lr"] for group in self.param_groups]
-        ref = self.ref_batchsize or batch
-        for group in self.param_groups:
-            group["lr"] = scaled_lr(group["lr"], batch, ref, self.rule, self.updates, self.warmup_steps)
-        lr = self.param_groups[0]["lr"]
+            extras = self.engine.reduce(extras)
+        self._observe(extras)
+        saved = [{key: group[key] for key in self._adapted if key in group} for group in self.param_groups]
+        self.adapt_lr()
+        lr = self.get_lr()
         try:
-            self.updated = self.engine.step(self.plan.weight(self.step_index))
+            self.updated = self.engine.step(self._gradient_scale())
             self.applied += self.updated
         finally:
-            for group, lr_base in zip(self.param_groups, base, strict=True):
-                group["lr"] = lr_base
+            for group, values in zip(self.param_groups, saved, strict=True):
+                group.update(values)
         self.updates += 1
         self.step_index, self.micro = self.step_index + 1, 0
         mark_step(self.device)
-        if self.log_steps and self.rank == 0 and self.updates % self.log_steps == 0:
-            print(f"aikit trace: epoch {self.epoch} step {self.plan.first_step + self.step_index - 1} "
-                  f"batch {batch} lr {lr:.6g}", flush=True)
+        if self.log_steps and self.rank == 0:
+            self._log(step, batch, lr)
+
+    def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
+        if self.log_format == "aikit":
+            if self.updates % self.log_steps == 0:
+                print(f"aikit trace: epoch {self.epoch} step {self.plan.first_step + step} batch {batch} "
+                      f"lr {lr[0]:.6g}", flush=True)
+        elif step % self.log_steps == 0:
+            print(f"    CustomOptimizer: Step={step}, bs={batch}, lr={lr}", flush=True)
+
+    # --- what subclasses change -----------------------------------------------------------------
+    _adapted = ("lr",)  # the group settings adapt_lr() changes for one update, put back after it
+
+    def _local_statistics(self) -> list[float]:
+        """Numbers this replica adds to the update's all-reduce besides its gradients (none)."""
+        return []
+
+    def _observe(self, totals: list[float]) -> None:
+        """Take the update's reduced gradients and statistics in, before the LR is set."""
+
+    def _gradient_scale(self) -> float:
+        """Factor from the summed micro-batch gradients to the update's gradient: their mean."""
+        return self.plan.weight(self.step_index)
+
+    # --- eth-easl's public surface --------------------------------------------------------------
+    def get_lr(self) -> tuple[float, ...]:
+        """Every param group's LR (the base LR, except during an update)."""
+        return tuple(group["lr"] for group in self.param_groups)
+
+    def set_lr(self, values: tuple[float, ...] | list[float]) -> None:
+        """Set every param group's LR, one value per group."""
+        values = tuple(values)
+        if len(values) != len(self.param_groups):
+            raise ValueError(f"set_lr needs one LR per param group ({len(self.param_groups)}), got {len(values)}")
+        for group, lr in zip(self.param_groups, values, strict=True):
+            group["lr"] = lr
+
+    def get_bs(self) -> int:
+        """The global batch of the current step of the epoch, 0 once the epoch's steps are done."""
+        return int(self.plan.batch_sizes[self.step_index]) if self.step_index < len(self.plan) else 0
+
+    def _rule_lr(self, base: float, batch: int) -> float:
+        """The rule's LR for ``batch`` (at the current update, for warmup) from ``base``."""
+        if batch == 0:  # past the epoch: eth-easl's rules give 0 (constant: the base LR)
+            return base if rule_name(self.rule) == "constant" else 0.0
+        return scaled_lr(base, batch, self.ref_batchsize or batch, self.rule, self.updates, self.warmup_steps)
+
+    def adapt_lr(self) -> None:
+        """Set every group's LR to the rule's LR for the current step, from the LR it holds now
+        (the update calls it and puts the base LR back afterwards)."""
+        batch = self.get_bs()
+        self.set_lr(self._rule_lr(lr, batch) for lr in self.get_lr())
+
+    def current_lr(self) -> float:
+        """The first group's LR for the current step."""
+        return self._rule_lr(self.get_lr()[0], self.get_bs())
 
     def state_dict(self) -> dict:
         """The wrapped optimizer's state, the position in the trace, and any gradients
@@ -201,7 +269,8 @@ class TraceOptimizer(WrappingOptimizer):
                 if self.micro else None
             return {"optimizer": self.optimizer.state_dict(),
                     "trace": {"epoch": self.epoch, "step": self.step_index, "micro": self.micro,
-                              "updates": self.updates, "rank": self.sampler.rank, "accumulated": accumulated}}
+                              "updates": self.updates, "rank": self.sampler.rank, "accumulated": accumulated},
+                    **self._extra_state()}
 
         return self._run_state_dict_hooks(build)
 
@@ -220,16 +289,26 @@ class TraceOptimizer(WrappingOptimizer):
         if trace["accumulated"] is not None:
             for p, grad in zip(self.params, trace["accumulated"], strict=True):
                 p.grad = None if grad is None else grad.to(p.device).clone()
+        self._load_extra(state)
         self.sampler.resume(trace["epoch"], trace["step"], trace["micro"])
         self._start(trace["epoch"], trace["step"], trace["micro"])
         self.updated = False
 
+    _extra_keys: tuple[str, ...] = ()  # state_dict() keys a subclass adds
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra(self, state: dict) -> None:
+        """Load what ``_extra_state`` saved (``state`` already checked)."""
+
     def check_state(self, state: dict) -> None:
         """Every reason ``state`` cannot be loaded here, before anything is changed."""
-        if not isinstance(state, dict) or set(state) != {"optimizer", "trace"}:
+        expected = {"optimizer", "trace", *self._extra_keys}
+        if not isinstance(state, dict) or set(state) != expected:
             keys = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a {type(self).__name__} state: keys {keys}, expected "
-                             "['optimizer', 'trace'] (load the wrapped optimizer's own state into it directly)")
+                             f"{sorted(expected)} (load the wrapped optimizer's own state into it directly)")
         trace = state["trace"]
         if not isinstance(trace, dict) or set(trace) != _TRACE_KEYS:
             raise ValueError(f"{type(self).__name__} state['trace'] needs keys {sorted(_TRACE_KEYS)}")
@@ -261,3 +340,208 @@ class ConstantOptimizer(TraceOptimizer):
     """The wrapped optimizer's LR whatever the batch; ``ref_batchsize`` is not needed."""
 
     rule = "constant"
+
+
+class CustomOptimizer(TraceOptimizer):
+    """eth-easl's base optimizer, ``CustomOptimizer(optimizer, sampler, log_steps=None,
+    reduction='mean')``: the wrapped optimizer's LR whatever the batch, and the step's micro-batch
+    gradients averaged (``'mean'``) or summed (``'sum'``) over micro-batches and replicas."""
+
+    rule = "constant"
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 log_steps: int | None = None, reduction: str = "mean", **options: Any):
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        super().__init__(optimizer, sampler, None, log_steps, **options)
+        self.reduction = reduction
+
+    def _gradient_scale(self) -> float:
+        return 1.0 if self.reduction == "sum" else super()._gradient_scale()
+
+
+class LinearRuleMomentumOptimizer(TraceOptimizer):
+    """eth-easl's linear rule with *summed* gradients: the micro-batch gradients of a step are
+    added up (not averaged) over micro-batches and replicas, the LR is the linear rule's LR for
+    one micro-batch (``lr · minibatch_size / ref_batchsize``), and every group's weight decay is
+    ``weight_decay`` times the step's micro-batches ``B / minibatch_size``. With SGD that is the
+    linear rule with the momentum buffer kept in units of LR × gradient (Goyal et al.'s momentum
+    correction): a batch-size change rescales the new gradients, not the velocity.
+
+    ``weight_decay`` (eth-easl's default 1e-4) replaces the wrapped optimizer's own for every
+    group, during each update only. :meth:`current_lr` is the linear rule's LR for the step's
+    batch, as eth-easl reports it.
+    """
+
+    rule = "linear"
+    _adapted = ("lr", "weight_decay")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 ref_batchsize: int | None = None, weight_decay: float = 1e-4, log_steps: int | None = None,
+                 **options: Any):
+        if options.get("warmup_steps"):
+            raise ValueError("LinearRuleMomentumOptimizer has no warmup: its LR is the micro-batch's at every step; "
+                             "use LinearRuleOptimizer(warmup_steps=...)")
+        super().__init__(optimizer, sampler, ref_batchsize, log_steps, **options)
+        if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+        self.weight_decay = float(weight_decay)
+        own = sorted({group.get("weight_decay", 0) for group in self.param_groups} - {0, self.weight_decay})
+        if own:
+            warnings.warn(f"LinearRuleMomentumOptimizer replaces the wrapped optimizer's weight_decay {own} by "
+                          f"weight_decay={self.weight_decay} (times the micro-batches of each step), as eth-easl's "
+                          "does: pass weight_decay= to choose it", stacklevel=2)
+
+    def _gradient_scale(self) -> float:
+        return 1.0  # the sum over the step's micro-batches
+
+    def adapt_lr(self) -> None:
+        micro = self.plan.minibatch_size
+        self.set_lr(scaled_lr(lr, micro, self.ref_batchsize, "linear") for lr in self.get_lr())
+        micro_batches = self.get_bs() // micro
+        for group in self.param_groups:
+            group["weight_decay"] = self.weight_decay * micro_batches
+
+
+class AdaScaleOptimizer(TraceOptimizer):
+    """AdaScale (Johnson et al., 2020) through a batch-size trace: every update's LR is the base
+    LR for one micro-batch, ``lr · minibatch_size / ref_batchsize``, times the gain ``r`` of the
+    step's batch over a micro-batch, and :attr:`progress` advances by ``r`` (the scale-invariant
+    iteration count: drive an LR schedule with it, e.g. ``LambdaLR(optimizer, lambda _:
+    f(optimizer.progress))``).
+
+    The gain comes from the gradient noise of each update (:mod:`aikit.core.gradient_noise`):
+    the squared norm of every micro-batch's mean gradient, taken by a gradient hook before it is
+    added into ``.grad``, summed per param group on each replica and over the replicas in the
+    update's one all-reduce, against the squared norm of the update's gradient. A replica with no
+    micro-batch in a step adds nothing and counts no part. One :class:`~aikit.core.gradient_noise.NoiseTracker`
+    per param group smooths ``|G|²`` and ``tr(Σ)`` (``decay``); each group's LR uses its own gain
+    (as eth-easl's and fairscale's), :attr:`progress` the whole model's. Call ``step()`` once per
+    micro-batch after its one ``backward()``.
+    """
+
+    rule = "linear"
+    _extra_keys = ("adascale",)
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 log_steps: int | None = None, ref_batchsize: int = 32, *, decay: float = 0.99, **options: Any):
+        if options.get("warmup_steps"):
+            raise ValueError("AdaScaleOptimizer has no warmup: the gain sets the LR from the measured noise")
+        super().__init__(optimizer, sampler, ref_batchsize, log_steps, **options)
+        self.trackers = [NoiseTracker(decay) for _ in self.param_groups]
+        self.progress = 0.0  # base-batch (micro-batch) steps' worth of progress so far
+        self._gains = (1.0,) * len(self.param_groups)
+        self.last_gain = 1.0
+        self._sq_norms: torch.Tensor | None = None  # this update's Σ_j |g_j|² per group, on this replica
+        self._sum_dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
+        owner = weakref.ref(self)  # the hooks must not keep a discarded optimizer alive
+        self._hooks = [p.register_hook(functools.partial(_record_sq_norm, owner, index))
+                       for index, group in enumerate(self.param_groups) for p in group["params"] if p.requires_grad]
+
+    def unhook(self) -> None:
+        """Remove the gradient hooks (to train the model on with another optimizer)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def redeal(self) -> None:
+        self._sq_norms = None  # the step cut short is retrained: so are its micro-batches' norms
+        super().redeal()
+
+    def _add_sq_norm(self, index: int, grad: torch.Tensor) -> None:
+        if self._sq_norms is None:
+            self._sq_norms = torch.zeros(len(self.param_groups), dtype=self._sum_dtype, device=grad.device)
+        self._sq_norms[index] += grad.detach().to(self._sum_dtype).pow(2).sum()
+
+    def _local_statistics(self) -> list[float]:
+        sq_norms, self._sq_norms = self._sq_norms, None
+        if sq_norms is None:  # no micro-batch here this step
+            return [0.0] * len(self.param_groups)
+        amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
+        return (sq_norms / amp**2).tolist()
+
+    @torch.no_grad()
+    def _observe(self, totals: list[float]) -> None:
+        batch, micro = self.get_bs(), self.plan.minibatch_size
+        parts = batch // micro
+        if parts >= 2:
+            amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
+            scale = self._gradient_scale() / amp
+            means = [sum(float(p.grad.to(self._sum_dtype).pow(2).sum()) for p in group["params"] if p.grad is not None)
+                     * scale**2 for group in self.param_groups]
+            if all(math.isfinite(x) for x in [*totals, *means]):  # AMP skips an update with inf/NaN: so do we
+                for tracker, total, mean in zip(self.trackers, totals, means, strict=True):
+                    tracker.update(estimate_from_totals(total * micro, parts, batch, mean))
+        smoothed = [tracker.smoothed if tracker.updates else None for tracker in self.trackers]
+        self._gains = tuple(self._gain(noise, batch) for noise in smoothed)
+        model = None if None in smoothed else NoiseEstimate(grad_sq=sum(n.grad_sq for n in smoothed),
+                                                            trace=sum(n.trace for n in smoothed))
+        self.last_gain = self._gain(model, batch)  # the whole model's
+        self.progress += self.last_gain
+
+    def _gain(self, noise: NoiseEstimate | None, batch: int) -> float:
+        if noise is None or batch == 0:
+            return 1.0
+        return gradient_noise.gain(noise.trace, noise.grad_sq, batch, self.plan.minibatch_size)
+
+    def gain(self) -> tuple[float, ...]:
+        """Each param group's gain at the last update (1 before the first)."""
+        return self._gains
+
+    @property
+    def grad_var_avg(self) -> np.ndarray:
+        """eth-easl's smoothed variance of a micro-batch's gradient per group, ``tr(Σ) / minibatch_size``."""
+        return np.array([t.smoothed.trace / self.plan.minibatch_size if t.updates else 0.0 for t in self.trackers])
+
+    @property
+    def grad_sqr_avg(self) -> np.ndarray:
+        """eth-easl's smoothed ``|G|²`` per group."""
+        return np.array([t.smoothed.grad_sq if t.updates else 1.0 for t in self.trackers])
+
+    def adapt_lr(self) -> None:
+        self.set_lr(self.current_lr())
+
+    def current_lr(self) -> tuple[float, ...]:
+        """Every group's LR for the current step with the last gains (a tuple, as eth-easl's)."""
+        micro = self.plan.minibatch_size
+        return tuple(scaled_lr(lr, micro, self.ref_batchsize, "linear") * r
+                     for lr, r in zip(self.get_lr(), self._gains, strict=True))
+
+    def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
+        if self.log_format == "eth-easl" and step % self.log_steps == 0:
+            print(f"    Adascale: Step={step}, gain={self.gain()}, grad_var_avg={self.grad_var_avg}, "
+                  f"grad_sqr_avg={self.grad_sqr_avg}", flush=True)
+        super()._log(step, batch, lr)
+
+    def _extra_state(self) -> dict:
+        pending = None if self._sq_norms is None else self._sq_norms.tolist()
+        return {"adascale": {"trackers": [t.state_dict() for t in self.trackers], "progress": self.progress,
+                             "gains": list(self._gains), "pending": pending}}
+
+    def check_state(self, state: dict) -> None:
+        super().check_state(state)
+        self._saved_trackers(state["adascale"])
+
+    def _saved_trackers(self, saved: object) -> list[NoiseTracker]:
+        keys = {"trackers", "progress", "gains", "pending"}
+        if not isinstance(saved, dict) or set(saved) != keys or len(saved["trackers"]) != len(self.trackers) \
+                or len(saved["gains"]) != len(self.trackers):
+            raise ValueError(f"AdaScaleOptimizer state['adascale'] needs keys {sorted(keys)} with one tracker and "
+                             f"one gain per param group ({len(self.trackers)})")
+        trackers = [NoiseTracker() for _ in self.trackers]
+        for tracker, tracker_state in zip(trackers, saved["trackers"], strict=True):
+            tracker.load_state_dict(tracker_state)
+        return trackers
+
+    def _load_extra(self, state: dict) -> None:
+        saved = state["adascale"]
+        self.trackers = self._saved_trackers(saved)
+        self.progress, self._gains = float(saved["progress"]), tuple(saved["gains"])
+        self._sq_norms = None if saved["pending"] is None else torch.tensor(
+            saved["pending"], dtype=self._sum_dtype, device=self.device)
+
+
+def _record_sq_norm(owner: weakref.ref, index: int, grad: torch.Tensor) -> None:
+    optimizer = owner()
+    if optimizer is not None:
+        optimizer._add_sq_norm(index, grad)

@@ -1,4 +1,5 @@
-"""Gradient accumulation for Keras 3 (TensorFlow backend): ``optimizers.Optimizer(optimizer, steps)``."""
+"""Gradient accumulation for Keras 3 (TensorFlow backend): ``optimizers.Optimizer(optimizer, steps)``,
+or Run:AI's prebuilt form of any Keras optimizer, ``optimizers.Adam(steps, learning_rate=...)``."""
 
 from aikit.optional import tensorflow  # noqa: F401  isort: skip  (first: a missing tensorflow names its extra)
 from aikit.ga.TF import optimizers

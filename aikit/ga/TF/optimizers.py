@@ -19,12 +19,23 @@ the next update without retracing (batch-size traces change it every update). Th
 weighs each micro-step by ``1 / micro-steps actually accumulated`` (:func:`aikit.core.ga.equal_weight`,
 computed in the graph), so it is the mean even when ``steps`` changes in the middle of an update.
 Loading saved weights (``model.load_weights``) keeps the ``steps`` of the plan compiled now.
+
+``reduction="sum"`` applies the sum of the micro-batch gradients instead of their mean (for a
+sum-reduced loss); Run:AI's original Keras wrapper averaged, as the default does.
+
+Run:AI's prebuilt GA optimizers are here too, one per optimizer class Keras ships (found at
+import: the classes built from a ``learning_rate``, so not the ``Optimizer`` base nor the
+``LossScaleOptimizer``/``MultiOptimizer`` wrappers), in the original's argument order:
+``Adam(steps, learning_rate=1e-3)`` is ``Optimizer(keras.optimizers.Adam(learning_rate=1e-3), steps)``.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import tensorflow as tf
 
+from aikit.core.ga import accumulated_divisor, reduction_name
 from aikit.core.plan import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 
@@ -41,13 +52,15 @@ class Optimizer(keras.optimizers.Optimizer):
             clipping and schedules are used as configured).
         steps: micro-steps per update (1: no accumulation); may be changed later by
             assigning ``.steps``.
+        reduction: ``"mean"`` (default) applies the mean of the micro-batch gradients, right for a
+            mean loss; ``"sum"`` applies their sum, right for a sum-reduced loss.
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None,
-                 **kwargs):
+                 reduction: str = "mean", **kwargs):
         if kwargs:
             raise ValueError(
-                f"aikit's GA Optimizer takes only optimizer, steps and name, got {sorted(kwargs)}: set "
+                f"aikit's GA Optimizer takes only optimizer, steps, name and reduction, got {sorted(kwargs)}: set "
                 "learning rate, weight decay, clipping and EMA on the wrapped optimizer"
             )
         if isinstance(optimizer, dict):  # from a saved config
@@ -66,7 +79,9 @@ class Optimizer(keras.optimizers.Optimizer):
                 "aikit accumulate"
             )
         steps = positive_int(steps, "steps")
+        reduction = reduction_name(reduction)
         super().__init__(learning_rate=lambda: self.inner.learning_rate, name=name)
+        self.reduction = reduction
         self.inner = optimizer
         with keras.name_scope(self.name, caller=self):
             self._steps = keras.Variable(steps, name="steps", dtype="int64", trainable=False,
@@ -99,6 +114,12 @@ class Optimizer(keras.optimizers.Optimizer):
     @steps.setter
     def steps(self, steps: int) -> None:
         self._steps.assign(positive_int(steps, "steps"))
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer:
+        """The wrapped optimizer (also ``inner``), under the name the torch wrapper and Run:AI's
+        original give it."""
+        return self.inner
 
     @property
     def accumulated(self) -> int:
@@ -195,18 +216,49 @@ class Optimizer(keras.optimizers.Optimizer):
 
     def _update(self, sums, variables) -> None:
         """The real update (replica context): the wrapped optimizer applies the mean gradient."""
-        count = self._accumulated + 1
-        grads = [None if s is None else s.value / ops.cast(count, s.dtype) for s in sums]
+        divisor = accumulated_divisor(self._accumulated + 1, self.reduction)  # of aikit.core.ga: mean or sum
+        grads = [None if s is None else s.value / ops.cast(divisor, s.dtype) for s in sums]
         self.inner.apply(grads, variables)
         for total in sums:
             if total is not None:
                 total.assign(ops.zeros_like(total.value))
 
     def get_config(self) -> dict:
-        return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner), "steps": self.steps}
+        return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner), "steps": self.steps,
+                "reduction": self.reduction}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         inner = keras.optimizers.deserialize(config.pop("optimizer"), custom_objects=custom_objects)
-        return cls(inner, **config)
+        restored = cls.__new__(cls)  # a prebuilt subclass takes other arguments: wrap the saved inner as is
+        Optimizer.__init__(restored, inner, **config)
+        return restored
+
+
+def _prebuilt(inner: type[keras.optimizers.Optimizer]) -> type[Optimizer]:
+    """Run:AI's prebuilt GA form of ``inner``: ``Name(steps, *args, reduction="mean", **kwargs)``
+    wraps ``inner(*args, **kwargs)``."""
+
+    def __init__(self, steps: int, *args, reduction: str = "mean", **kwargs):
+        Optimizer.__init__(self, inner(*args, **kwargs), steps, reduction=reduction)
+
+    name = inner.__name__
+    __init__.__qualname__ = f"{name}.__init__"
+    doc = (f"GA over ``keras.optimizers.{name}``: ``{name}(steps, ...)`` is "
+           f"``Optimizer(keras.optimizers.{name}(...), steps)``; ``reduction`` goes to :class:`Optimizer`, "
+           f"every other argument to ``keras.optimizers.{name}``.")
+    cls = type(name, (Optimizer,), {"__init__": __init__, "__doc__": doc, "__module__": __name__,
+                                    "__qualname__": name, "inner_class": inner})
+    return keras.saving.register_keras_serializable(package="aikit")(cls)
+
+
+def _keras_optimizer_classes() -> list[type[keras.optimizers.Optimizer]]:
+    """Every optimizer algorithm keras.optimizers exports: the classes built from a learning rate."""
+    return [cls for cls in (getattr(keras.optimizers, name) for name in dir(keras.optimizers))
+            if inspect.isclass(cls) and issubclass(cls, keras.optimizers.Optimizer)
+            and "learning_rate" in inspect.signature(cls.__init__).parameters]
+
+
+PREBUILT = {cls.__name__: _prebuilt(cls) for cls in _keras_optimizer_classes()}
+globals().update(PREBUILT)

@@ -224,7 +224,7 @@ class Accumulator:
             self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's
         if self.max_grad_norm is not None:
             if any(g.is_sparse for g in grads):
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad()
                 raise ValueError(
                     f"max_grad_norm={self.max_grad_norm} cannot clip sparse gradients (nn.Embedding(sparse=True) "
                     "or similar): use dense gradients, or max_grad_norm=None and clip the dense parameters yourself"
@@ -237,7 +237,7 @@ class Accumulator:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         return stepped
 
 

@@ -8,7 +8,8 @@ once per update. An LR scheduler does too when wrapped in :class:`UpdateSchedule
 Accelerate prepares schedulers), so a loop written for plain torch, calling
 ``scheduler.step()`` after every ``optimizer.step()``, moves the LR once per update.
 
-Gradients are averaged, not summed: the accumulated ``.grad`` is multiplied once at the update
+Gradients are averaged, not summed (``reduction="sum"`` sums them, as Run:AI's original did, for
+a sum-reduced loss): the accumulated ``.grad`` is multiplied once at the update
 by the weight :mod:`aikit.core.ga` gives (``1 / micro-steps accumulated``, or for micro-batches
 declared with ``accumulate(model, samples=n)`` their share ``n / G`` of the global batch, times
 the world size under DDP, which averages over processes). Weights are taken relative to the
@@ -20,19 +21,27 @@ one grouped all-reduce with the samples they held (Horovod, or torchrun without 
 :mod:`aikit.elastic.Torch.horovod`): every update, an epoch's last short one included
 (:meth:`Optimizer.flush`), is then the mean over the samples it actually saw, and the world size
 is read at every update, so an elastic resize scales right.
+
+Run:AI's prebuilt GA optimizers are here too, one per optimizer class ``torch.optim`` ships
+(found at import, named as torch names them), in the original's argument order:
+``SGD(steps, params, lr=0.1, momentum=0.9)`` is ``Optimizer(torch.optim.SGD(params, lr=0.1,
+momentum=0.9), steps)``, a subclass of :class:`Optimizer`, which takes the wrapper's keywords too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from aikit.core.errors import InvalidValue
 from aikit.core.ga import (
     common_size,
     equal_weight,
+    reduction_name,
     relative_weight,
     sample_count,
     sample_weight,
@@ -42,7 +51,7 @@ from aikit.core.plan import positive_int
 from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
 
 _STATE_KEYS = {"optimizer", "ga"}
-_GA_KEYS = {"steps", "position", "samples", "weighted", "unit", "pending_grads"}
+_GA_KEYS = {"steps", "position", "micro_steps", "reduction", "samples", "weighted", "unit", "pending_grads"}
 
 
 class Optimizer(WrappingOptimizer):
@@ -62,6 +71,9 @@ class Optimizer(WrappingOptimizer):
             per update (call only ``scaler.scale(loss).backward()`` yourself).
         reduce: sum the gradients over the replicas at the update (no DDP: Horovod, or
             torchrun with a plain model); the micro-steps communicate nothing.
+        reduction: ``"mean"`` (default) makes the update the mean over the window, right for
+            a mean loss; ``"sum"`` sums the micro-batch gradients as Run:AI's original did,
+            right for a sum-reduced loss (``accumulate(samples=...)`` is refused with it).
     """
 
     kind = "GA Optimizer"
@@ -75,6 +87,7 @@ class Optimizer(WrappingOptimizer):
         max_grad_norm: float | None = None,
         scaler: Any = None,
         reduce: bool = False,
+        reduction: str = "mean",
     ) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise TypeError(
@@ -82,14 +95,23 @@ class Optimizer(WrappingOptimizer):
                 "this wrapper averages and clips the same gradients: wrap the plain torch optimizer with "
                 "aikit.elastic.Torch.horovod.DistributedOptimizer(optimizer, steps) instead"
             )
+        reduction = reduction_name(reduction)
         super().__init__(optimizer)
+        if _closure_required(optimizer):
+            raise TypeError(
+                f"{type(optimizer).__name__}.step(closure) needs a closure, which it evaluates many times per "
+                "update (L-BFGS's line search), but gradient accumulation evaluates each micro-step's closure "
+                "once: train it without GA, on the whole batch"
+            )
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
         self._steps = positive_int(steps, "steps")
         self.global_batch_size = None if global_batch_size is None else positive_int(
             global_batch_size, "global_batch_size"
         )
         self.reduce = bool(reduce)
+        self.reduction = reduction
         self.position = 0  # micro-steps taken towards the next update
+        self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
         self.updated = False  # whether the last step() call made a real update
         self.applied = 0  # real updates applied by this object (AMP skips not counted): for schedulers
         self._samples = 0  # samples declared in this window (accumulate(samples=...))
@@ -126,7 +148,8 @@ class Optimizer(WrappingOptimizer):
         return self.position == self._steps - 1
 
     def __repr__(self) -> str:
-        return f"aikit.ga.Torch.optim.Optimizer({self.optimizer!r}, steps={self._steps})"
+        reduction = "" if self.reduction == "mean" else f", reduction={self.reduction!r}"
+        return f"aikit.ga.Torch.optim.Optimizer({self.optimizer!r}, steps={self._steps}{reduction})"
 
     # --- the training loop ---------------------------------------------------------------------
     @contextlib.contextmanager
@@ -146,6 +169,12 @@ class Optimizer(WrappingOptimizer):
             )
         if samples is not None:
             samples = sample_count(samples, "samples")
+            if self.reduction == "sum":
+                raise InvalidValue(
+                    f"accumulate(samples={samples}) weighs a mean loss's micro-batch by its share of the global "
+                    "batch, but this optimizer sums the micro-batch gradients (reduction='sum'), where a summed "
+                    "loss already counts its samples: leave out samples=, or use reduction='mean' with a mean loss"
+                )
             if self._unit is None:
                 self._unit = common_size(self._global_batch_size(samples), self._steps * _world_size())
             ddp_reduces = no_sync is not None and not self.reduce and self.sync_gradients
@@ -163,8 +192,8 @@ class Optimizer(WrappingOptimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients at the start of an update only; mid-update it keeps them (the
         wrapper clears them itself after every update, so calling this is optional)."""
-        if self.position == 0:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+        if self.position == 0:  # set_to_none only when asked: Run:AI-era optimizers define zero_grad(self)
+            self.optimizer.zero_grad() if set_to_none else self.optimizer.zero_grad(set_to_none=False)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Count one micro-step (evaluating ``closure`` once if given) and update on the last."""
@@ -176,6 +205,7 @@ class Optimizer(WrappingOptimizer):
         self.updated = self.position == self._steps
         if self.updated:
             self.updated = self._update(short=False)
+        self.micro_steps += 1
         return loss
 
     def flush(self) -> bool:
@@ -207,8 +237,8 @@ class Optimizer(WrappingOptimizer):
         if self.reduce and world > 1:
             (samples,) = self.engine.reduce([float(samples)])
             samples = round(samples)
-        if not weighted:
-            scale = equal_weight(steps) / (world if self.reduce else 1)
+        if not weighted:  # reducing, the replicas' sum is divided by the world; DDP averages it itself
+            scale = equal_weight(steps, self.reduction, world, 1 if self.reduce else world)
         else:
             total = self._global_batch_size(samples)
             # reducing, the samples are summed with the gradients: a short window (an epoch's last)
@@ -241,6 +271,8 @@ class Optimizer(WrappingOptimizer):
                 "ga": {
                     "steps": self._steps,
                     "position": self.position,
+                    "micro_steps": self.micro_steps,
+                    "reduction": self.reduction,
                     "samples": self._samples,
                     "weighted": self._weighted,
                     "unit": self._unit,
@@ -253,10 +285,13 @@ class Optimizer(WrappingOptimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``; strict about its keys, and checked whole before anything
         changes. Saved between updates, it may be loaded with a different ``steps`` (an elastic
-        restart on other hardware). Local: no collective."""
+        restart on other hardware). Run:AI's AIkit's GA state_dict (its counter in
+        ``state['runai']``, a sum) loads too, saved between updates, into ``reduction="sum"``.
+        Local: no collective."""
         self._run_load_hooks(state_dict, self._load)
 
     def _load(self, state_dict: dict[str, Any]) -> None:
+        state_dict = _from_runai(state_dict)
         self.check_state(state_dict)
         ga = state_dict["ga"]
         position, params = ga["position"], self._params()
@@ -264,11 +299,13 @@ class Optimizer(WrappingOptimizer):
         for p, grad in zip(params, ga["pending_grads"] if position else [None] * len(params), strict=True):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
         self.position, self._samples, self._weighted, self._unit = position, ga["samples"], ga["weighted"], ga["unit"]
+        self.micro_steps = ga["micro_steps"]
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
         self.updated = False
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
         """Every reason ``state_dict`` cannot be loaded, before anything is changed."""
+        state_dict = _from_runai(state_dict)
         if not isinstance(state_dict, dict) or set(state_dict) != _STATE_KEYS:
             if isinstance(state_dict, dict) and "param_groups" in state_dict:
                 raise ValueError(
@@ -281,6 +318,12 @@ class Optimizer(WrappingOptimizer):
         if set(ga) != _GA_KEYS:
             raise ValueError(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {sorted(ga)}")
         position = ga["position"]
+        if ga["reduction"] != self.reduction:
+            raise ValueError(
+                f"the checkpoint was saved by an optimizer with reduction={ga['reduction']!r}, this one has "
+                f"reduction={self.reduction!r}: build it with reduction={ga['reduction']!r} (the reduction goes "
+                "with the loss the run uses)"
+            )
         if position and ga["steps"] != self._steps:
             raise ValueError(
                 f"the checkpoint was saved {position} micro-steps into an update of steps={ga['steps']}, "
@@ -302,19 +345,22 @@ class Optimizer(WrappingOptimizer):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(
+        Optimizer.__init__(  # not self.__init__: subclasses (the prebuilt optimizers) take other arguments
+            self,
             state["optimizer"],
             state["ga"]["steps"],
             global_batch_size=state["global_batch_size"],
             max_grad_norm=state["max_grad_norm"],
             scaler=state["scaler"],
             reduce=state["reduce"],
+            reduction=state["ga"]["reduction"],
         )
         ga = state["ga"]
         for p, grad in zip(self._params(), ga["pending_grads"] or [None] * len(self._params()), strict=True):
             p.grad = grad
         self.position, self._samples, self._weighted, self._unit = ga["position"], ga["samples"], ga["weighted"], \
             ga["unit"]
+        self.micro_steps = ga["micro_steps"]
 
     # --- parameters and their gradient hooks ---------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -407,3 +453,64 @@ def _world_size() -> int:
 
     return distributed.world_size()
 
+
+
+def _from_runai(state_dict: Any) -> Any:
+    """Run:AI's AIkit's GA state_dict (a torch optimizer's, its ``State(steps, step)`` counter in
+    ``state['runai']``) as this wrapper's; anything else as it is. Run:AI's summed the micro-batch
+    gradients and did not save them, so it converts only between updates."""
+    state = state_dict.get("state") if isinstance(state_dict, dict) else None
+    runai = state.get("runai") if isinstance(state, dict) else None
+    if not (hasattr(runai, "steps") and hasattr(runai, "step")):
+        return state_dict
+    steps, step = positive_int(runai.steps, "Run:AI's runai.steps"), sample_count(runai.step, "Run:AI's runai.step")
+    if step % steps:
+        raise ValueError(
+            f"Run:AI's AIkit's state_dict was saved {step % steps} micro-steps into an update of steps={steps}, "
+            "and Run:AI's AIkit does not save the gradients accumulated so far: resume from one saved between "
+            "updates (runai.step a multiple of runai.steps)"
+        )
+    inner = {**state_dict, "state": {key: value for key, value in state.items() if key != "runai"}}
+    ga = {"steps": steps, "position": 0, "micro_steps": step, "reduction": "sum", "samples": 0, "weighted": 0,
+          "unit": None, "pending_grads": []}
+    return {"optimizer": inner, "ga": ga}
+
+
+def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` takes a ``closure`` without a default (L-BFGS)."""
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # a builtin or C step: nothing to read
+        return False
+    return closure is not None and closure.default is closure.empty
+
+
+def _prebuilt(inner: type[torch.optim.Optimizer]) -> type[Optimizer]:
+    """Run:AI's prebuilt GA form of ``inner``: ``Name(steps, *args, **kwargs)`` builds
+    ``inner(*args, **kwargs)`` and wraps it; the wrapper's own keywords are taken out first."""
+    wrapper_keywords = [name for name, p in inspect.signature(Optimizer.__init__).parameters.items()
+                        if p.kind is p.KEYWORD_ONLY]
+
+    def __init__(self, steps: int, *args: Any, **kwargs: Any) -> None:
+        options = {name: kwargs.pop(name) for name in wrapper_keywords if name in kwargs}
+        Optimizer.__init__(self, inner(*args, **kwargs), steps, **options)
+
+    name = inner.__name__
+    __init__.__qualname__ = f"{name}.__init__"
+    doc = (f"GA over ``torch.optim.{name}``: ``{name}(steps, params, ...)`` is "
+           f"``Optimizer(torch.optim.{name}(params, ...), steps)``; the wrapper's keywords "
+           f"({', '.join(wrapper_keywords)}) go to :class:`Optimizer`, the others to ``torch.optim.{name}``.")
+    return type(name, (Optimizer,), {"__init__": __init__, "__doc__": doc, "__module__": __name__,
+                                     "__qualname__": name, "inner_class": inner})
+
+
+def _torch_optimizer_classes() -> list[type[torch.optim.Optimizer]]:
+    """Every optimizer class torch.optim exports, its abstract base aside (that name is this
+    module's wrapper)."""
+    exported = getattr(torch.optim, "__all__", dir(torch.optim))
+    return [cls for cls in (getattr(torch.optim, name, None) for name in exported)
+            if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer]
+
+
+PREBUILT = {cls.__name__: _prebuilt(cls) for cls in _torch_optimizer_classes()}
+globals().update(PREBUILT)

@@ -1,0 +1,132 @@
+"""AdaScaleOptimizer in one process: every update's gain, per param group and for the whole
+model, equals the gain computed from per-sample gradients of that update's micro-batches; the LR
+is the micro-batch's LR times the gain; progress advances by the gain; a resume reaches the same bits."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from adascale_reference import ReferenceGain, per_sample_grads
+from torch import nn
+from torch.utils.data import DataLoader
+from trace_common import MINIBATCH, dataset, make_model
+
+from aikit.elastic.Torch import AdaScaleOptimizer, CustomSampler
+
+TRACE = [8, 12, 4, 16, 24, 8]  # 2, 3, 1, 4, 6, 2 micro-batches: the 1 has no noise to measure
+
+
+def two_groups(model: nn.Module, lr: float = 0.05) -> torch.optim.SGD:
+    weights = [p for name, p in model.named_parameters() if name.endswith("weight")]
+    biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
+    return torch.optim.SGD([{"params": weights}, {"params": biases, "lr": 2 * lr}], lr=lr, momentum=0.9)
+
+
+def group_slices(model: nn.Module) -> list[list[int]]:
+    """Where each group's parameters lie in the flattened gradient (model.parameters() order)."""
+    spans, start = {}, 0
+    for name, p in model.named_parameters():
+        spans[name] = (start, start + p.numel())
+        start += p.numel()
+    return [[i for name, (a, b) in spans.items() if name.endswith(kind) for i in range(a, b)]
+            for kind in ("weight", "bias")]
+
+
+def run(epochs=range(2), decay=0.5, stop_after=None, resume_from=None, scaler=None):
+    data = dataset(60)
+    model = make_model()
+    sampler = CustomSampler(data, TRACE, minibatch_size=MINIBATCH, when_exhausted="cycle")
+    inner = two_groups(model)
+    optimizer = AdaScaleOptimizer(inner, sampler, ref_batchsize=16, decay=decay, scaler=scaler)
+    if resume_from is not None:
+        model.load_state_dict(resume_from["model"])
+        optimizer.load_state_dict(resume_from["optimizer"])
+    seen = {"params": [], "lr": [], "gains": [], "model_gain": [], "progress": [], "parts": []}
+
+    def record(opt, *_):
+        seen["params"].append([p.detach().clone() for p in model.parameters()])
+        seen["lr"].append([g["lr"] for g in opt.param_groups])
+        seen["gains"].append(optimizer.gain())
+        seen["model_gain"].append(optimizer.last_gain)
+
+    inner.register_step_pre_hook(record)
+    parts, micro_batches = [], 0
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        optimizer.set_epoch(epoch)
+        for x, y in DataLoader(data, batch_sampler=sampler):
+            if micro_batches == stop_after:
+                return model, optimizer, seen
+            parts.append(y[:, 1].long().tolist())
+            loss = nn.functional.mse_loss(model(x), y[:, :1])
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            micro_batches += 1
+            if optimizer.step():
+                seen["parts"].append(parts)
+                seen["progress"].append(optimizer.progress)
+                parts = []
+    return model, optimizer, seen
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5])
+def test_every_gain_equals_the_gain_from_per_sample_gradients(decay):
+    model, _, seen = run(decay=decay)
+    x, y = dataset(60).tensors
+    reference = ReferenceGain(group_slices(model), decay)
+    probe = make_model()
+    progress = 0.0
+    assert len(seen["parts"]) == len(seen["params"]) > 8
+    for update, (params, parts) in enumerate(zip(seen["params"], seen["parts"], strict=True)):
+        grads = per_sample_grads(probe, params, x, y)
+        per_group, whole = reference.update(grads, parts, MINIBATCH)
+        assert seen["gains"][update] == pytest.approx(per_group, rel=1e-9), update
+        assert seen["model_gain"][update] == pytest.approx(whole, rel=1e-9), update
+        # the LR: the base LR scaled to one micro-batch (4 / 16), times the group's gain
+        assert seen["lr"][update] == pytest.approx([0.05 * 4 / 16 * per_group[0], 0.1 * 4 / 16 * per_group[1]],
+                                                   rel=1e-9)
+        progress += whole
+        assert seen["progress"][update] == pytest.approx(progress, rel=1e-12)
+    assert any(len(parts) == 1 for parts in seen["parts"])  # a step without noise to measure was there
+    assert max(max(g) for g in seen["gains"]) > 1.2  # and the gain did move
+
+
+def test_amps_loss_scale_is_divided_out_of_the_gains():
+    _, plain, seen = run()
+    _, scaled, seen_scaled = run(scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10))
+    assert len(seen_scaled["gains"]) == len(seen["gains"]) > 8
+    for scaled_gains, gains in zip(seen_scaled["gains"], seen["gains"], strict=True):
+        assert scaled_gains == pytest.approx(gains, rel=1e-9)
+    assert scaled.progress == pytest.approx(plain.progress, rel=1e-9)
+
+
+@pytest.mark.parametrize("stop_after", [3, 6, 11])  # at a step start and mid-step
+def test_a_resumed_run_reaches_the_same_bits(stop_after):
+    whole_model, whole, _ = run(range(2))
+    model, optimizer, _ = run(range(2), stop_after=stop_after)
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    state = torch.load(buffer)
+    epoch = state["optimizer"]["trace"]["epoch"]
+    resumed_model, resumed, _ = run(range(epoch, 2), resume_from=state)
+    for a, b in zip(resumed_model.parameters(), whole_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert resumed.progress == whole.progress and resumed.gain() == whole.gain()
+
+
+def test_the_original_surface_and_bad_states():
+    model, optimizer, _ = run(range(1))
+    assert isinstance(optimizer.gain(), tuple) and len(optimizer.gain()) == 2
+    lr = optimizer.current_lr()  # a tuple per group, as eth-easl's AdaScale returns
+    assert isinstance(lr, tuple) and len(lr) == 2
+    var, sq = optimizer.grad_var_avg, optimizer.grad_sqr_avg  # eth-easl's units: one micro-batch's variance
+    last = int(optimizer.plan.batch_sizes[-1]) // MINIBATCH
+    assert ((var + sq) / (var / last + sq)).tolist() == pytest.approx(optimizer.gain(), rel=1e-9)
+    state = optimizer.state_dict()
+    state["adascale"]["trackers"] = state["adascale"]["trackers"][:1]
+    with pytest.raises(ValueError, match=r"one tracker and one gain per param group \(2\)"):
+        optimizer.load_state_dict(state)
+    with pytest.raises(ValueError, match="AdaScaleOptimizer has no warmup"):
+        AdaScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), optimizer.sampler, warmup_steps=3)
