@@ -49,6 +49,7 @@ class ThroughputModel:
 
     def __init__(self) -> None:
         self._times: dict[tuple[int, int], list[float]] = defaultdict(list)
+        self._fit: tuple[float, float, float] | None = None  # coefficients of the measurements so far
 
     def observe(self, micro_batch: int, steps: int, seconds: float) -> None:
         """One update of ``steps`` micro-steps of ``micro_batch`` samples per device took ``seconds``."""
@@ -56,6 +57,7 @@ class ThroughputModel:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (0 < seconds < math.inf):
             raise ValueError(f"seconds must be a positive finite duration, got {seconds!r}")
         self._times[key].append(float(seconds))
+        self._fit = None
 
     @property
     def configurations(self) -> int:
@@ -65,6 +67,11 @@ class ThroughputModel:
         """``(per_micro_step, per_sample, per_update)`` in seconds, all non-negative."""
         if not self._times:
             raise ValueError("no update timed yet: call observe() first")
+        if self._fit is None:  # once per new measurement: propose() evaluates every candidate with it
+            self._fit = self._fitted()
+        return self._fit
+
+    def _fitted(self) -> tuple[float, float, float]:
         rows, times = [], []
         for (micro, steps), seconds in self._times.items():
             rows.append((steps, steps * micro, 1.0))
@@ -93,7 +100,7 @@ class ThroughputModel:
         times = defaultdict(list)
         for micro, steps, seconds in state["times"]:
             times[int(micro), int(steps)] = [float(s) for s in seconds]
-        self._times = times
+        self._times, self._fit = times, None
 
 
 class GoodputController:

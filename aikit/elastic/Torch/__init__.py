@@ -15,6 +15,7 @@ from aikit.core.errors import InvalidValue
 from aikit.core.plan import Plan, make_plan, nearest_even_batches, positive_int
 from aikit.elastic import PUBLIC, publish
 from aikit.elastic.Torch import distributed, spmd
+from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import (
@@ -29,6 +30,8 @@ from aikit.elastic.Torch.trace_optim import (
 
 __all__ = [
     "AdaScaleOptimizer",
+    "AdaptiveOptimizer",
+    "AdaptiveSampler",
     "ConstantOptimizer",
     "CustomOptimizer",
     "CustomSampler",

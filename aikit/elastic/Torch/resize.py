@@ -323,6 +323,8 @@ class ElasticState:
         if self.optimizer is None:
             return None
         s = self.optimizer.sampler.schedule
+        if hasattr(s, "identity"):  # an adaptive run: its settings fix the batches it decides
+            return s.identity()
         return {"trace": hashlib.sha256(s.trace.sizes.tobytes()).hexdigest(), "trace_source": s.trace.source,
                 "when_exhausted": s.trace.when_exhausted, "dataset_size": s.dataset_size, "seed": s.seed,
                 "shuffle": s.shuffle, "permutation": self.optimizer.sampler.permutation}
@@ -332,8 +334,8 @@ class ElasticState:
         if saved is None or now is None:
             return
         saved = {"permutation": "numpy", **saved}  # commits from before the permutation option
-        differ = [f"{key} {saved[key]!r} then, {now[key]!r} now" for key in now
-                  if key != "trace_source" and saved[key] != now[key]]
+        differ = [f"{key} {saved.get(key)!r} then, {now[key]!r} now" for key in now
+                  if key != "trace_source" and saved.get(key) != now[key]]
         if differ:
             what = "; ".join(d if not d.startswith("trace ") else
                              f"trace {saved['trace_source']} then, {now['trace_source']} now (different sizes)"

@@ -1,0 +1,609 @@
+"""Adaptive batch for PyTorch: aikit picks the global batch while training.
+
+:class:`AdaptiveSampler` and :class:`AdaptiveOptimizer` are the adaptive pair of
+:class:`~aikit.elastic.Torch.sampler.CustomSampler` and
+:class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`: the same micro-batches, the same deal
+to replicas, the same single all-reduce and update, but the trace is written while training by a
+:class:`~aikit.core.goodput.GoodputController` (Pollux/AdaptDL's goodput = throughput x
+statistical efficiency), so a finished run's batches (:meth:`AdaptiveSampler.trace`) replay it
+exactly with ``CustomSampler`` and a trace optimizer.
+
+How it stays exact:
+
+* **Gradient noise, cheaply.** A gradient hook on every parameter takes each micro-batch's
+  squared gradient norm as autograd produces it (before it is added into ``.grad``); the
+  replicas' norms and their step times travel in the update's one all-reduce, appended to the
+  gradients (:meth:`aikit.ga.Torch.engine.Accumulator.reduce`), and
+  :func:`aikit.core.gradient_noise.estimate` turns them into ``|G|²`` and ``tr(Σ)``.
+* **Every replica decides the same.** The controller sees only all-reduced numbers, so every
+  replica proposes the same batch at the same update.
+* **Changes at well-defined updates.** A DataLoader draws indices ahead of training (its
+  workers prefetch), so the batch of update ``u`` is fixed ``lookahead`` updates before ``u``
+  is trained: a decision after update ``k`` takes effect at update ``k + 1 + lookahead``. The
+  sampler refuses to run further ahead than that, naming the fix.
+* **Every sample of an epoch once.** The batch changes only between updates, in whole
+  micro-batches dealt round-robin (``core.schedule``'s deal); an epoch's last update takes what
+  is left in whole micro-batches, so only ``dataset_size mod micro_batch`` samples (fewer than
+  one micro-batch, a different few each epoch) sit an epoch out, as with ``CustomSampler``.
+* **GA equality.** Every update is the one big-batch step over its samples: the accumulated
+  gradient is weighed by ``micro_batch / B`` (``EpochSchedule.weight``) whatever ``B`` is.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import numpy as np
+import torch
+
+from aikit.core.errors import InvalidValue
+from aikit.core.goodput import GoodputController
+from aikit.core.gradient_noise import NoiseEstimate, estimate, gain
+from aikit.core.plan import positive_int
+from aikit.core.scaling import RULES, rule_name, scaled_lr
+from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value
+from aikit.core.trace import Trace
+from aikit.elastic.Torch import distributed
+from aikit.elastic.Torch.collectives import engine, mark_step
+from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
+from aikit.elastic.Torch.trace_optim import TraceOptimizer
+from aikit.ga.Torch.optim import check_groups, check_pending
+
+__all__ = ["AdaptiveOptimizer", "AdaptiveSampler"]
+
+log = logging.getLogger("aikit.adaptive")
+ADAPTIVE_RULES = ("adascale", *RULES)
+_STATE_KEYS = {"optimizer", "trace", "adaptive"}
+_ADAPTIVE_KEYS = {"settings", "sizes", "starts", "controller"}
+_TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated"}
+
+
+class _Controller(GoodputController):
+    """The goodput controller over the batches an adaptive run can take: whole micro-batches on
+    every replica, so that the plan of ``core.plan`` (GA steps x micro-batch) is exactly the
+    schedule's round-robin deal."""
+
+    def candidates(self) -> np.ndarray:
+        unit = self.max_device_batch * self.devices
+        multiples = np.arange(-(-self.min_batch // unit), self.max_batch // unit + 1, dtype=np.int64)
+        if len(multiples) > 1000:  # about a thousand, spread geometrically
+            multiples = np.unique(np.geomspace(multiples[0], multiples[-1], 1000).round().astype(np.int64))
+        return np.unique(np.concatenate([multiples * unit, [self.batch]]))
+
+    def record(self, batch: int, seconds: tuple[float, float] | None, noise: NoiseEstimate | None) -> None:
+        """One update of ``batch`` samples (the batch decided for it, or an epoch's shorter
+        last update). ``seconds``, where timed: the update's whole cycle, and the cycle less its
+        micro-steps but one, the time an update of a single micro-step would take (AdaptDL
+        times accumulation and update steps apart for the same reason): so the per-update cost
+        is known from the first batch on, and a larger batch's saving can be predicted."""
+        if seconds is not None:
+            plan = self.plan(batch)
+            self.throughput.observe(plan.batch_size, plan.steps, seconds[0])
+            self.throughput.observe(plan.batch_size, 1, seconds[1])
+        if noise is not None:
+            self.noise.update(noise)
+        self.batches.append(batch)
+
+    min_estimates = 0  # noise estimates needed before the first change
+
+    def propose(self) -> int | None:
+        if not self.throughput.configurations or self.noise.updates < self.min_estimates:
+            return None  # the first updates are not timed; the first noise estimates are too noisy
+        return super().propose()
+
+
+class AdaptiveSchedule:
+    """The global batch of every update, decided while training, cut into epochs.
+
+    Update ``u`` takes the controller's batch at the time it is decided (``lookahead`` updates
+    ahead), or what is left of its epoch in whole micro-batches if that is less. Each epoch draws
+    its samples from the permutation :class:`aikit.core.schedule.Schedule` uses, so the views
+    (:meth:`epoch`) are ordinary :class:`~aikit.core.schedule.EpochSchedule` objects and a replay
+    of the batches with ``CustomSampler`` gets the same samples.
+    """
+
+    def __init__(self, dataset_size: int, controller: _Controller, micro_batch: int, num_replicas: int,
+                 seed: int, shuffle: bool, lookahead: int) -> None:
+        self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
+            dataset_size, num_replicas, micro_batch)
+        self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
+        self.controller = controller
+        self.lookahead = _count(lookahead, "lookahead")
+        self.sizes: list[int] = []  # the global batch of every update decided so far
+        self.starts = [0]  # the first update of every epoch begun so far
+        self._views: dict[int, tuple[int, EpochSchedule]] = {}
+        self.extend(0)
+
+    @property
+    def samples_left_out(self) -> int:
+        """Samples each epoch leaves out: fewer than one micro-batch."""
+        return self.dataset_size % self.minibatch_size
+
+    def extend(self, done: int) -> None:
+        """Decide the batches up to update ``done + lookahead`` (updates ``0..done-1`` are trained)."""
+        while len(self.sizes) <= done + self.lookahead:
+            used = sum(self.sizes[self.starts[-1]:])
+            left = (self.dataset_size - used) // self.minibatch_size * self.minibatch_size
+            self.sizes.append(min(self.controller.batch, left))
+            if self.dataset_size - used - self.sizes[-1] < self.minibatch_size:
+                self.starts.append(len(self.sizes))  # the epoch is full: the next update opens the next one
+
+    def epoch(self, epoch: int) -> EpochSchedule:
+        """The updates of ``epoch`` decided so far (``complete`` once its last one is)."""
+        epoch = _count(epoch, "epoch")
+        if epoch >= len(self.starts):
+            raise InvalidValue(
+                f"epoch {epoch} of the adaptive run has not begun: it starts once the last update of epoch "
+                f"{len(self.starts) - 1} is decided; train that epoch to its end first")
+        first = self.starts[epoch]
+        end = self.starts[epoch + 1] if epoch + 1 < len(self.starts) else len(self.sizes)
+        cached = self._views.get(epoch)
+        if cached is None or cached[0] != end:
+            order = cached[1].order if cached else (
+                np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size) if self.shuffle
+                else np.arange(self.dataset_size))
+            view = EpochSchedule(epoch, first, np.asarray(self.sizes[first:end], dtype=np.int64), order,
+                                 self.minibatch_size, self.num_replicas, epoch + 1 < len(self.starts))
+            self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
+            self._views[epoch] = cached = (end, view)
+        return cached[1]
+
+    def settings(self) -> dict:
+        c = self.controller
+        return {"dataset_size": self.dataset_size, "micro_batch": self.minibatch_size,
+                "num_replicas": self.num_replicas, "seed": self.seed, "shuffle": self.shuffle,
+                "base_batch": c.base_batch, "min_batch": c.min_batch, "max_batch": c.max_batch}
+
+    def identity(self) -> dict:
+        """What fixes every update's samples, for ``ElasticState``'s resume check."""
+        return {"adaptive": self.settings()}
+
+    def state_dict(self) -> dict:
+        return {"settings": self.settings(), "sizes": list(self.sizes), "starts": list(self.starts),
+                "controller": self.controller.state_dict()}
+
+    def checked(self, state: dict) -> tuple[list[int], list[int], _Controller]:
+        """``state`` converted for loading, or a ValueError naming what does not fit."""
+        if not isinstance(state, dict) or set(state) != _ADAPTIVE_KEYS:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not an adaptive schedule state: keys {keys}, expected {sorted(_ADAPTIVE_KEYS)}")
+        if state["settings"] != self.settings():
+            differ = [f"{k} {state['settings'].get(k)!r} then, {v!r} now" for k, v in self.settings().items()
+                      if state["settings"].get(k) != v]
+            raise ValueError(f"the adaptive state was saved by a run with other settings ({'; '.join(differ)}): "
+                             "build the AdaptiveSampler as that run did")
+        sizes, starts = [positive_int(s, "sizes[i]") for s in state["sizes"]], [int(s) for s in state["starts"]]
+        c = self.controller
+        controller = _Controller(c.max_device_batch, c.devices, base_batch=c.base_batch, max_batch=c.max_batch,
+                                 min_batch=c.min_batch, threshold=c.threshold, decay=c.noise.decay, policy=c.policy)
+        controller.load_state_dict(state["controller"])
+        controller.min_estimates = c.min_estimates
+        return sizes, starts, controller
+
+    def load(self, sizes: list[int], starts: list[int], controller: _Controller) -> None:
+        self.sizes, self.starts, self.controller, self._views = sizes, starts, controller, {}
+
+    def position_problem(self, sizes: list[int], starts: list[int], epoch: int, step: int, micro: int,
+                         rank: int) -> str | None:
+        """Why micro-batch ``micro`` of ``step`` of ``epoch`` does not exist for ``rank`` in a
+        schedule of ``sizes``/``starts`` (None when it does)."""
+        if not 0 <= epoch < len(starts):
+            return f"epoch {epoch} was not begun"
+        end = starts[epoch + 1] if epoch + 1 < len(starts) else len(sizes)
+        if not 0 <= step <= end - starts[epoch]:
+            return f"no step {step} in epoch {epoch}"
+        if step < end - starts[epoch]:
+            total = sizes[starts[epoch] + step] // self.minibatch_size
+            mine = (total - rank + self.num_replicas - 1) // self.num_replicas
+            return None if 0 <= micro <= mine else f"no micro-batch {micro} of step {step} for rank {rank}"
+        return None if micro == 0 else f"no micro-batch {micro} past the end of epoch {epoch}"
+
+
+class AdaptiveSampler(CustomSampler):
+    """This replica's micro-batches, with the global batch chosen while training.
+
+    Args:
+        dataset: a Dataset (its ``len()`` is used) or its size as an int.
+        base_batch: the global batch the LR was tuned for; the run starts there.
+        max_batch: the largest global batch to take (at most the data set).
+        micro_batch: samples per device per micro-batch (the most one device holds).
+        min_batch: the smallest global batch (default ``base_batch``).
+        num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
+        seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
+        threshold: change the batch only for a predicted goodput gain above this (5 %: Pollux's).
+        decay: smoothing of the noise estimates over updates.
+        min_estimates: noise estimates to average before the first change (default: the
+            smoothing's horizon, ``1 / (1 - decay)``; a single estimate is very noisy).
+        interval: updates between decisions (each fits the throughput model and scores every
+            candidate batch: milliseconds, not worth paying at every update).
+        lookahead: updates between a decision and the update it changes; at least the
+            micro-batches a DataLoader fetches ahead (``num_workers * prefetch_factor``; 0 without
+            workers). :meth:`loader` sets it for you.
+
+    Batches are whole micro-batches on every replica: ``base_batch``, ``min_batch`` and
+    ``max_batch`` must be multiples of ``micro_batch x num_replicas``, and ``base_batch`` must hold
+    two micro-batches or more (one alone cannot tell gradient noise from signal).
+    """
+
+    def __init__(
+        self,
+        dataset: Sized | int | None = None,
+        *,
+        base_batch: int,
+        max_batch: int,
+        micro_batch: int,
+        min_batch: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 42,
+        shuffle: bool = True,
+        threshold: float = 0.05,
+        decay: float = 0.95,
+        lookahead: int = 0,
+        min_estimates: int | None = None,
+        interval: int = 10,
+        dataset_size: int | None = None,
+    ) -> None:
+        size = _dataset_size(dataset, dataset_size)
+        num_replicas = distributed.world_size() if num_replicas is None else num_replicas
+        rank = distributed.rank() if rank is None else rank
+        size, num_replicas, micro_batch = checked_settings(size, num_replicas, micro_batch)
+        unit = micro_batch * num_replicas
+        for name, value in (("base_batch", base_batch), ("max_batch", max_batch), ("min_batch", min_batch)):
+            if value is not None and positive_int(value, name) % unit:
+                raise InvalidValue(
+                    f"{name}={value} is not a multiple of micro_batch x replicas = {micro_batch} x {num_replicas} = "
+                    f"{unit}: every update is whole micro-batches on every replica; use {name}="
+                    f"{max(unit, value // unit * unit)} or {-(-value // unit) * unit}")
+        if base_batch < 2 * micro_batch:
+            raise InvalidValue(
+                f"base_batch={base_batch} is a single micro-batch of {micro_batch}: measuring gradient noise needs "
+                f"two parts or more per update; use micro_batch <= {base_batch // 2} or base_batch >= {2 * unit}")
+        if max_batch > size:
+            raise InvalidValue(f"max_batch={max_batch} is larger than the data set ({size} samples): an update "
+                               f"cannot span epochs; use max_batch <= {size // unit * unit}")
+        controller = _Controller(micro_batch, num_replicas, base_batch=base_batch, max_batch=max_batch,
+                                 min_batch=min_batch, threshold=threshold, decay=decay, policy="error")
+        controller.min_estimates = round(1 / (1 - controller.noise.decay)) if min_estimates is None else \
+            _count(min_estimates, "min_estimates")
+        self.schedule = AdaptiveSchedule(size, controller, micro_batch, num_replicas, seed, shuffle, lookahead)
+        self.interval = positive_int(interval, "interval")
+        self.devices = 1
+        self.rank = _checked_rank(rank, num_replicas)
+        if self.schedule.samples_left_out:
+            warnings.warn(
+                f"the data set's {size} samples are not a whole number of micro-batches of {micro_batch}: each epoch "
+                f"leaves {self.schedule.samples_left_out} of them out (a different few each epoch); use a "
+                "micro_batch that divides the data set to train on all", stacklevel=2)
+        self.set_epoch(0)
+
+    @property
+    def controller(self) -> GoodputController:
+        return self.schedule.controller
+
+    @property
+    def epoch_schedule(self) -> EpochSchedule:
+        """The current epoch's updates decided so far."""
+        return self.schedule.epoch(self._epoch)
+
+    @epoch_schedule.setter
+    def epoch_schedule(self, plan: EpochSchedule) -> None:
+        self._epoch = plan.epoch
+
+    @property
+    def lookahead(self) -> int:
+        return self.schedule.lookahead
+
+    @lookahead.setter
+    def lookahead(self, value: int) -> None:
+        """Only grows (the batches already decided stay): decide further ahead from now on."""
+        value = _count(value, "lookahead")
+        if value < self.schedule.lookahead:
+            raise InvalidValue(f"lookahead can only grow ({self.schedule.lookahead} now, {value} asked): "
+                               "the updates already decided stay decided")
+        self.schedule.lookahead = value
+        self.schedule.extend(len(self.controller.batches))
+
+    def loader(self, dataset: Any, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A DataLoader over ``dataset`` fed by this sampler, with the lookahead its prefetching needs."""
+        if "batch_size" in kwargs or "sampler" in kwargs or "batch_sampler" in kwargs:
+            raise InvalidValue("this sampler sets the batches: leave batch_size, sampler and batch_sampler out")
+        workers = kwargs.get("num_workers", 0)
+        prefetch = kwargs.get("prefetch_factor") or (2 if workers else 0)
+        if workers * prefetch > self.lookahead:
+            self.lookahead = workers * prefetch
+        return torch.utils.data.DataLoader(dataset, batch_sampler=self, **kwargs)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """This replica's micro-batches of the epoch, each update's as soon as it is decided."""
+        (self.step, self.micro), self._start, self._resumed = self._start, (0, 0), False
+        while True:
+            plan = self.epoch_schedule
+            if self.step >= len(plan):
+                if plan.complete:
+                    return
+                raise RuntimeError(
+                    f"the DataLoader asked for update {plan.first_step + self.step}'s samples before it was decided "
+                    f"(lookahead={self.lookahead}): it prefetches further ahead than the sampler decides; build the "
+                    "loader with sampler.loader(dataset, ...) or give AdaptiveSampler "
+                    "lookahead=num_workers * prefetch_factor")
+            batches = plan.micro_batches(self.step, self.rank)
+            while self.micro < len(batches):
+                batch = batches[self.micro].tolist()
+                self.micro += 1
+                yield batch
+            self.step, self.micro = self.step + 1, 0
+
+    def __len__(self) -> int:
+        """Micro-batches the next iteration yields if the batch stays as it is now (an estimate:
+        the batch may change)."""
+        plan, (step, micro) = self.epoch_schedule, self._start
+        decided = int(plan.counts(self.rank)[step:].sum()) - micro
+        if plan.complete:
+            return decided
+        left = (self.dataset_size - plan.samples) // self.schedule.minibatch_size
+        return decided + (left - self.rank + self.num_replicas - 1) // self.num_replicas
+
+    def set_world(self, num_replicas: int, rank: int) -> None:
+        raise ValueError(
+            f"this adaptive run was planned for {self.num_replicas} replicas and resumes on {num_replicas}: its "
+            "throughput model and batch bounds are per replica count; resume on as many replicas (a resize "
+            "of an adaptive run is not supported yet)")
+
+    def check_position(self, epoch: int, step: int, micro: int) -> EpochSchedule:
+        s = self.schedule
+        problem = s.position_problem(s.sizes, s.starts, epoch, step, micro, self.rank)
+        if problem:
+            raise InvalidValue(problem)
+        return s.epoch(epoch)
+
+    def trace(self) -> Trace:
+        """The global batch of every update trained so far: replays the run with ``CustomSampler``
+        (same ``micro_batch``, seed and shuffle; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
+        return Trace(list(self.controller.batches), "stop", source="adaptive run")
+
+    def write_trace(self, path: str) -> None:
+        """Write :meth:`trace` as a ``step,batchsize`` CSV."""
+        self.trace().to_csv(path)
+
+
+class AdaptiveOptimizer(TraceOptimizer):
+    """Wraps a torch optimizer to train through an :class:`AdaptiveSampler`, measuring the
+    gradient noise and letting the sampler's controller pick the next batches.
+
+    ``rule`` scales the LR from ``sampler``'s ``base_batch`` to each update's batch:
+    ``"adascale"`` (default: AdaScale's gain from the measured noise, Johnson et al. 2020),
+    ``"sqrt"``, ``"linear"`` or ``"constant"`` (:mod:`aikit.core.scaling`). ``clock`` times the
+    updates (seconds). Other arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`.
+    Under torchrun give it the plain model (no DDP): its one all-reduce per update replaces DDP's.
+
+    ``history`` holds ``(update, batch, lr, noise_scale)`` for every update (the noise scale
+    smoothed, ``nan`` before the first estimate).
+    """
+
+    kind = "adaptive optimizer"
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        sampler: AdaptiveSampler,
+        rule: str = "adascale",
+        log_steps: int | None = None,
+        *,
+        warmup_steps: int = 0,
+        broadcast: bool = True,
+        max_grad_norm: float | None = None,
+        scaler: Any = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not isinstance(sampler, AdaptiveSampler):
+            raise ValueError(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
+        if rule != "adascale":
+            rule = rule_name(rule)
+        self.rule = rule
+        super().__init__(optimizer, sampler, sampler.controller.base_batch, log_steps, warmup_steps=warmup_steps,
+                         broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler)
+        self.clock = clock
+        self.history: list[tuple[int, int, float, float]] = []
+        self._parts: list[torch.Tensor] = []  # squared norms of this update's micro-batch gradients
+        self._norms: list[torch.Tensor] = []  # gradient norms of the micro-batch in progress, per parameter
+        self._last: float | None = None  # the previous update's last micro-step, this iteration
+        self._micro_stamp: float | None = None  # this update's latest micro-step
+        self._accumulating = 0.0  # seconds of this update's micro-steps after its first
+        for p in self.params:
+            p.register_hook(self._measure)
+
+    # --- the adaptive schedule's epoch, read fresh (it grows while training) -----------------------
+    @property
+    def plan(self) -> EpochSchedule:
+        return self.sampler.schedule.epoch(self._epoch)
+
+    @plan.setter
+    def plan(self, plan: EpochSchedule) -> None:
+        self._epoch = plan.epoch
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.plan.counts(self.sampler.rank)
+
+    @counts.setter
+    def counts(self, _counts: np.ndarray) -> None:
+        pass  # read from the plan
+
+    @property
+    def controller(self) -> GoodputController:
+        return self.sampler.controller
+
+    def set_epoch(self, epoch: int) -> None:
+        self._last = self._micro_stamp = None  # an epoch's first update waits for the DataLoader: untimed
+        self._accumulating = 0.0
+        super().set_epoch(epoch)
+
+    # --- measuring -----------------------------------------------------------------------------
+    def _measure(self, grad: torch.Tensor) -> None:
+        # runs as autograd produces a parameter's gradient, before it is added into .grad
+        # one kernel per parameter: its norm; the micro-step sums their squares once (see step)
+        self._norms.append(torch.linalg.vector_norm(grad.coalesce().values() if grad.is_sparse else grad.detach()))
+
+    def step(self, closure: Callable[[], Any] | None = None) -> bool:
+        """Account for one micro-batch; returns True when it completed a global step's update."""
+
+        def measured() -> Any:
+            loss = closure() if closure is not None else None
+            if self._norms:
+                self._parts.append(torch.stack(self._norms).double().square().sum())
+                self._norms = []
+            stamp = self.clock()
+            if self._micro_stamp is not None:  # the micro-steps of this update after its first
+                self._accumulating += stamp - self._micro_stamp
+            self._micro_stamp = stamp
+            return loss
+
+        return super().step(measured)
+
+    def _update(self) -> None:
+        """All-reduce the gradients with the noise measurements, update at the rule's LR, and let
+        the controller decide the batch ``lookahead`` updates ahead."""
+        step = self.step_index
+        plan, schedule = self.plan, self.sampler.schedule
+        batch, weight = int(plan.batch_sizes[step]), plan.weight(step)
+        replicas, rank, micro = self.sampler.num_replicas, self.sampler.rank, plan.minibatch_size
+        slots = int(plan.counts(0)[step])  # the busiest replica's micro-batches
+        parts = [0.0] * (replicas * slots)
+        mine = torch.stack(self._parts).tolist() if self._parts else []
+        self._parts, self._norms = [], []
+        parts[rank * slots: rank * slots + len(mine)] = mine
+        # timed from the previous update's last micro-step to this one's: this update's micro-steps
+        # and the previous update's work (all-reduce, optimizer step, decision)
+        now = self.clock() if self._micro_stamp is None else self._micro_stamp
+        timed = self._last is not None and batch % (micro * replicas) == 0
+        cycle = now - self._last if timed else 0.0
+        seconds = [cycle, cycle - self._accumulating if timed else 0.0, float(timed)]
+        self._last, self._micro_stamp, self._accumulating = now, None, 0.0
+        if replicas > 1 or engine(self.device) == "xla":
+            summed = self.engine.reduce([*parts, *seconds])
+            parts, seconds = summed[:-3], [summed[-3] / replicas, summed[-2] / replicas, summed[-1] / replicas]
+        timed = seconds[2] == 1 and seconds[1] > 0
+        grads = [p.grad for p in self.params if p.grad is not None]
+        mean_sq = float(torch.stack(torch._foreach_norm(grads)).double().square().sum()) * weight**2 if grads else 0.0
+        if self.engine.scaler is not None:  # AMP: every gradient so far carries the loss scale
+            scale = float(self.engine.scaler.get_scale()) ** 2
+            parts, mean_sq = [part / scale for part in parts], mean_sq / scale
+        samples = [micro if j < plan.counts(r)[step] else 0 for r in range(replicas) for j in range(slots)]
+        measurable = sum(1 for s in samples if s) >= 2 and all(map(math.isfinite, [*parts, mean_sq]))
+        noise = estimate(parts, samples, mean_sq) if measurable else None  # not an inf/NaN step AMP skips
+        controller = self.controller
+        controller.record(batch, (seconds[0], seconds[1]) if timed else None, noise)
+
+        base = [group["lr"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["lr"] = self._scaled_lr(group["lr"], batch)
+        lr = self.param_groups[0]["lr"]
+        try:
+            self.updated = self.engine.step(weight)
+            self.applied += self.updated
+        finally:
+            for group, lr_base in zip(self.param_groups, base, strict=True):
+                group["lr"] = lr_base
+        self.updates += 1
+        self.step_index, self.micro = step + 1, 0
+        mark_step(self.device)
+        done = len(controller.batches)
+        smoothed = controller.noise.smoothed.noise_scale if controller.noise.updates else math.nan
+        self.history.append((done - 1, batch, lr, smoothed))
+        old = controller.batch
+        new = controller.propose() if done % self.sampler.interval == 0 else None
+        if new is not None and rank == 0:
+            plan_new = controller.plan(new)
+            log.info("aikit adaptive: update %d: global batch %d -> %d from update %d (%d GA steps x %d per device "
+                     "on %d), predicted goodput gain %.1f%%, noise scale %.4g, lr %.4g",
+                     done - 1, old, new, done + schedule.lookahead, plan_new.steps, plan_new.batch_size,
+                     replicas, (controller.changes[-1][3] - 1) * 100, smoothed, lr)
+        schedule.extend(done)
+        if self.log_steps and rank == 0 and self.updates % self.log_steps == 0:
+            print(f"aikit adaptive: epoch {self.epoch} update {done - 1} batch {batch} lr {lr:.6g} "
+                  f"noise scale {smoothed:.4g}", flush=True)
+
+    def _scaled_lr(self, lr: float, batch: int) -> float:
+        if self.rule != "adascale":
+            return scaled_lr(lr, batch, self.ref_batchsize, self.rule, self.updates, self.warmup_steps)
+        noise = self.controller.noise
+        if batch == self.ref_batchsize or not noise.updates:
+            return lr
+        smoothed = noise.smoothed
+        return lr * gain(smoothed.trace, smoothed.grad_sq, batch, self.ref_batchsize)
+
+    def write_lr_schedule(self, path: str) -> None:
+        """Write the LR of every update as a ``step,lr`` CSV (exact floats): with the sampler's
+        trace, ``ConstantOptimizer`` and ``UpdateScheduler(ReplaySchedule(optimizer, path))``
+        replay even an AdaScale run bit for bit (for optimizers whose groups share one LR)."""
+        from aikit.core.autolrs import write_schedule
+
+        if len(self.history) != len(self.controller.batches):
+            raise ValueError(
+                f"this optimizer saw {len(self.history)} of the run's {len(self.controller.batches)} updates (it was "
+                "resumed; the LRs before are not kept): write the schedule from the run that trained them all")
+        write_schedule(path, [(update, lr) for update, _, lr, _ in self.history])
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The trace optimizer's state and the adaptive schedule's (decided batches, controller)."""
+        state = super().state_dict()
+        return {**state, "adaptive": self.sampler.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``: checked whole first; local, no collective."""
+        self._run_load_hooks(state, self._load)
+
+    def _load(self, state: dict) -> None:
+        loaded = self._checked(state)
+        trace = state["trace"]
+        self.sampler.schedule.load(*loaded)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = trace["updates"]
+        if trace["accumulated"] is not None:
+            for p, grad in zip(self.params, trace["accumulated"], strict=True):
+                p.grad = None if grad is None else grad.to(p.device).clone()
+        self.sampler.resume(trace["epoch"], trace["step"], trace["micro"])
+        self._start(trace["epoch"], trace["step"], trace["micro"])
+        self.updated, self._last, self._parts, self._norms = False, None, [], []
+        self._micro_stamp, self._accumulating = None, 0.0
+
+    def check_state(self, state: dict) -> None:
+        """Every reason ``state`` cannot be loaded here, before anything is changed."""
+        self._checked(state)
+
+    def _checked(self, state: dict) -> tuple[list[int], list[int], _Controller]:
+        if not isinstance(state, dict) or set(state) != _STATE_KEYS:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not an AdaptiveOptimizer state: keys {keys}, expected {sorted(_STATE_KEYS)}")
+        schedule = self.sampler.schedule
+        sizes, starts, controller = schedule.checked(state["adaptive"])
+        trace = state["trace"]
+        if not isinstance(trace, dict) or set(trace) != _TRACE_KEYS:
+            raise ValueError(f"AdaptiveOptimizer state['trace'] needs keys {sorted(_TRACE_KEYS)}")
+        if trace["micro"] and trace["rank"] != self.sampler.rank:
+            raise ValueError(f"this state was saved by rank {trace['rank']} in the middle of a step; "
+                             f"rank {self.sampler.rank} must load its own")
+        check_groups(self.optimizer, state["optimizer"])
+        if trace["accumulated"] is not None:
+            check_pending(self.params, trace["accumulated"])
+        problem = schedule.position_problem(sizes, starts, trace["epoch"], trace["step"], trace["micro"],
+                                            self.sampler.rank)
+        if problem:
+            raise ValueError(f"the adaptive state's position does not exist: {problem}")
+        return sizes, starts, controller
+
+    def __repr__(self) -> str:
+        return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, base_batch={self.ref_batchsize})"
+
+
+def _count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InvalidValue(f"{name} must be a non-negative integer, got {value!r:.60}")
+    return int(value)

@@ -1,0 +1,40 @@
+"""The adaptive-batch plot both adapters can share: the global batch the controller chose, the
+smoothed gradient noise scale it chose it from, and the LR the rule gave, over the updates."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+from aikit.optional import require
+
+
+def plot_adaptive(history: Sequence[tuple[int, int, float, float]], path: str | os.PathLike | None = None,
+                  title: str = "aikit adaptive batch"):
+    """Three panels over the updates of ``history`` (rows ``(update, batch, lr, noise_scale)``, as
+    ``AdaptiveOptimizer.history``): the global batch, the noise scale (log scale, with the batch
+    drawn over it: the batch follows the noise scale) and the LR. Saved to ``path`` when given;
+    returns the matplotlib figure."""
+    plt = require("matplotlib.pyplot", "the adaptive batch plot")
+    if not history:
+        raise ValueError("no update in the history yet: train first, then plot")
+    updates, batches, lrs, noise = (list(column) for column in zip(*history, strict=True))
+    fig, (ax_batch, ax_noise, ax_lr) = plt.subplots(3, 1, sharex=True, figsize=(8, 7))
+    ax_batch.step(updates, batches, where="post", color="tab:blue")
+    ax_batch.set_ylabel("global batch")
+    shown = [(u, n) for u, n in zip(updates, noise, strict=True) if math.isfinite(n) and n > 0]
+    if shown:
+        ax_noise.plot(*zip(*shown, strict=True), color="tab:orange", label="noise scale tr(Σ)/|G|²")
+        ax_noise.set_yscale("log")
+    ax_noise.step(updates, batches, where="post", color="tab:blue", alpha=0.5, label="global batch")
+    ax_noise.set_ylabel("samples")
+    ax_noise.legend(loc="upper left", fontsize="small")
+    ax_lr.plot(updates, lrs, color="tab:green")
+    ax_lr.set_ylabel("LR")
+    ax_lr.set_xlabel("update")
+    ax_batch.set_title(title)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

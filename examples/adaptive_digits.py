@@ -1,0 +1,103 @@
+"""Train a small CNN on the embedded digits with aikit choosing the global batch while training.
+
+The AdaptiveSampler starts at --base-batch and its goodput controller (Pollux/AdaptDL's
+throughput x statistical efficiency) moves the global batch between updates as the measured
+gradient noise scale grows; the AdaptiveOptimizer accumulates the micro-batches, measures the
+noise from their gradients, all-reduces once per update and scales the LR by AdaScale's gain.
+Every change is logged; the batches the run took are written as a trace that replays it with
+CustomSampler, and a plot shows batch, noise scale and LR over the run.
+
+    python examples/adaptive_digits.py --plot adaptive.png --trace-out adaptive_trace.csv
+    torchrun --standalone --nproc-per-node 2 examples/adaptive_digits.py
+
+Exits with code 21 when the final test accuracy is under --target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from aikit.datasets import digits
+from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler
+
+
+def model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 10), nn.LogSoftmax(dim=1),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--base-batch", type=int, default=32, help="global batch the LR is tuned for (the start)")
+    parser.add_argument("--max-batch", type=int, default=512)
+    parser.add_argument("--micro-batch", type=int, default=16, help="samples per device per micro-batch")
+    parser.add_argument("--lr", type=float, default=0.05, help="LR at --base-batch")
+    parser.add_argument("--rule", default="adascale", choices=["adascale", "sqrt", "linear", "constant"])
+    parser.add_argument("--plot", help="save the batch / noise scale / LR plot here (PNG)")
+    parser.add_argument("--trace-out", help="write the batches taken as a step,batchsize trace here")
+    parser.add_argument("--target", type=float, default=0.9, help="least acceptable final test accuracy")
+    args = parser.parse_args()
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # one line per batch change
+    if "WORLD_SIZE" in os.environ:  # launched by torchrun: one replica per process
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    x_train, y_train, x_test, y_test = digits()
+    data = TensorDataset(torch.as_tensor(x_train), torch.as_tensor(y_train))
+    with warnings.catch_warnings():  # 1,437 images: each epoch leaves the last few (< one micro-batch) out
+        warnings.simplefilter("ignore")
+        sampler = AdaptiveSampler(data, base_batch=args.base_batch, max_batch=args.max_batch,
+                                  micro_batch=args.micro_batch)
+    net = model()
+    optimizer = AdaptiveOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9), sampler, args.rule)
+    loader = sampler.loader(data)
+    master = sampler.rank == 0
+    if master:
+        print(f"{sampler.num_replicas} replica(s), {len(data)} training images, global batch "
+              f"{args.base_batch}..{args.max_batch} in micro-batches of {args.micro_batch}, LR rule {args.rule}")
+
+    accuracy = 0.0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        optimizer.set_epoch(epoch)
+        net.train()
+        for x, y in loader:
+            nn.functional.nll_loss(net(x), y).backward()
+            optimizer.step()  # accumulates, or all-reduces, measures the noise, updates and re-plans
+        net.eval()
+        with torch.no_grad():
+            accuracy = (net(torch.as_tensor(x_test)).argmax(1) == torch.as_tensor(y_test)).double().mean().item()
+        if master:
+            _, _, lr, noise = optimizer.history[-1]
+            print(f"epoch {epoch}: {len(optimizer.plan)} updates, global batch now {sampler.controller.batch}, "
+                  f"noise scale {noise:.0f}, lr {lr:.4g}, test accuracy {accuracy:.3f}", flush=True)
+    if master and args.trace_out:
+        sampler.write_trace(args.trace_out)
+        print(f"trace of {len(sampler.controller.batches)} updates written to {args.trace_out}")
+    if master and args.plot:
+        from aikit.plot_adaptive import plot_adaptive
+
+        plot_adaptive(optimizer.history, args.plot, title="aikit adaptive batch: digits")
+        print(f"plot written to {args.plot}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if accuracy < args.target:
+        print(f"final test accuracy {accuracy:.3f} is under the target {args.target}", file=sys.stderr)
+        return 21
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
