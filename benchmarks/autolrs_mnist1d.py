@@ -193,7 +193,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget", type=int, default=4000, help="steps per constant run of the grid")
-    parser.add_argument("--total-steps", type=int, default=1500, help="AutoLRS's total_steps (search included)")
+    parser.add_argument("--total-steps", type=int, default=1000, help="AutoLRS's total_steps (search included)")
     parser.add_argument("--every", type=int, default=50, help="check validation accuracy every this many steps")
     parser.add_argument("--min-lr", type=float, default=None, help="AutoLRS's range (default: its range test)")
     parser.add_argument("--max-lr", type=float, default=None)

@@ -15,7 +15,8 @@ original's flaws are fixed here: the forecast is unbiased on clean data and does
 the loss scale, a diverged trial or an unbelievable forecast fails the trial, a diverged stage
 is rolled back, and a restore always comes with the LR to use next. With a step budget
 (``total_steps``) the stages are planned to fit it, the winning trial's progress is kept and
-the run ends with an anneal; without ``min_lr``/``max_lr`` a short LR range test sets them.
+the run ends with an anneal; without ``min_lr``/``max_lr`` a short LR range test sets them
+and the first stage trains at its ``max_lr`` without trials.
 """
 
 from __future__ import annotations
@@ -251,6 +252,7 @@ RANGE_BELOW_HOT = 3.0  # max_lr = (LR at the range test's lowest loss) / 3: that
 RANGE_DECADES = 3  # min_lr = max_lr / 10**3
 ROLLBACK_FACTOR = 3.0  # a diverged stage is retried at lr / 3 (again and again if needed)
 DIVERGE_WINDOW = 5  # losses averaged to call a divergence (a single noisy batch is not one)
+PROGRESS = 1.5  # a checkpoint's loss this far below the first loss is progress a divergence can lose
 
 
 def stage_length(index: int, tau: int, tau_max: int, growth: int = 2) -> int:
@@ -263,9 +265,9 @@ def plan_stages(steps: int, tau: int, tau_max: int, growth: int, stage_cost) -> 
     (capped at ``tau_max``) while the next one fits; and the steps left over, which the last
     stage trains on (its trials stay those of its planned length). Empty if none fits."""
     lengths, used = [], 0
-    while used + stage_cost(stage_length(len(lengths), tau, tau_max, growth)) <= steps:
+    while used + stage_cost(len(lengths), stage_length(len(lengths), tau, tau_max, growth)) <= steps:
         lengths.append(stage_length(len(lengths), tau, tau_max, growth))
-        used += stage_cost(lengths[-1])
+        used += stage_cost(len(lengths) - 1, lengths[-1])
     return lengths, steps - used
 
 
@@ -362,7 +364,9 @@ class Controller:
 
     ``tau``, ``tau_max``, ``growth``: stage lengths (paper: 1000 doubling to 8000).
     ``trials`` LRs per stage, each trained ``tau // trial_ratio`` steps (paper: 10 and 10;
-    with ``total_steps``: 5 and 5). ``design``: the first trials spread over the range;
+    with ``total_steps``: 3 and 5). With ``exploit`` (default) and a range test, stage 0 trains
+    at ``max_lr`` without trials (the range test was its search; a stage that diverges there is
+    rolled back lower like any other). ``design``: the first trials spread over the range;
     ``tie``: take the largest LR forecast within ``tie`` standard errors of the best.
     With ``keep_winner`` the stage continues from the best trial's end state (its steps are
     the stage's first steps) instead of retraining from the stage start.
@@ -383,7 +387,7 @@ class Controller:
                  anneal: float | None = None,
                  val_tau: int | None = None, val_points: int = 16, warmup_steps: int = 0, warmup_lr: float = 0.0,
                  range_steps: int = 100, design: int = 3, tie: float = 0.0, kappa: float = 2.0,
-                 warm_start: bool = True, diverge: float = 5.0,
+                 warm_start: bool = True, diverge: float = 5.0, exploit: bool = True,
                  seed: int | None = 0):
         self._options = {name: value for name, value in locals().items() if name != "self"}
         if (min_lr is None) != (max_lr is None):
@@ -396,7 +400,7 @@ class Controller:
         self.total_steps = None if total_steps is None else positive_int(total_steps, "total_steps")
         self.growth, self.stages_planned = positive_int(growth, "growth"), positive_int(stages, "stages")
         budget = self.total_steps is not None  # defaults measured on MNIST-1D (docs/autolrs.md); else the paper's
-        self.trials = positive_int((5 if budget else 10) if trials is None else trials, "trials")
+        self.trials = positive_int((3 if budget else 10) if trials is None else trials, "trials")
         self.trial_ratio = positive_int((5 if budget else 10) if trial_ratio is None else trial_ratio, "trial_ratio")
         self.keep_winner, self.warm_start = bool(keep_winner), bool(warm_start)
         anneal = (0.5 if budget else 0.0) if anneal is None else anneal
@@ -436,6 +440,7 @@ class Controller:
         if isinstance(diverge, bool) or not isinstance(diverge, (int, float)) or not diverge > 1:
             raise ValueError(f"diverge must be a number > 1 (a multiple of the checkpoint's loss), got {diverge!r}")
         self.diverge = float(diverge)
+        self.exploit = bool(exploit)
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.stages: list[Stage] = []
@@ -610,14 +615,15 @@ class Controller:
         """The losses since the latest checkpoint or restore have blown up: NaN/inf, or their
         mean over the last few steps has lost half the progress the run had made by the
         checkpoint (a network killed by a large LR falls back to its first loss) or, before any
-        progress, grown ``diverge``-fold. Noise late in training is neither."""
+        progress (a loss less than 1/``PROGRESS`` of the first: else noise would trip it), grown
+        ``diverge``-fold. Noise late in training is neither."""
         recent = [r.loss for r in self.history[-DIVERGE_WINDOW:] if r.step > self._segment_start]
         if not all(math.isfinite(x) for x in recent):
             return True
         if len(recent) < DIVERGE_WINDOW:
             return False
         first, mean = self.history[0].loss, float(np.mean(recent))
-        if math.isfinite(first) and first > self._reference:
+        if math.isfinite(first) and first > PROGRESS * self._reference:
             return mean > self._reference + (first - self._reference) / 2
         return mean > self.diverge * self._reference
 
@@ -650,9 +656,16 @@ class Controller:
                  hot, self.min_lr, self.max_lr)
         return self._start_stage(restore=True)
 
-    def _stage_cost(self, tau: int) -> int:
+    def _stage_cost(self, index: int, tau: int) -> int:
+        if self._exploits(index):
+            return tau
         trial_steps = self._trial_steps(tau)[0]
         return self.trials * trial_steps + tau - (trial_steps if self.keep_winner else 0)
+
+    def _exploits(self, index: int) -> bool:
+        """With ``exploit``, stage 0 after a range test trains at ``max_lr`` without trials: the
+        range test was its search, and trials that start from an untrained net barely move it."""
+        return index == 0 and self.exploit and bool(self.range_test["lr"])
 
     def _trial_steps(self, tau: int) -> tuple[int, int | None]:
         trial_steps = max(3, tau // self.trial_ratio)
@@ -666,9 +679,8 @@ class Controller:
         the anneal)."""
         steps = self.total_steps - self.steps - self.anneal_steps
         if self.tau is None:  # stages of tau, 2 tau, 4 tau...: cost ~ (1 + 2 + 4) tau * per-step cost
-            per_tau = self._stage_cost(10**6) / 10**6
-            self.tau = max(3 * self.trial_ratio, int(steps / (per_tau * sum(self.growth**i
-                                                              for i in range(self.stages_planned)))))
+            per_tau = sum(self._stage_cost(i, 10**6 * self.growth**i) for i in range(self.stages_planned)) / 10**6
+            self.tau = max(3 * self.trial_ratio, int(steps / per_tau))
         lengths, left = plan_stages(steps, self.tau, self.tau_max or 10**12, self.growth, self._stage_cost)
         # [tau, trial steps, val_every] per stage; the last stage trains on for what is left
         self.plan = [[tau, *self._trial_steps(tau)] for tau in lengths]
@@ -677,7 +689,7 @@ class Controller:
         if not self.plan:
             raise ValueError(f"total_steps={self.total_steps} leaves {steps} steps for the search after warmup, "
                              f"range test and anneal, less than one stage of tau={self.tau} "
-                             f"({self._stage_cost(self.tau)} steps): raise total_steps or lower tau or trials")
+                             f"({self._stage_cost(0, self.tau)} steps): raise total_steps or lower tau or trials")
         log.info("AutoLRS plan for %d steps: stages of %s steps, then %d annealing steps",
                  self.total_steps, [tau for tau, _, _ in self.plan], self.anneal_steps)
 
@@ -693,6 +705,14 @@ class Controller:
             tau = stage_length(index, self.tau, self.tau_max or 8000, self.growth)
             trial_steps, val_every = self._trial_steps(tau)
         self.stages.append(Stage(index, self.steps, tau, trial_steps, val_every))
+        if self._exploits(index):
+            self.stage.lr, self.phase, self._in_phase = self.max_lr, "train", 0
+            log.info("AutoLRS stage 0 at step %d: %d steps at the range test's max_lr=%.4g, without trials",
+                     self.steps, tau, self.stage.lr)
+            action = self._set(self.stage.lr, checkpoint=True, restore=restore)
+            start = self.steps - len(self.range_test["lr"])  # the checkpoint's loss: the test's first losses
+            self._reference = self._recent_loss(start, start + DIVERGE_WINDOW)
+            return action
         previous = self.stages[-2].lr if index > 0 and self.warm_start else None
         self._search = LogLRSearch(self.min_lr, self.max_lr, self.kappa, self.rng, first=previous,
                                    design=self.design)

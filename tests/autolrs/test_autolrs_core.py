@@ -375,6 +375,50 @@ def test_without_a_range_a_short_range_test_sets_it_and_is_undone(caplog):
     assert not c.schedule()  # the range test's steps are not in the kept schedule
 
 
+def range_tested(steps: int = 20, **options) -> tuple[Controller, Action]:
+    """A controller right after a range test whose loss is lowest at lr ~ 0.3."""
+    c = Controller(range_steps=steps, **options)
+    action = c.begin()
+    for _ in range(steps):
+        action = c.step(1.0 + (math.log10(action.lr) + 0.5) ** 2 / 10)
+    return c, action
+
+
+def test_after_a_range_test_the_first_stage_trains_at_max_lr_without_trials():
+    c, action = range_tested(total_steps=1000)
+    stage = c.stages[0]
+    assert action.restore and action.checkpoint and action.lr == c.max_lr and c.kept
+    assert stage.trials == [] and stage.lr == c.max_lr
+    # the plan costs stage 0 its tau alone: tau + (3 trials of 2 tau / 5 + 2 tau - 2 tau / 5) = 480 - 20 - 500
+    tau0, tau1 = stage.tau, c.plan[1][0]
+    assert tau0 + 3 * (2 * tau0 // 5) + 2 * tau0 - 2 * tau0 // 5 <= 480
+    for _ in range(tau0):
+        assert c.phase == "train" and c.lr == c.max_lr
+        action = c.step(0.9)
+    assert c.phase == "trial" and action.checkpoint and action.lr == c.max_lr  # stage 1 starts from it
+    assert c.stages[1].trials[0].lr == c.max_lr and tau1 >= 2 * tau0
+    assert [lr for _, lr in c.schedule()] == [c.max_lr] * tau0
+
+
+def test_without_exploit_or_with_a_given_range_the_first_stage_searches():
+    c, _ = range_tested(total_steps=1000, exploit=False)
+    assert len(c.stages[0].trials) == 1 and c.phase == "trial"
+    c = Controller(1e-3, 1.0, total_steps=1000)
+    c.begin()
+    assert len(c.stages[0].trials) == 1 and c.phase == "trial"
+
+
+def test_a_first_stage_that_blows_up_is_rolled_back_lower_and_noise_at_the_first_loss_is_not_a_divergence():
+    c, _ = range_tested(total_steps=1000)
+    start, first = c.max_lr, c.history[0].loss  # ~4.0: the range test starts at lr 1e-6
+    for _ in range(5):  # more than `diverge` (5) times the loss at the checkpoint
+        action = c.step(6 * first)
+    assert action.restore and action.lr == pytest.approx(start / 3) and c.rollbacks == 1
+    for _ in range(30):  # no progress yet: a loss a little above the first one is noise, not a divergence
+        action = c.step(1.05 * first)
+    assert c.rollbacks == 1 and not action.restore
+
+
 def run_to(controller, steps, state_at=None):
     """Drive ``controller`` for ``steps`` steps; every action, and its state at ``state_at``
     (through JSON, as a file would keep it)."""

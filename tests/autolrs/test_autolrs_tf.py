@@ -188,3 +188,36 @@ def test_a_preempted_keras_search_resumes_where_it_was(data):
     np.testing.assert_allclose([r.loss for r in mine], [r.loss for r in theirs], rtol=1e-5, atol=1e-5)
     assert resumed.controller.schedule() == whole.controller.schedule()
     assert sum(len(s.trials) for s in whole.controller.stages) >= 6  # the run spans trials of 2 stages
+
+
+@pytest.mark.slow
+def test_under_multi_worker_mirrored_strategy_every_worker_applies_the_chiefs_decision():
+    """Two real worker processes on localhost (TF_CONFIG), each with its own AutoLRS seed and
+    its own half of every batch: both run every step at the chief's LR and end with equal weights."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.tf.test_multiworker import free_ports
+
+    worker = Path(__file__).with_name("autolrs_multiworker_worker.py")
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
+    processes = []
+    for index in range(2):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        processes.append(subprocess.Popen([sys.executable, str(worker)], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
+        assert process.returncode == 0 and lines, out[-2000:] + err[-4000:]
+        results.append(json.loads(lines[-1][len("RESULTS "):]))
+    chief, other = sorted(results, key=lambda r: r["worker"])
+    assert chief["multi_worker"] and chief["replicas"] == 2
+    assert len(chief["decided_lrs"]) == 40 and chief["restores"] >= 4  # trials of two stages, restored
+    assert other["decided_lrs"] == []  # the other worker's controller never decided
+    assert chief["step_lrs"] == chief["decided_lrs"] and other["step_lrs"] == chief["decided_lrs"]
+    assert len(set(chief["step_lrs"])) > 3
+    np.testing.assert_array_equal(other["weights"], chief["weights"])

@@ -180,7 +180,7 @@ def test_the_original_autolrs_call_works_unchanged(data, caplog):
 def run_with_autolrs(data, steps, autolrs_state=None, start=0, model_state=None, optimizer_state=None):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    autolrs = AutoLRS(model, optimizer, lambda: val_loss(model, data), total_steps=300, tau=40, trials=3,
+    autolrs = AutoLRS(model, optimizer, lambda: val_loss(model, data), total_steps=300, tau=30, trials=3,
                       trial_ratio=5, range_steps=20, val_tau=80, val_points=4, seed=1)
     if autolrs_state is not None:
         model.load_state_dict(model_state)
