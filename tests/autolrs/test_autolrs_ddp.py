@@ -21,7 +21,7 @@ def ranks(torchrun, tmp_path_factory) -> list[dict]:
 def test_every_rank_steps_at_rank_0s_lrs(ranks):
     rank0, rank1 = ranks
     assert rank0["step_lrs"] == rank1["step_lrs"] == rank0["history_lrs"]
-    assert len(set(rank0["step_lrs"])) > 3  # trials really tried different LRs
+    assert len(set(rank0["step_lrs"])) >= 3  # the three trials of a stage really tried different LRs
     assert rank1["history_lrs"] == []  # rank 1's own (differently seeded) controller never decided
 
 
