@@ -15,11 +15,14 @@ the world size under DDP, which averages over processes). Weights are taken rela
 micro-batch size most of the update shares, so even micro-batches cost no multiply and a
 ragged plan pays one (a gradient hook) only for the micro-batches of the other size.
 
-With ``reduce=True`` the wrapper itself sums the gradients over the replicas at the update, in
-one grouped all-reduce with the samples they held (Horovod, or torchrun without DDP; see
+With ``reduce=True`` the wrapper itself sums the gradients over the replicas at the update,
+with the samples they held (Horovod, or torchrun without DDP; see
 :mod:`aikit.elastic.Torch.horovod`): every update, an epoch's last short one included
 (:meth:`Optimizer.flush`), is then the mean over the samples it actually saw, and the world size
-is read at every update, so an elastic resize scales right.
+is read at every update, so an elastic resize scales right. The micro-steps before the last
+communicate nothing; during the last one's backward, buckets of final gradients start their
+all-reduce while the backward goes on (:class:`~aikit.ga.Torch.engine.Buckets`, as DDP and
+Horovod overlap theirs), and ``step()`` waits for them before weighing, unscaling and clipping.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from aikit.core.ga import (
     short_window_factor,
 )
 from aikit.core.plan import positive_int
-from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
+from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer, bucket_bytes
 
 _STATE_KEYS = {"optimizer", "ga"}
 _GA_KEYS = {"steps", "position", "samples", "weighted", "unit", "pending_grads"}
@@ -62,6 +65,9 @@ class Optimizer(WrappingOptimizer):
             per update (call only ``scaler.scale(loss).backward()`` yourself).
         reduce: sum the gradients over the replicas at the update (no DDP: Horovod, or
             torchrun with a plain model); the micro-steps communicate nothing.
+        bucket_cap_mb: with ``reduce``, the size of the buckets whose all-reduce starts while
+            the update's last backward runs (DDP's default, 25); None: one all-reduce of every
+            gradient after that backward, no hooks.
     """
 
     kind = "GA Optimizer"
@@ -75,6 +81,7 @@ class Optimizer(WrappingOptimizer):
         max_grad_norm: float | None = None,
         scaler: Any = None,
         reduce: bool = False,
+        bucket_cap_mb: float | None = 25.0,
     ) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise TypeError(
@@ -83,7 +90,12 @@ class Optimizer(WrappingOptimizer):
                 "aikit.elastic.Torch.horovod.DistributedOptimizer(optimizer, steps) instead"
             )
         super().__init__(optimizer)
-        self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
+        if bucket_cap_mb is not None:
+            bucket_bytes(bucket_cap_mb)  # a bad value is refused whatever reduce is
+        self.bucket_cap_mb = bucket_cap_mb
+        overlap = self._ends_update if reduce and bucket_cap_mb is not None else None
+        self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler, overlap=overlap,
+                                  bucket_cap_mb=bucket_cap_mb)
         self._steps = positive_int(steps, "steps")
         self.global_batch_size = None if global_batch_size is None else positive_int(
             global_batch_size, "global_batch_size"
@@ -123,6 +135,10 @@ class Optimizer(WrappingOptimizer):
     def sync_gradients(self) -> bool:
         """True when the next ``step()`` makes the real update: the micro-step whose backward
         must all-reduce under DDP, and where you would unscale or clip by hand."""
+        return self.position == self._steps - 1
+
+    def _ends_update(self) -> bool:
+        """Whether a backward now is the last of an update: its gradients are final there."""
         return self.position == self._steps - 1
 
     def __repr__(self) -> str:
@@ -198,6 +214,7 @@ class Optimizer(WrappingOptimizer):
         self.position = self._samples = self._weighted = 0
         self._unit = None
         if weighted not in (0, steps):
+            self.engine.discard()
             self.optimizer.zero_grad()
             raise ValueError(
                 f"only {weighted} of the {steps} micro-steps of this update declared samples= in "
@@ -215,6 +232,7 @@ class Optimizer(WrappingOptimizer):
             # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
             if (samples > total and (self.reduce or world == 1)) or (world == 1 and not self.reduce
                                                                    and not short and samples != total):
+                self.engine.discard()
                 self.optimizer.zero_grad()
                 raise ValueError(
                     f"the {steps} micro-batches of this update held {samples} samples, but "
@@ -265,6 +283,7 @@ class Optimizer(WrappingOptimizer):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
         self.position, self._samples, self._weighted, self._unit = position, ga["samples"], ga["weighted"], ga["unit"]
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
+        self.engine.discard()  # sums started from the gradients just replaced
         self.updated = False
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
@@ -298,6 +317,7 @@ class Optimizer(WrappingOptimizer):
             "max_grad_norm": self.max_grad_norm,
             "scaler": self.scaler,
             "reduce": self.reduce,
+            "bucket_cap_mb": self.bucket_cap_mb,
             "ga": self.state_dict()["ga"],
         }
 
@@ -309,6 +329,7 @@ class Optimizer(WrappingOptimizer):
             max_grad_norm=state["max_grad_norm"],
             scaler=state["scaler"],
             reduce=state["reduce"],
+            bucket_cap_mb=state.get("bucket_cap_mb", 25.0),
         )
         ga = state["ga"]
         for p, grad in zip(self._params(), ga["pending_grads"] or [None] * len(self._params()), strict=True):
@@ -321,6 +342,8 @@ class Optimizer(WrappingOptimizer):
         super().add_param_group(param_group)
         if "optimizer" in self.__dict__ and self.engine._handles:
             self.engine.hook(self.optimizer.param_groups[-1]["params"])
+        if "optimizer" in self.__dict__ and self.engine.buckets is not None:
+            self.engine.buckets.build(self.engine.params())
 
     def _global_batch_size(self, samples: int) -> int:
         if self.global_batch_size is not None:
