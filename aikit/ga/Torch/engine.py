@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -298,6 +299,7 @@ class Buckets:
         self.cap_bytes = bucket_bytes(cap_mb)
         self.armed, self.factor = _weak(armed), _weak(factor)
         self.serial = next(_serials)
+        self._warned = False
         self._hooks: list[Any] = []
         self.build(params)
 
@@ -348,7 +350,7 @@ class Buckets:
         """Start the buckets not started yet, sum (has a gradient, ``counts``, late) over the
         replicas, wait, and put the sums in ``.grad`` (None where no replica had a gradient).
         Returns the summed ``counts``."""
-        from aikit.elastic.Torch.collectives import all_reduce_sum_
+        from aikit.elastic.Torch.collectives import all_reduce_sum_, start_all_reduce_sum_
 
         try:
             while len(self.started) < len(self.buckets):
@@ -356,11 +358,19 @@ class Buckets:
             params = [p for bucket in self.buckets for p in bucket]
             flags = torch.tensor([*(float(p.grad is not None) for p in params), *counts, float(self.late)],
                                  dtype=dtype, device=params[0].device)
-            all_reduce_sum_([flags])
+            wait_flags = start_all_reduce_sum_(flags, f"aikit.ga.{self.serial}.flags")  # with the last bucket
             for _, wait in self.started:
                 wait()
+            wait_flags()
             *used, late = flags.tolist()
             if late:  # some replica's sums started too early: one all-reduce of the final gradients
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(
+                        "a gradient grew after its bucket's all-reduce had started (a second backward in the last "
+                        "micro-step of an update): the update summed every gradient again after the backward, "
+                        "which is exact but gives up the overlap; run one backward per micro-step to keep it",
+                        RuntimeWarning, stacklevel=4)
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
                 if self.factor() != 1:
                     _mul_(grads, self.factor())
