@@ -283,15 +283,17 @@ class Buckets:
     ``armed()`` is true (the one that ends the update), a post-accumulate-grad hook marks each
     parameter's gradient final; a bucket whose gradients are all final is copied into one flat
     buffer, multiplied by this replica's folded factor ``factor()``, and its all-reduce started
-    asynchronously, always in bucket order, so every replica starts the same all-reduces in the
-    same order. :meth:`finish` starts the rest (an idle replica: all of them, with zeros where it
-    has no gradient), sums which parameters have a gradient and the counts, waits and writes
-    the sums to ``.grad``. A parameter that gets no gradient in the last backward holds back
-    its bucket and the later ones until :meth:`finish` (DDP would need find_unused_parameters).
+    asynchronously, always in bucket order, so every replica starts the same all-reduces in
+    the same order. :meth:`finish` (in ``step()``) starts the rest (an idle replica: all of them,
+    with zeros where it has no gradient), the last bucket carrying the flags: which parameters
+    have a gradient, the counts (samples), and whether some gradient grew late. Then it waits
+    and writes the sums to ``.grad``. A parameter that gets no gradient in the last backward
+    holds back its bucket and the later ones until :meth:`finish` (DDP would need
+    ``find_unused_parameters``).
 
     A gradient that grows after its bucket started (a second backward in the last micro-step)
-    makes every replica, told by that sum, redo the reduction on the final gradients in one
-    all-reduce: exact either way.
+    makes every replica, told by the flags, sum the final gradients again in one all-reduce
+    (exact either way; a warning says the overlap was lost).
     """
 
     def __init__(self, params: list[torch.Tensor], cap_mb: float, armed: Callable[[], bool],
@@ -320,7 +322,8 @@ class Buckets:
         self._can: bool | None = None  # whether this engine starts all-reduces asynchronously (asked once)
 
     def final(self, index: int, slot: int, param: torch.Tensor) -> None:
-        """``param``'s gradient is final for this backward: start every bucket now complete."""
+        """``param``'s gradient is final for this backward: start every bucket now complete but
+        the last (it ends the backward anyway, and carries the flags from :meth:`finish`)."""
         if not self.armed():
             return
         if index < len(self.started) or param.grad.is_sparse:
@@ -331,37 +334,43 @@ class Buckets:
             from aikit.elastic.Torch.collectives import can_start_all_reduce
 
             self._can = can_start_all_reduce(param.device)
-        while self._can and len(self.started) < len(self.buckets) and not self.waiting[len(self.started)]:
+        while self._can and len(self.started) < len(self.buckets) - 1 and not self.waiting[len(self.started)]:
             self._start()
 
-    def _start(self) -> None:
+    def _start(self, flags: torch.Tensor | None = None) -> None:
+        """Start the next bucket's all-reduce (with ``flags`` appended, if given)."""
         from aikit.elastic.Torch.collectives import start_all_reduce_sum_
 
         index = len(self.started)
-        bucket = self.buckets[index]
-        flat = _flatten_dense_tensors([p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket])
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[index]]
+        flat = _flatten_dense_tensors(grads if flags is None else [*grads, flags])
         factor = self.factor()
         if factor != 1:  # each replica folded its own factor: unfold it before summing
-            flat.mul_(factor)
+            flat[: flat.numel() - (0 if flags is None else flags.numel())].mul_(factor)
         self.started.append((flat, start_all_reduce_sum_(flat, f"aikit.ga.{self.serial}.bucket{index}")))
 
     @torch.no_grad()
     def finish(self, counts: list[float], dtype: torch.dtype) -> list[float]:
         """Start the buckets not started yet, sum (has a gradient, ``counts``, late) over the
-        replicas, wait, and put the sums in ``.grad`` (None where no replica had a gradient).
-        Returns the summed ``counts``."""
+        replicas with the last one, wait, and put the sums in ``.grad`` (None where no replica
+        had a gradient). Returns the summed ``counts``."""
         from aikit.elastic.Torch.collectives import all_reduce_sum_, start_all_reduce_sum_
 
         try:
-            while len(self.started) < len(self.buckets):
+            last = self.buckets[-1]
+            while len(self.started) < len(self.buckets) - 1:
                 self._start()
             params = [p for bucket in self.buckets for p in bucket]
             flags = torch.tensor([*(float(p.grad is not None) for p in params), *counts, float(self.late)],
                                  dtype=dtype, device=params[0].device)
-            wait_flags = start_all_reduce_sum_(flags, f"aikit.ga.{self.serial}.flags")  # with the last bucket
+            if (last[0].dtype, last[0].device) == (flags.dtype, flags.device):  # one collective fewer
+                self._start(flags)
+                flags = self.started[-1][0][-flags.numel():]
+            else:  # the last bucket holds half-precision gradients: flags (counts) apart, in float32
+                self._start()
+                self.started.append((flags, start_all_reduce_sum_(flags, f"aikit.ga.{self.serial}.flags")))
             for _, wait in self.started:
                 wait()
-            wait_flags()
             *used, late = flags.tolist()
             if late:  # some replica's sums started too early: one all-reduce of the final gradients
                 if not self._warned:
@@ -376,8 +385,8 @@ class Buckets:
                     _mul_(grads, self.factor())
                 all_reduce_sum_(grads)
             else:
-                grads = [g for (flat, _), bucket in zip(self.started, self.buckets, strict=True)
-                         for g in _unflatten_dense_tensors(flat, bucket)]
+                grads = [g for (flat, _), bucket in zip(self.started, self.buckets, strict=False)
+                         for g in _unflatten_dense_tensors(flat[: sum(p.numel() for p in bucket)], bucket)]
             for p, grad, has in zip(params, grads, used, strict=False):
                 p.grad = grad if has else None
             return used[len(params):]
