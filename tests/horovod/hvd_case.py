@@ -102,6 +102,9 @@ CASES = (
          bucket_cap_mb=PAIRS_MB, split_backward=True),
 )
 
+# the Horovod elastic run (2 -> 1 -> 2 workers): G=11 in [3, 3] + [3, 2] on 2 workers, [3, 3, 3, 2] on 1
+ELASTIC = Case("elastic-ragged-sgd-clip", 11, 3, (11,) * 30, True, "sgd", max_grad_norm=0.3)
+
 
 def reference(case: Case, seed: int = 100) -> list[torch.Tensor]:
     """One process, one real step per window on all its samples at once."""

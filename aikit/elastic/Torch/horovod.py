@@ -24,10 +24,20 @@ see the reduced gradient, as in a single-process big-batch step.
 ``broadcast_state`` replaces ``hvd.broadcast_parameters`` + ``hvd.broadcast_optimizer_state``:
 the latter initialises a fresh optimizer's state by calling ``step()`` on zero gradients, which
 advances Adam's step count and applies weight decay once before training starts.
+
+Horovod elastic: ``hvd.elastic.TorchState(model=model, optimizer=optimizer, ...)`` takes the
+``DistributedOptimizer`` as it is. Importing this module adds a handler for aikit's GA optimizers
+to Horovod's state-handler registry (its documented extension point; no collective): commits
+save the wrapper's whole ``state_dict()`` (inner state, GA position, pending gradients), a
+restore loads it, and a sync gives every worker rank 0's, as :func:`broadcast_state` does, where
+Horovod's own handler would call ``broadcast_optimizer_state``. The world size is read at every
+update, so after a resize the update averages over the new world; re-plan ``steps`` for it
+(``optimizer.steps = aikit.elastic.Torch.init(G, M).steps``) at the top of the elastic function.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -80,4 +90,42 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     with torch.no_grad():
         broadcast_(list(model.state_dict().values()), src=root_rank)
     if optimizer is not None:
-        optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=root_rank))
+        _broadcast_optimizer(optimizer, root_rank)
+
+
+def _broadcast_optimizer(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=root_rank))
+
+
+class _StateHandler:
+    """``hvd.elastic.TorchState``'s handler for an aikit GA optimizer (``Optimizer`` or this
+    module's ``DistributedOptimizer``): its own ``state_dict``, saved, restored and synced whole."""
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.value = optimizer
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        if hvd.size() > 1:
+            _broadcast_optimizer(self.value)
+
+    def set_value(self, value: Optimizer) -> None:
+        self.value = value
+        self.save()
+
+
+def _register_state_handler() -> None:
+    from horovod.torch.elastic import state
+
+    registry = state.get_handler_registry()
+    if not any(handler is _StateHandler for _, handler in registry):
+        state.set_handler_registry([(Optimizer, _StateHandler), *registry])  # before torch.optim.Optimizer's
+
+
+_register_state_handler()
