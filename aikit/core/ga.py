@@ -55,7 +55,14 @@ def equal_weight(micro_steps: int) -> float:
     steps = sample_count(micro_steps, "micro_steps")
     if steps == 0:
         raise ValueError("an update needs at least one micro-step")
-    return 1.0 / steps
+    return equal_weight_rule(steps)
+
+
+def equal_weight_rule(micro_steps):
+    """The rule of :func:`equal_weight` on any number, a framework's tensor included: the Keras
+    wrapper applies it in its graph to the micro-steps it counted (a variable), so one traced
+    update serves every count. No checks: the caller guarantees ``micro_steps >= 1``."""
+    return 1.0 / micro_steps
 
 
 def common_size(window_samples: int, micro_batches: int) -> int:

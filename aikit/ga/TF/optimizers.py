@@ -16,8 +16,10 @@ re-enters the replicas from there, the pattern Keras' ``LossScaleOptimizer`` use
 
 The number of steps lives in a ``tf.Variable``: ``optimizer.steps = 8`` takes effect from
 the next update without retracing (batch-size traces change it every update). The update
-weighs each micro-step by ``1 / micro-steps actually accumulated`` (:func:`aikit.core.ga.equal_weight`,
-computed in the graph), so it is the mean even when ``steps`` changes in the middle of an update.
+multiplies the sums by the weight :mod:`aikit.core.ga` gives equal micro-batches
+(:func:`~aikit.core.ga.equal_weight_rule`, applied in the graph, once per update, to the
+micro-steps actually accumulated), so it is the mean even when ``steps`` changes in the
+middle of an update.
 Loading saved weights (``model.load_weights``) keeps the ``steps`` of the plan compiled now.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from aikit.core.ga import equal_weight_rule
 from aikit.core.plan import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 
@@ -195,8 +198,10 @@ class Optimizer(keras.optimizers.Optimizer):
 
     def _update(self, sums, variables) -> None:
         """The real update (replica context): the wrapped optimizer applies the mean gradient."""
-        count = self._accumulated + 1
-        grads = [None if s is None else s.value / ops.cast(count, s.dtype) for s in sums]
+        count = self._accumulated + 1  # micro-steps in this update, this one included
+        dtypes = {s.dtype for s in sums if s is not None}
+        weight = {dtype: equal_weight_rule(ops.cast(count, dtype)) for dtype in dtypes}  # the core's rule
+        grads = [None if s is None else s.value * weight[s.dtype] for s in sums]
         self.inner.apply(grads, variables)
         for total in sums:
             if total is not None:
