@@ -25,6 +25,9 @@ TRACE_TESTS = "tests/trace/test_trace_optim.py"
 REDUCE_TESTS = "tests/torch/test_reduce_at_update.py"
 RESIZE_TESTS = "tests/resize/test_resize_state.py"
 KERAS_TESTS = "tests/tf/test_keras_ga_optimizer.py"
+HOROVOD_TESTS = "tests/horovod/test_horovod_ga.py"
+HOROVOD_SINGLE = "tests/horovod/test_horovod_single.py"
+ELASTIC_TESTS = "tests/horovod/test_horovod_elastic_ga.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -35,7 +38,7 @@ MUTANTS = [
     ("core: short window factor inverted", "aikit/core/ga.py",
      "return planned / seen", "return seen / planned", CORE_TESTS),
     ("core: equal weight off by one", "aikit/core/ga.py",
-     "return 1.0 / steps", "return 1.0 / (steps + 1)", CORE_TESTS),
+     "return 1.0 / micro_steps", "return 1.0 / (micro_steps + 1)", CORE_TESTS),
     ("engine: clipping before AMP unscaling", "aikit/ga/Torch/engine.py",
      "            scale_before = self.scaler.get_scale()\n"
      "            self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's\n"
@@ -104,6 +107,31 @@ MUTANTS = [
      "count = self._accumulated + 1", "count = self._steps", KERAS_TESTS),
     ("keras: load_weights overwrites steps", "aikit/ga/TF/optimizers.py",
      "        self._steps.assign(steps)\n\n    def _maybe_update", "\n    def _maybe_update", KERAS_TESTS),
+    ("keras: the core's weight not applied", "aikit/ga/TF/optimizers.py",
+     "s.value * weight[s.dtype]", "s.value", KERAS_TESTS),
+    # the overlapped all-reduce (engine.Buckets), under torchrun and horovodrun
+    ("overlap: a bucket started before its last gradient", "aikit/ga/Torch/engine.py",
+     "and not self.waiting[len(self.started)]:",
+     "and len(self.waiting[len(self.started)]) < len(self.buckets[len(self.started)]):", REDUCE_TESTS),
+    ("overlap: buckets started in the backward never waited for", "aikit/ga/Torch/engine.py",
+     "            for _, wait in self.started:\n                wait()",
+     "            for _, wait in self.started[-1:]:\n                wait()", REDUCE_TESTS + " " + HOROVOD_TESTS),
+    ("overlap: the last bucket (with the flags) never waited for", "aikit/ga/Torch/engine.py",
+     "            for _, wait in self.started:\n                wait()",
+     "            for _, wait in self.started[:-1]:\n                wait()", REDUCE_TESTS + " " + HOROVOD_TESTS),
+    ("overlap: a gradient grown after its bucket started is ignored", "aikit/ga/Torch/engine.py",
+     "            self.late = True\n            return", "            return", REDUCE_TESTS),
+    ("overlap: replicas' folded factors summed as they are", "aikit/ga/Torch/engine.py",
+     "        if factor != 1:  # each replica folded its own factor: unfold it before summing\n"
+     "            flat[", "        if False:\n            flat[", REDUCE_TESTS),
+    ("overlap: untouched parameters get a zero gradient", "aikit/ga/Torch/engine.py",
+     "p.grad = grad if has else None", "p.grad = grad", REDUCE_TESTS),
+    ("overlap: armed in every micro-step, not only the last", "aikit/ga/Torch/optim.py",
+     "return self.position == self._steps - 1", "return True", REDUCE_TESTS),
+    ("elastic: TorchState uses Horovod's own optimizer handler", "aikit/elastic/Torch/horovod.py",
+     "\n\n_register_state_handler()", "", HOROVOD_SINGLE),
+    ("elastic: a joining worker keeps its own optimizer state", "aikit/elastic/Torch/horovod.py",
+     "        if hvd.size() > 1:\n            _broadcast_optimizer(self.value)", "        pass", ELASTIC_TESTS),
 ]
 
 
