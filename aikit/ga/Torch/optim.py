@@ -138,8 +138,9 @@ class Optimizer(WrappingOptimizer):
         return self.position == self._steps - 1
 
     def _ends_update(self) -> bool:
-        """Whether a backward now is the last of an update: its gradients are final there."""
-        return self.position == self._steps - 1
+        """Whether a backward now is the last of an update: the overlapped all-reduce's hooks
+        start buckets only then (a weak reference: hooks must not keep a dropped optimizer)."""
+        return self.sync_gradients
 
     def __repr__(self) -> str:
         return f"aikit.ga.Torch.optim.Optimizer({self.optimizer!r}, steps={self._steps})"
