@@ -16,8 +16,9 @@ Why not ``hvd.DistributedOptimizer(backward_passes_per_step=k)`` under the GA wr
 starts its all-reduce from a backward hook while the GA wrapper is about to average and clip the
 same ``.grad`` tensors, it asserts when an epoch ends in a window of another length
 (horovod#2497), and it averages over ranks however many samples each held. Here the ranks
-accumulate locally with no communication, and the update starts with a single grouped all-reduce
-of the gradients and of the sample count, so every update, the epoch's last, short one included,
+accumulate locally with no communication; during the update's last backward, buckets of final
+gradients start their ``hvd.allreduce_async_`` (as Horovod's hooks do), and ``step()`` adds the
+sample count to the last one and waits, so every update, the epoch's last, short one included,
 is the mean over the samples it actually saw. Clipping, AMP unscaling and the LR scheduler then
 see the reduced gradient, as in a single-process big-batch step.
 
@@ -63,10 +64,10 @@ def _check_initialised() -> None:
 
 class DistributedOptimizer(Optimizer):
     """``aikit.ga.Torch.optim.Optimizer(..., reduce=True)`` on Horovod: the update first sums the
-    gradients and the samples over the ranks in one grouped all-reduce.
+    gradients and the samples over the ranks, in buckets started during the last backward.
 
     Takes the GA wrapper's arguments (``steps``, ``global_batch_size``, ``max_grad_norm``,
-    ``scaler``) and trains the same way: ``with optimizer.accumulate(model, samples=len(x))``
+    ``scaler``, ``bucket_cap_mb``) and trains the same way: ``with optimizer.accumulate(model, samples=len(x))``
     around each micro-step's backward (or plain equal micro-batches), ``optimizer.step()`` after
     it. Call :meth:`flush` at the end of an epoch whose last window holds fewer micro-steps.
     Every rank must make the same number of ``step()`` calls; a rank with an empty micro-batch

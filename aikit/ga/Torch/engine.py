@@ -184,7 +184,8 @@ class Accumulator:
     # --- the update ----------------------------------------------------------------------------
     @torch.no_grad()
     def reduce(self, counts: list[float] = ()) -> list[float]:
-        """Sum every gradient, and ``counts``, over the replicas in one grouped all-reduce.
+        """Sum every gradient, and ``counts``, over the replicas: in the buckets the last backward
+        started (:class:`Buckets`, where there are), else in one grouped all-reduce.
 
         A replica with no gradient for a parameter adds zeros; a parameter no replica touched
         keeps no gradient, as in one process (except on XLA, where telling would need a read
