@@ -21,7 +21,7 @@ with the samples they held (Horovod, or torchrun without DDP; see
 (:meth:`Optimizer.flush`), is then the mean over the samples it actually saw, and the world size
 is read at every update, so an elastic resize scales right. The micro-steps before the last
 communicate nothing; during the last one's backward, buckets of final gradients start their
-all-reduce while the backward goes on (:class:`~aikit.ga.Torch.engine.Buckets`, as DDP and
+all-reduce while the backward goes on (``aikit.ga.Torch.engine.Buckets``, as DDP and
 Horovod overlap theirs), and ``step()`` waits for them before weighing, unscaling and clipping.
 """
 
