@@ -27,6 +27,9 @@ RESIZE_TESTS = "tests/resize/test_resize_state.py"
 KERAS_TESTS = "tests/tf/test_keras_ga_optimizer.py"
 RUNAI_TESTS = "tests/torch/test_ga_prebuilt.py tests/torch/test_runai_ga_torch.py"
 KERAS_RUNAI_TESTS = "tests/tf/test_keras_ga_prebuilt.py tests/tf/test_runai_ga_keras.py"
+HOROVOD_TESTS = "tests/horovod/test_horovod_ga.py"
+HOROVOD_SINGLE = "tests/horovod/test_horovod_single.py"
+ELASTIC_TESTS = "tests/horovod/test_horovod_elastic_ga.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -118,6 +121,28 @@ MUTANTS = [
      "accumulated_divisor(self._accumulated + 1, \"mean\")", KERAS_RUNAI_TESTS),
     ("keras: load_weights overwrites steps", "aikit/ga/TF/optimizers.py",
      "        self._steps.assign(steps)\n\n    def _maybe_update", "\n    def _maybe_update", KERAS_TESTS),
+    # the overlapped all-reduce (engine.Buckets), under torchrun and horovodrun
+    ("overlap: a bucket started before its last gradient", "aikit/ga/Torch/engine.py",
+     "and not self.waiting[len(self.started)]:",
+     "and len(self.waiting[len(self.started)]) < len(self.buckets[len(self.started)]):", REDUCE_TESTS),
+    ("overlap: no bucket waited for", "aikit/ga/Torch/engine.py",
+     "            for _, wait in self.started:\n                wait()", "", REDUCE_TESTS + " " + HOROVOD_TESTS),
+    ("overlap: the last bucket (with the flags) never waited for", "aikit/ga/Torch/engine.py",
+     "            for _, wait in self.started:\n                wait()",
+     "            for _, wait in self.started[:-1]:\n                wait()", REDUCE_TESTS + " " + HOROVOD_TESTS),
+    ("overlap: a gradient grown after its bucket started is ignored", "aikit/ga/Torch/engine.py",
+     "            self.late = True\n            return", "            return", REDUCE_TESTS),
+    ("overlap: replicas' folded factors summed as they are", "aikit/ga/Torch/engine.py",
+     "        if factor != 1:  # each replica folded its own factor: unfold it before summing\n"
+     "            flat[", "        if False:\n            flat[", REDUCE_TESTS),
+    ("overlap: untouched parameters get a zero gradient", "aikit/ga/Torch/engine.py",
+     "p.grad = grad if has else None", "p.grad = grad", REDUCE_TESTS),
+    ("overlap: armed in every micro-step, not only the last", "aikit/ga/Torch/optim.py",
+     "        return self.sync_gradients\n", "        return True\n", REDUCE_TESTS),
+    ("elastic: TorchState uses Horovod's own optimizer handler", "aikit/elastic/Torch/horovod.py",
+     "\n\n_register_state_handler()", "", HOROVOD_SINGLE),
+    ("elastic: a joining worker keeps its own optimizer state", "aikit/elastic/Torch/horovod.py",
+     "        if hvd.size() > 1:\n            _broadcast_optimizer(self.value)", "        pass", ELASTIC_TESTS),
 ]
 
 

@@ -8,10 +8,14 @@ The reference trains one process on each whole window at once: the big-batch upd
 from __future__ import annotations
 
 import contextlib
+import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from aikit.core.plan import make_plan
 
 SAMPLES, FEATURES, CLASSES = 45, 6, 3
 
@@ -24,13 +28,14 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Net(torch.nn.Module):
-    """A classifier with one parameter no rank ever uses: it must keep no gradient (weight decay
-    and momentum leave it alone), as in a single-process step."""
+    """A classifier with one layer no rank ever uses: it must keep no gradient (weight decay
+    and momentum leave it alone), as in a single-process step. It comes first, so in the
+    reverse order of the all-reduce's buckets it is last and holds back only its own."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES))
         self.unused = torch.nn.Linear(2, 2)
+        self.body = torch.nn.Sequential(torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
@@ -54,6 +59,9 @@ class Case:
     max_grad_norm: float | None = None
     scheduler: bool = False
     reduction: str = "mean"  # of the loss and of the GA wrapper ("sum": Run:AI's AIkit's arithmetic)
+    bucket_cap_mb: float | None = 25.0  # the overlapped all-reduce's buckets (None: one all-reduce)
+    split_backward: bool = False  # two backward calls per micro-batch (its two halves)
+    straggler: bool = False  # rank 1 starts each update's last micro-step late: nothing is summed before it
 
     def window_indices(self) -> list[np.ndarray]:
         """The windows' sample indices: consecutive pieces of one fixed permutation per pass."""
@@ -75,6 +83,11 @@ class Case:
         return opt, scheduler
 
 
+# 104-byte buckets: two float64 parameters each ([bias, weight] of body.2, of body.0, of unused),
+# so the first two start from the last backward's hooks, the third (no gradient) at step()
+PAIRS_MB = 1e-4
+BUCKETS, STARTED_EARLY = 3, 2
+
 CASES = (
     # G=11 over 2 ranks with at most 3 each: micro-batches [3, 3] then [3, 2]. Windows of 4 (only
     # the first GA step runs, then flush()) and of 8 (rank 1 has nothing in the second step).
@@ -84,7 +97,18 @@ CASES = (
     Case("equal-sgd", 12, 3, (12, 6, 12, 12), False, "sgd"),
     # the same with a summed loss and reduction="sum": every update (the flushed one too) is the window's sum
     Case("equal-sgd-sum", 12, 3, (12, 6, 12, 12), False, "sgd", reduction="sum"),
+    # the overlapped all-reduce in small buckets, and the same run with one all-reduce after the backward
+    Case("ragged-sgd-clip-buckets", 11, 3, (11, 11, 4, 11, 8), True, "sgd", max_grad_norm=0.3,
+         bucket_cap_mb=PAIRS_MB, straggler=True),
+    Case("ragged-sgd-clip-one-all-reduce", 11, 3, (11, 11, 4, 11, 8), True, "sgd", max_grad_norm=0.3,
+         bucket_cap_mb=None),
+    # a second backward after the buckets started: every replica sums the final gradients again
+    Case("equal-adamw-two-backwards", 12, 3, (12, 6, 12, 12), False, "adamw", scheduler=True,
+         bucket_cap_mb=PAIRS_MB, split_backward=True),
 )
+
+# the Horovod elastic run (2 -> 1 -> 2 workers): G=11 in [3, 3] + [3, 2] on 2 workers, [3, 3, 3, 2] on 1
+ELASTIC = Case("elastic-ragged-sgd-clip", 11, 3, (11,) * 30, True, "sgd", max_grad_norm=0.3)
 
 
 def reference(case: Case, seed: int = 100) -> list[torch.Tensor]:
@@ -118,6 +142,7 @@ def train(case: Case, engine: str = "horovod") -> dict:
     x, y = data()
     net = model(seed=100 + rank)  # ranks start apart: the broadcast must make them equal
     inner, scheduler = case.inner(net)
+    options = {"max_grad_norm": case.max_grad_norm, "bucket_cap_mb": case.bucket_cap_mb}
     if engine == "horovod":
         from aikit.elastic.Torch import horovod
 
@@ -141,12 +166,53 @@ def train(case: Case, engine: str = "horovod") -> dict:
                     torch.nn.functional.cross_entropy(net(x[idx]), y[idx], reduction=case.reduction).backward()
             optimizer.step()
             if optimizer.updated and scheduler is not None:
+        optimizer = horovod.DistributedOptimizer(inner, aikit.elastic.Torch.steps, **options)
+        horovod.broadcast_state(net, optimizer)
+    else:
+        optimizer = Optimizer(inner, aikit.elastic.Torch.steps, reduce=True, **options)
+        with torch.no_grad():
+            broadcast_(list(net.state_dict().values()))
+    mine, whole = micro_batch_slices(plan, rank), micro_batch_slices(plan)
+    early = []  # per update ended by step(): buckets whose all-reduce started before that step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for window in case.window_indices():
+            for step_slice, my_slice in zip(whole, mine, strict=True):
+                if step_slice.start >= len(window):
+                    break  # no rank has a sample in this GA step of the short window
+                idx = window[my_slice]  # clipped to the window: a short window leaves some ranks less
+                declared = (optimizer.accumulate(net, samples=len(idx)) if case.declare_samples
+                            else contextlib.nullcontext())
+                if case.straggler and rank == 1 and optimizer.sync_gradients:
+                    time.sleep(0.2)  # rank 0 reaches step() first: it must wait for the sums
+                with declared:
+                    halves = np.array_split(idx, 2) if case.split_backward else [idx]
+                    for part in (h for h in halves if len(h)):  # each half's share of the micro-batch mean
+                        (torch.nn.functional.cross_entropy(net(x[part]), y[part]) * len(part) / len(idx)).backward()
+                if optimizer.sync_gradients and optimizer.engine.buckets is not None:
+                    early.append(len(optimizer.engine.buckets.started))
+                optimizer.step()
+                if optimizer.updated and scheduler is not None:
+                    scheduler.step()
+            if optimizer.flush() and scheduler is not None:
                 scheduler.step()
-        if optimizer.flush() and scheduler is not None:
-            scheduler.step()
     assert optimizer.position == 0
     return {
         "params": [p.detach().clone() for p in net.parameters()],
         "plan": {name: getattr(aikit.elastic, name) for name in aikit.elastic.PUBLIC},
         "inner_steps": max((int(s.get("step", 0)) for s in inner.state.values()), default=0),
+        "started_early": early,
+        "warnings": [str(w.message) for w in caught],
     }
+
+
+def expected_early(case: Case, rank: int, world: int = 2) -> list[int]:
+    """For each update of ``case`` (in PAIRS_MB buckets) that ``step()`` ends on ``rank``: how many
+    buckets start their all-reduce during the last backward: STARTED_EARLY when the rank has
+    samples in the last GA step, none when it sits it out."""
+    plan = make_plan(case.G, case.M, world)
+    last = plan.steps - 1
+    before = sum(plan.size(s, d) for s in range(last) for d in range(world))  # samples ahead of the last step
+    mine = before + sum(plan.size(last, d) for d in range(rank))  # where this rank's last micro-batch starts
+    return [STARTED_EARLY if mine < length and plan.size(last, rank) else 0
+            for length in case.windows if before < length]  # shorter windows end in flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hvd_case import CASES, reference
+from hvd_case import CASES, PAIRS_MB, expected_early, reference
 
 from aikit.core.plan import make_plan
 
@@ -42,3 +42,24 @@ def test_init_takes_the_world_from_horovod(ranks, case):
 def test_the_wrapped_optimizer_steps_once_per_window(ranks):
     case = next(c for c in CASES if c.optimizer == "adamw")
     assert [r[case.name]["inner_steps"] for r in ranks] == [len(case.windows)] * 2
+
+
+def test_the_overlapped_all_reduce_gives_the_bits_of_one_all_reduce_after_the_backward(ranks):
+    for rank in ranks:
+        for a, b in zip(rank["ragged-sgd-clip-buckets"]["params"], rank["ragged-sgd-clip-one-all-reduce"]["params"],
+                        strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.bucket_cap_mb == PAIRS_MB], ids=lambda c: c.name)
+def test_buckets_start_their_all_reduce_during_the_last_backward(ranks, case):
+    """Every bucket whose gradients are final is on the wire before step(); an idle rank starts
+    all of them in step(), and a parameter without gradient holds back only its own bucket."""
+    assert [r[case.name]["started_early"] for r in ranks] == [expected_early(case, rank) for rank in range(2)]
+
+
+def test_a_second_backward_after_the_buckets_started_is_summed_and_said(ranks):
+    for rank in ranks:
+        for case in CASES:
+            warned = [w for w in rank[case.name]["warnings"] if "gives up the overlap" in w]
+            assert len(warned) == (1 if case.split_backward else 0), (case.name, rank[case.name]["warnings"])

@@ -45,3 +45,25 @@ def test_the_ga_wrapper_refuses_horovods_distributed_optimizer(hvd):
     wrapped = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2)
     with pytest.raises(TypeError, match=r"wrap the plain torch optimizer with aikit.elastic.Torch.horovod"):
         Optimizer(wrapped, 2)
+
+
+def test_horovod_elastic_state_saves_restores_and_syncs_the_ga_optimizer_whole(hvd):
+    """hvd.elastic.TorchState takes aikit's optimizer: a restore puts back the GA position and the
+    pending gradients of the last commit (Horovod's own handler would fail on its state_dict)."""
+    from aikit.elastic.Torch import horovod
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), 2)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()  # one micro-step of two
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0)
+    committed = [p.grad.clone() for p in model.parameters()]
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()  # the update: position 0, gradients cleared, momentum set
+    assert optimizer.position == 0 and optimizer.optimizer.state
+    state.restore()
+    assert optimizer.position == 1 and not optimizer.optimizer.state
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), committed, strict=True))
+    state.sync()  # a world of one: nothing to send, nothing changes
+    assert optimizer.position == 1

@@ -7,14 +7,17 @@ float64, never against numbers the code produced itself.
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import pickle
+import re
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aikit.ga.Torch.engine import assign_buckets
 from aikit.ga.Torch.optim import Optimizer
 
 OPTIMIZERS = {
@@ -520,3 +523,38 @@ def test_the_divisor_is_the_micro_steps_accumulated_when_a_short_window_is_flush
             opt.step()
         opt.flush()
     assert_same(net, big_batch_run(make, data))
+
+
+def test_bucket_cap_mb_is_a_positive_number_of_megabytes_or_none():
+    net = model()
+    for bad in (0, -1.0, True, "25"):
+        with pytest.raises(ValueError, match=rf"bucket_cap_mb must be a positive number of megabytes \(DDP's "
+                                             rf"default is 25\) or None, got {re.escape(repr(bad))}"):
+            Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2, reduce=True, bucket_cap_mb=bad)
+    whole = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2, reduce=True, bucket_cap_mb=None)
+    assert whole.engine.buckets is None  # one all-reduce after the backward, no hooks
+
+
+def test_buckets_take_the_parameters_in_reverse_order_one_dtype_each_the_first_one_mib():
+    sizes = [(300_000, torch.float32), (10, torch.float64), (200_000, torch.float32), (100, torch.float32),
+             (70_000, torch.float64)]
+    p0, p1, p2, p3, p4 = (torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n, dtype in sizes)
+    # float32 from the back: 400 B, 800 kB, then 1.2 MB passes the first bucket's 1 MiB; the float64
+    # ones (560 kB + 80 B) never fill a bucket and travel last
+    got = assign_buckets([p0, p1, p2, p3, p4], cap_bytes=2 << 20)
+    assert [[id(p) for p in bucket] for bucket in got] == [[id(p3), id(p2), id(p0)], [id(p4), id(p1)]]
+    small = assign_buckets([p0, p1, p2, p3, p4], cap_bytes=500)  # under 1 MiB the cap is the limit
+    assert [[id(p) for p in bucket] for bucket in small] == [[id(p4)], [id(p3), id(p2)], [id(p0)], [id(p1)]]
+
+
+def test_a_dropped_reduce_at_update_optimizer_leaves_no_hook_on_the_parameters():
+    """Its hooks would otherwise start all-reduces from every later backward over the same
+    parameters (steps=1: every backward ends an update)."""
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 1, reduce=True)
+    assert all(len(p._post_accumulate_grad_hooks) == 1 for p in net.parameters())
+    del opt
+    gc.collect()
+    assert all(not p._post_accumulate_grad_hooks for p in net.parameters())
+    copied = copy.deepcopy(Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 1, reduce=True, bucket_cap_mb=4))
+    assert copied.bucket_cap_mb == 4 and copied.engine.buckets.cap_bytes == 4 << 20

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -152,6 +153,29 @@ def all_reduce_sum_(tensors: list[torch.Tensor]) -> None:
         hvd.grouped_allreduce_(tensors, op=hvd.Sum)
     elif kind == "torch.distributed" and dist.get_world_size() > 1:
         _torch_all_reduce_(tensors)
+
+
+def can_start_all_reduce(device: torch.device | str) -> bool:
+    """Whether :func:`start_all_reduce_sum_` works for tensors on ``device``: Horovod or
+    torch.distributed with more than one replica (not XLA, nor a single process)."""
+    kind = engine(device)
+    if kind == "horovod":
+        return distributed.horovod().size() > 1
+    return kind == "torch.distributed" and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def start_all_reduce_sum_(tensor: torch.Tensor, name: str) -> Callable[[], None]:
+    """Start replacing ``tensor`` by its sum over all replicas, in place, without waiting (where
+    :func:`can_start_all_reduce`); returns the function that waits for it.
+
+    ``name`` identifies the all-reduce to Horovod, which matches them across ranks by name;
+    torch.distributed matches them by order: every replica must start the same ones in the
+    same order."""
+    if engine(tensor.device) == "horovod":
+        hvd = distributed.horovod()
+        handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name=name)
+        return lambda: hvd.synchronize(handle)
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True).wait
 
 
 def broadcast_(tensors: list[torch.Tensor], src: int = 0) -> None:

@@ -16,18 +16,29 @@ Why not ``hvd.DistributedOptimizer(backward_passes_per_step=k)`` under the GA wr
 starts its all-reduce from a backward hook while the GA wrapper is about to average and clip the
 same ``.grad`` tensors, it asserts when an epoch ends in a window of another length
 (horovod#2497), and it averages over ranks however many samples each held. Here the ranks
-accumulate locally with no communication, and the update starts with a single grouped all-reduce
-of the gradients and of the sample count, so every update, the epoch's last, short one included,
+accumulate locally with no communication; during the update's last backward, buckets of final
+gradients start their ``hvd.allreduce_async_`` (as Horovod's hooks do), and ``step()`` adds the
+sample count to the last one and waits, so every update, the epoch's last, short one included,
 is the mean over the samples it actually saw. Clipping, AMP unscaling and the LR scheduler then
 see the reduced gradient, as in a single-process big-batch step.
 
 ``broadcast_state`` replaces ``hvd.broadcast_parameters`` + ``hvd.broadcast_optimizer_state``:
 the latter initialises a fresh optimizer's state by calling ``step()`` on zero gradients, which
 advances Adam's step count and applies weight decay once before training starts.
+
+Horovod elastic: ``hvd.elastic.TorchState(model=model, optimizer=optimizer, ...)`` takes the
+``DistributedOptimizer`` as it is. Importing this module adds a handler for aikit's GA optimizers
+to Horovod's state-handler registry (its documented extension point; no collective): commits
+save the wrapper's whole ``state_dict()`` (inner state, GA position, pending gradients), a
+restore loads it, and a sync gives every worker rank 0's, as :func:`broadcast_state` does, where
+Horovod's own handler would call ``broadcast_optimizer_state``. The world size is read at every
+update, so after a resize the update averages over the new world; re-plan ``steps`` for it
+(``optimizer.steps = aikit.elastic.Torch.init(G, M).steps``) at the top of the elastic function.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -53,10 +64,10 @@ def _check_initialised() -> None:
 
 class DistributedOptimizer(Optimizer):
     """``aikit.ga.Torch.optim.Optimizer(..., reduce=True)`` on Horovod: the update first sums the
-    gradients and the samples over the ranks in one grouped all-reduce.
+    gradients and the samples over the ranks, in buckets started during the last backward.
 
     Takes the GA wrapper's arguments (``steps``, ``global_batch_size``, ``max_grad_norm``,
-    ``scaler``) and trains the same way: ``with optimizer.accumulate(model, samples=len(x))``
+    ``scaler``, ``bucket_cap_mb``) and trains the same way: ``with optimizer.accumulate(model, samples=len(x))``
     around each micro-step's backward (or plain equal micro-batches), ``optimizer.step()`` after
     it. Call :meth:`flush` at the end of an epoch whose last window holds fewer micro-steps.
     Every rank must make the same number of ``step()`` calls; a rank with an empty micro-batch
@@ -80,4 +91,42 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     with torch.no_grad():
         broadcast_(list(model.state_dict().values()), src=root_rank)
     if optimizer is not None:
-        optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=root_rank))
+        _broadcast_optimizer(optimizer, root_rank)
+
+
+def _broadcast_optimizer(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=root_rank))
+
+
+class _StateHandler:
+    """``hvd.elastic.TorchState``'s handler for an aikit GA optimizer (``Optimizer`` or this
+    module's ``DistributedOptimizer``): its own ``state_dict``, saved, restored and synced whole."""
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.value = optimizer
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        if hvd.size() > 1:
+            _broadcast_optimizer(self.value)
+
+    def set_value(self, value: Optimizer) -> None:
+        self.value = value
+        self.save()
+
+
+def _register_state_handler() -> None:
+    from horovod.torch.elastic import state
+
+    registry = state.get_handler_registry()
+    if not any(handler is _StateHandler for _, handler in registry):
+        state.set_handler_registry([(Optimizer, _StateHandler), *registry])  # before torch.optim.Optimizer's
+
+
+_register_state_handler()

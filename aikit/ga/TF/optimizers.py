@@ -16,8 +16,10 @@ re-enters the replicas from there, the pattern Keras' ``LossScaleOptimizer`` use
 
 The number of steps lives in a ``tf.Variable``: ``optimizer.steps = 8`` takes effect from
 the next update without retracing (batch-size traces change it every update). The update
-weighs each micro-step by ``1 / micro-steps actually accumulated`` (:func:`aikit.core.ga.equal_weight`,
-computed in the graph), so it is the mean even when ``steps`` changes in the middle of an update.
+multiplies the sums by the weight ``aikit.core.ga`` gives equal micro-batches
+(``equal_weight_rule``, applied in the graph, once per update, to the
+micro-steps actually accumulated), so it is the mean even when ``steps`` changes in the
+middle of an update.
 Loading saved weights (``model.load_weights``) keeps the ``steps`` of the plan compiled now.
 
 ``reduction="sum"`` applies the sum of the micro-batch gradients instead of their mean (for a

@@ -16,11 +16,14 @@ the world size under DDP, which averages over processes). Weights are taken rela
 micro-batch size most of the update shares, so even micro-batches cost no multiply and a
 ragged plan pays one (a gradient hook) only for the micro-batches of the other size.
 
-With ``reduce=True`` the wrapper itself sums the gradients over the replicas at the update, in
-one grouped all-reduce with the samples they held (Horovod, or torchrun without DDP; see
+With ``reduce=True`` the wrapper itself sums the gradients over the replicas at the update,
+with the samples they held (Horovod, or torchrun without DDP; see
 :mod:`aikit.elastic.Torch.horovod`): every update, an epoch's last short one included
 (:meth:`Optimizer.flush`), is then the mean over the samples it actually saw, and the world size
-is read at every update, so an elastic resize scales right.
+is read at every update, so an elastic resize scales right. The micro-steps before the last
+communicate nothing; during the last one's backward, buckets of final gradients start their
+all-reduce while the backward goes on (``aikit.ga.Torch.engine.Buckets``, as DDP and
+Horovod overlap theirs), and ``step()`` waits for them before weighing, unscaling and clipping.
 
 Run:AI's prebuilt GA optimizers are here too, one per optimizer class ``torch.optim`` ships
 (found at import, named as torch names them), in the original's argument order:
@@ -48,7 +51,7 @@ from aikit.core.ga import (
     short_window_factor,
 )
 from aikit.core.plan import positive_int
-from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
+from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer, bucket_bytes
 
 _STATE_KEYS = {"optimizer", "ga"}
 _GA_KEYS = {"steps", "position", "micro_steps", "reduction", "samples", "weighted", "unit", "pending_grads"}
@@ -74,6 +77,9 @@ class Optimizer(WrappingOptimizer):
         reduction: ``"mean"`` (default) makes the update the mean over the window, right for
             a mean loss; ``"sum"`` sums the micro-batch gradients as Run:AI's original did,
             right for a sum-reduced loss (``accumulate(samples=...)`` is refused with it).
+        bucket_cap_mb: with ``reduce``, the size of the buckets whose all-reduce starts while
+            the update's last backward runs (DDP's default, 25); None: one all-reduce of every
+            gradient after that backward, no hooks.
     """
 
     kind = "GA Optimizer"
@@ -88,6 +94,7 @@ class Optimizer(WrappingOptimizer):
         scaler: Any = None,
         reduce: bool = False,
         reduction: str = "mean",
+        bucket_cap_mb: float | None = 25.0,
     ) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise TypeError(
@@ -103,7 +110,12 @@ class Optimizer(WrappingOptimizer):
                 "update (L-BFGS's line search), but gradient accumulation evaluates each micro-step's closure "
                 "once: train it without GA, on the whole batch"
             )
-        self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
+        if bucket_cap_mb is not None:
+            bucket_bytes(bucket_cap_mb)  # a bad value is refused whatever reduce is
+        self.bucket_cap_mb = bucket_cap_mb
+        overlap = self._ends_update if reduce and bucket_cap_mb is not None else None
+        self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler, overlap=overlap,
+                                  bucket_cap_mb=bucket_cap_mb)
         self._steps = positive_int(steps, "steps")
         self.global_batch_size = None if global_batch_size is None else positive_int(
             global_batch_size, "global_batch_size"
@@ -146,6 +158,11 @@ class Optimizer(WrappingOptimizer):
         """True when the next ``step()`` makes the real update: the micro-step whose backward
         must all-reduce under DDP, and where you would unscale or clip by hand."""
         return self.position == self._steps - 1
+
+    def _ends_update(self) -> bool:
+        """Whether a backward now is the last of an update: the overlapped all-reduce's hooks
+        start buckets only then (a weak reference: hooks must not keep a dropped optimizer)."""
+        return self.sync_gradients
 
     def __repr__(self) -> str:
         reduction = "" if self.reduction == "mean" else f", reduction={self.reduction!r}"
@@ -228,6 +245,7 @@ class Optimizer(WrappingOptimizer):
         self.position = self._samples = self._weighted = 0
         self._unit = None
         if weighted not in (0, steps):
+            self.engine.discard()
             self.optimizer.zero_grad()
             raise ValueError(
                 f"only {weighted} of the {steps} micro-steps of this update declared samples= in "
@@ -245,6 +263,7 @@ class Optimizer(WrappingOptimizer):
             # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
             if (samples > total and (self.reduce or world == 1)) or (world == 1 and not self.reduce
                                                                    and not short and samples != total):
+                self.engine.discard()
                 self.optimizer.zero_grad()
                 raise ValueError(
                     f"the {steps} micro-batches of this update held {samples} samples, but "
@@ -301,6 +320,7 @@ class Optimizer(WrappingOptimizer):
         self.position, self._samples, self._weighted, self._unit = position, ga["samples"], ga["weighted"], ga["unit"]
         self.micro_steps = ga["micro_steps"]
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
+        self.engine.discard()  # sums started from the gradients just replaced
         self.updated = False
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
@@ -341,6 +361,7 @@ class Optimizer(WrappingOptimizer):
             "max_grad_norm": self.max_grad_norm,
             "scaler": self.scaler,
             "reduce": self.reduce,
+            "bucket_cap_mb": self.bucket_cap_mb,
             "ga": self.state_dict()["ga"],
         }
 
@@ -354,6 +375,7 @@ class Optimizer(WrappingOptimizer):
             scaler=state["scaler"],
             reduce=state["reduce"],
             reduction=state["ga"]["reduction"],
+            bucket_cap_mb=state.get("bucket_cap_mb", 25.0),
         )
         ga = state["ga"]
         for p, grad in zip(self._params(), ga["pending_grads"] or [None] * len(self._params()), strict=True):
@@ -367,6 +389,8 @@ class Optimizer(WrappingOptimizer):
         super().add_param_group(param_group)
         if "optimizer" in self.__dict__ and self.engine._handles:
             self.engine.hook(self.optimizer.param_groups[-1]["params"])
+        if "optimizer" in self.__dict__ and self.engine.buckets is not None:
+            self.engine.buckets.build(self.engine.params())
 
     def _global_batch_size(self, samples: int) -> int:
         if self.global_batch_size is not None:
