@@ -142,30 +142,10 @@ def train(case: Case, engine: str = "horovod") -> dict:
     x, y = data()
     net = model(seed=100 + rank)  # ranks start apart: the broadcast must make them equal
     inner, scheduler = case.inner(net)
-    options = {"max_grad_norm": case.max_grad_norm, "bucket_cap_mb": case.bucket_cap_mb}
+    options = {"max_grad_norm": case.max_grad_norm, "bucket_cap_mb": case.bucket_cap_mb, "reduction": case.reduction}
     if engine == "horovod":
         from aikit.elastic.Torch import horovod
 
-        optimizer = horovod.DistributedOptimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm,
-                                                 reduction=case.reduction)
-        horovod.broadcast_state(net, optimizer)
-    else:
-        optimizer = Optimizer(inner, aikit.elastic.Torch.steps, max_grad_norm=case.max_grad_norm, reduce=True,
-                              reduction=case.reduction)
-        with torch.no_grad():
-            broadcast_(list(net.state_dict().values()))
-    mine, whole = micro_batch_slices(plan, rank), micro_batch_slices(plan)
-    for window in case.window_indices():
-        for step_slice, my_slice in zip(whole, mine, strict=True):
-            if step_slice.start >= len(window):
-                break  # no rank has a sample in this GA step of the short window
-            idx = window[my_slice]  # clipped to the window: a short window leaves some ranks less
-            declared = optimizer.accumulate(net, samples=len(idx)) if case.declare_samples else contextlib.nullcontext()
-            with declared:
-                if len(idx):
-                    torch.nn.functional.cross_entropy(net(x[idx]), y[idx], reduction=case.reduction).backward()
-            optimizer.step()
-            if optimizer.updated and scheduler is not None:
         optimizer = horovod.DistributedOptimizer(inner, aikit.elastic.Torch.steps, **options)
         horovod.broadcast_state(net, optimizer)
     else:
@@ -188,7 +168,9 @@ def train(case: Case, engine: str = "horovod") -> dict:
                 with declared:
                     halves = np.array_split(idx, 2) if case.split_backward else [idx]
                     for part in (h for h in halves if len(h)):  # each half's share of the micro-batch mean
-                        (torch.nn.functional.cross_entropy(net(x[part]), y[part]) * len(part) / len(idx)).backward()
+                        share = 1 if case.reduction == "sum" else len(part) / len(idx)
+                        loss = torch.nn.functional.cross_entropy(net(x[part]), y[part], reduction=case.reduction)
+                        (loss * share).backward()
                 if optimizer.sync_gradients and optimizer.engine.buckets is not None:
                     early.append(len(optimizer.engine.buckets.started))
                 optimizer.step()

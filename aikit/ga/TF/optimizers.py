@@ -16,10 +16,9 @@ re-enters the replicas from there, the pattern Keras' ``LossScaleOptimizer`` use
 
 The number of steps lives in a ``tf.Variable``: ``optimizer.steps = 8`` takes effect from
 the next update without retracing (batch-size traces change it every update). The update
-multiplies the sums by the weight ``aikit.core.ga`` gives equal micro-batches
-(``equal_weight_rule``, applied in the graph, once per update, to the
-micro-steps actually accumulated), so it is the mean even when ``steps`` changes in the
-middle of an update.
+divides the sums by what ``aikit.core.ga`` says (``accumulated_divisor``, applied in the graph,
+once per update, to the micro-steps actually accumulated), so it is the mean even when ``steps``
+changes in the middle of an update.
 Loading saved weights (``model.load_weights``) keeps the ``steps`` of the plan compiled now.
 
 ``reduction="sum"`` applies the sum of the micro-batch gradients instead of their mean (for a
