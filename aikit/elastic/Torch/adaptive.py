@@ -43,9 +43,9 @@ import torch
 
 from aikit.core.errors import InvalidValue
 from aikit.core.goodput import GoodputController
-from aikit.core.gradient_noise import NoiseEstimate, estimate, gain
+from aikit.core.gradient_noise import NoiseEstimate, estimate
 from aikit.core.plan import positive_int
-from aikit.core.scaling import RULES, rule_name, scaled_lr
+from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value
 from aikit.core.trace import Trace
 from aikit.elastic.Torch import distributed
@@ -57,7 +57,6 @@ from aikit.ga.Torch.noise import MicroBatchNorms
 __all__ = ["AdaptiveOptimizer", "AdaptiveSampler"]
 
 log = logging.getLogger("aikit.adaptive")
-ADAPTIVE_RULES = ("adascale", *RULES)
 _ADAPTIVE_KEYS = {"settings", "sizes", "starts", "controller"}
 
 
@@ -401,9 +400,7 @@ class AdaptiveOptimizer(TraceOptimizer):
     ) -> None:
         if not isinstance(sampler, AdaptiveSampler):
             raise ValueError(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
-        if rule != "adascale":
-            rule = rule_name(rule)
-        self.rule = rule
+        self.rule = adaptive_rule_name(rule)
         super().__init__(optimizer, sampler, sampler.controller.base_batch, log_steps, warmup_steps=warmup_steps,
                          broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler)
         self.clock = clock
@@ -521,13 +518,9 @@ class AdaptiveOptimizer(TraceOptimizer):
                   f"noise scale {smoothed:.4g}", flush=True)
 
     def _scaled_lr(self, lr: float, batch: int) -> float:
-        if self.rule != "adascale":
-            return scaled_lr(lr, batch, self.ref_batchsize, self.rule, self.updates, self.warmup_steps)
         noise = self.controller.noise
-        if batch == self.ref_batchsize or not noise.updates:
-            return lr
-        smoothed = noise.smoothed
-        return lr * gain(smoothed.trace, smoothed.grad_sq, batch, self.ref_batchsize)
+        return adaptive_lr(lr, batch, self.ref_batchsize, self.rule, noise.smoothed if noise.updates else None,
+                           self.updates, self.warmup_steps)
 
     def write_lr_schedule(self, path: str) -> None:
         """Write the LR of every update as a ``step,lr`` CSV (exact floats): with the sampler's
