@@ -11,7 +11,8 @@ exactly with ``CustomSampler`` and a trace optimizer.
 How it stays exact:
 
 * **Gradient noise, cheaply.** A gradient hook on every parameter takes each micro-batch's
-  squared gradient norm as autograd produces it (before it is added into ``.grad``); the
+  squared gradient norm as autograd produces it, before it is added into ``.grad``
+  (:class:`~aikit.ga.Torch.noise.MicroBatchNorms`, as for ``AdaScaleOptimizer``); the
   replicas' norms and their step times travel in the update's one all-reduce, appended to the
   gradients (:meth:`aikit.ga.Torch.engine.Accumulator.reduce`), and
   :func:`aikit.core.gradient_noise.estimate` turns them into ``|G|²`` and ``tr(Σ)``.
