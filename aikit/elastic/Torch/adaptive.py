@@ -319,7 +319,7 @@ class AdaptiveSampler(CustomSampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         """This replica's micro-batches of the epoch, each update's as soon as it is decided."""
-        (self.step, self.micro), self._start, self._resumed = self._start, (0, 0), False
+        self._begin()
         while True:
             plan = self.epoch_schedule
             if self.step >= len(plan):
@@ -330,12 +330,7 @@ class AdaptiveSampler(CustomSampler):
                     f"(lookahead={self.lookahead}): it prefetches further ahead than the sampler decides; build the "
                     "loader with sampler.loader(dataset, ...) or give AdaptiveSampler "
                     "lookahead=num_workers * prefetch_factor")
-            batches = plan.micro_batches(self.step, self.rank)
-            while self.micro < len(batches):
-                batch = batches[self.micro].tolist()
-                self.micro += 1
-                yield batch
-            self.step, self.micro = self.step + 1, 0
+            yield from self._rest_of_step(plan)
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields if the batch stays as it is now (an estimate:
