@@ -1,24 +1,28 @@
-"""The adaptive-batch plot both adapters can share: the global batch the controller chose, the
-smoothed gradient noise scale it chose it from, and the LR the rule gave, over the updates."""
+"""The adaptive-batch plot of both adapters: the global batch the controller chose, the smoothed
+gradient noise scale it chose it from, and the LR the rule gave, over the updates. It takes the
+PyTorch ``AdaptiveOptimizer.history`` and the rows Keras' ``fit_adaptive`` returns alike."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aikit.optional import require
 
 
-def plot_adaptive(history: Sequence[tuple[int, int, float, float]], path: str | os.PathLike | None = None,
-                  title: str = "aikit adaptive batch"):
-    """Three panels over the updates of ``history`` (rows ``(update, batch, lr, noise_scale)``, as
-    ``AdaptiveOptimizer.history``): the global batch, the noise scale (log scale, with the batch
-    drawn over it: the batch follows the noise scale) and the LR. Saved to ``path`` when given;
-    returns the matplotlib figure."""
+def plot_adaptive(history: Sequence[tuple[int, int, float, float]] | Sequence[Mapping],
+                  path: str | os.PathLike | None = None, title: str = "aikit adaptive batch"):
+    """Three panels over the updates of ``history``: the global batch, the noise scale (log scale,
+    with the batch drawn over it: the batch follows the noise scale) and the LR. ``history`` is
+    rows ``(update, batch, lr, noise_scale)`` (PyTorch's ``AdaptiveOptimizer.history``) or dicts
+    with keys ``step``, ``batch_size``, ``lr`` and ``noise_scale`` (Keras' ``fit_adaptive`` rows).
+    Saved to ``path`` when given; returns the matplotlib figure."""
     plt = require("matplotlib.pyplot", "the adaptive batch plot")
     if not history:
         raise ValueError("no update in the history yet: train first, then plot")
+    if isinstance(history[0], Mapping):
+        history = [(row["step"], row["batch_size"], row["lr"], row["noise_scale"]) for row in history]
     updates, batches, lrs, noise = (list(column) for column in zip(*history, strict=True))
     fig, (ax_batch, ax_noise, ax_lr) = plt.subplots(3, 1, sharex=True, figsize=(8, 7))
     ax_batch.step(updates, batches, where="post", color="tab:blue")

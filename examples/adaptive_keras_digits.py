@@ -32,24 +32,6 @@ from aikit.elastic.TF import fit_adaptive
 from aikit.ga.TF.noise import NoiseOptimizer
 
 
-def plot(rows: list[dict], path: str) -> None:
-    """The chosen batch, the smoothed noise scale and the LR, update by update."""
-    from aikit.optional import require
-
-    pyplot = require("matplotlib.pyplot", "the adaptive example's --plot")
-    steps = [r["step"] for r in rows]
-    figure, axes = pyplot.subplots(3, 1, sharex=True, figsize=(7, 6))
-    for axis, key, label in zip(axes, ("batch_size", "noise_scale", "lr"),
-                                ("global batch", "noise scale tr(Σ)/|G|²", "learning rate"), strict=True):
-        axis.plot(steps, [r[key] for r in rows], drawstyle="steps-post" if key != "noise_scale" else "default")
-        axis.set_ylabel(label)
-    axes[1].set_yscale("log")
-    axes[-1].set_xlabel("update")
-    figure.suptitle("aikit adaptive batch (Keras, digits)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=8)
@@ -93,7 +75,9 @@ def main() -> int:
           f"trace in {args.trace}; mean loss of the last epoch "
           f"{np.mean([r['loss'] for r in rows if r['epoch'] == args.epochs - 1]):.4f}")
     if args.plot:
-        plot(rows, args.plot)
+        from aikit.plot_adaptive import plot_adaptive
+
+        plot_adaptive(rows, args.plot, title="aikit adaptive batch (Keras, digits)")
         print(f"plot in {args.plot}")
     return 0 if accuracy >= args.target else 1
 

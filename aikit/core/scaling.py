@@ -5,15 +5,21 @@ samples: ``linear`` (Goyal et al., 2017; for SGD), ``sqrt`` (Malladi et al., 202
 and RMSprop) or ``constant``. Warmup follows Goyal et al.: over the first ``warmup_steps``
 updates the scale factor rises linearly from 1 (the base LR) to its full value, so a run
 that starts at a large batch does not start at a large LR.
+
+An adaptive run (the batch picked while training, :mod:`aikit.core.goodput`) may also take
+``adascale``: the base LR times AdaScale's gain of the batch over the base batch, from the
+measured gradient noise (:func:`adaptive_lr`, for the PyTorch and Keras adapters alike).
 """
 
 from __future__ import annotations
 
 import math
 
+from aikit.core.gradient_noise import NoiseEstimate, gain
 from aikit.core.plan import positive_int
 
 RULES = ("linear", "sqrt", "constant")
+ADAPTIVE_RULES = ("adascale", *RULES)
 ALIASES = {"root": "sqrt", "square_root": "sqrt"}
 
 
@@ -47,10 +53,44 @@ def scaled_lr(
     warmup_steps: int = 0,
 ) -> float:
     """The LR for update ``step`` at ``batch_size``: the rule's factor, ramped in by warmup."""
-    if not (isinstance(base_lr, (int, float)) and base_lr >= 0 and math.isfinite(base_lr)):
-        raise ValueError(f"base_lr must be a finite number >= 0, got {base_lr!r}")
+    _check_lr(base_lr)
     factor = scale_factor(batch_size, ref_batch_size, rule)
     fraction = warmup_fraction(step, warmup_steps)
     if fraction == 1.0:  # exactly the rule's LR (1 + (f - 1) would round f in its last bit)
         return base_lr * factor
     return base_lr * (1.0 + (factor - 1.0) * fraction)
+
+
+def adaptive_rule_name(rule: str) -> str:
+    """The canonical name of an adaptive run's rule: ``adascale`` or one of :data:`RULES`."""
+    if rule == "adascale":
+        return rule
+    try:
+        return rule_name(rule)
+    except ValueError:
+        raise ValueError(f"LR rule must be one of {ADAPTIVE_RULES}, got {rule!r}") from None
+
+
+def adaptive_lr(
+    base_lr: float,
+    batch_size: int,
+    base_batch: int,
+    rule: str,
+    noise: NoiseEstimate | None,
+    step: int = 0,
+    warmup_steps: int = 0,
+) -> float:
+    """The LR of an adaptive run's update at ``batch_size``: with ``adascale``, ``base_lr`` times
+    AdaScale's gain over ``base_batch`` from the smoothed ``noise`` (``base_lr`` itself at the base
+    batch or before a first estimate); otherwise :func:`scaled_lr` of the rule (with its warmup)."""
+    if adaptive_rule_name(rule) != "adascale":
+        return scaled_lr(base_lr, batch_size, base_batch, rule, step, warmup_steps)
+    _check_lr(base_lr)
+    if noise is None or batch_size == base_batch:
+        return base_lr
+    return base_lr * gain(noise.trace, noise.grad_sq, batch_size, base_batch)
+
+
+def _check_lr(base_lr: float) -> None:
+    if not (isinstance(base_lr, (int, float)) and base_lr >= 0 and math.isfinite(base_lr)):
+        raise ValueError(f"base_lr must be a finite number >= 0, got {base_lr!r}")

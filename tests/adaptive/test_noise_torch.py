@@ -55,14 +55,14 @@ def brute_force(dataset: TensorDataset, batches: int = 2000, size: int = 256) ->
     return float(full @ full), float(np.mean(spread) * size * (SIZE - 1) / (SIZE - size))
 
 
-def measured(dataset: TensorDataset, epochs: int = 4) -> np.ndarray:
+def measured(dataset: TensorDataset, epochs: int = 4, scaler: torch.amp.GradScaler | None = None) -> np.ndarray:
     """Every update's (|G|², tr(Σ)) from an adaptive run held at one batch."""
     model = nn.Linear(len(C), 1, bias=False).double()
     with torch.no_grad():
         model.weight.copy_(torch.as_tensor(W_STAR + D)[None])
     # decay=0: the tracker's smoothed value is each update's own estimate
     sampler = AdaptiveSampler(dataset, base_batch=BATCH, max_batch=BATCH, micro_batch=MICRO, decay=0.0)
-    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), sampler, "linear")
+    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), sampler, "linear", scaler=scaler)
     estimates = []
     optimizer.optimizer.register_step_post_hook(
         lambda *_: estimates.append(sampler.controller.noise.smoothed))
@@ -70,7 +70,8 @@ def measured(dataset: TensorDataset, epochs: int = 4) -> np.ndarray:
         sampler.set_epoch(epoch)
         optimizer.set_epoch(epoch)
         for x, y in sampler.loader(dataset):
-            (0.5 * (model(x) - y).square().mean()).backward()
+            loss = 0.5 * (model(x) - y).square().mean()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             optimizer.step()
     return np.array([(e.grad_sq, e.trace) for e in estimates])
 
@@ -98,3 +99,11 @@ def test_the_estimates_agree_with_a_brute_force_estimate_from_many_large_batches
     assert brute_trace == pytest.approx(truth()[1], rel=0.1)  # the reference itself is sound
     assert grad_sq == pytest.approx(brute_grad_sq, rel=0.1)
     assert trace == pytest.approx(brute_trace, rel=0.1)
+
+
+def test_amps_loss_scale_is_divided_out_of_the_estimates():
+    dataset = data()
+    plain = measured(dataset, epochs=1)
+    scaled = measured(dataset, epochs=1, scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10))
+    assert len(scaled) == len(plain) == SIZE // BATCH
+    np.testing.assert_allclose(scaled, plain, rtol=1e-9)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aikit.core.scaling import scale_factor, scaled_lr
+from aikit.core.gradient_noise import NoiseEstimate
+from aikit.core.scaling import adaptive_lr, adaptive_rule_name, scale_factor, scaled_lr
 
 
 def test_rules():
@@ -50,3 +51,25 @@ def test_after_warmup_the_lr_is_exactly_the_rules_product_as_eth_easl_computes_i
     last bit (``1 + (f - 1)`` is not f: 1/10 would come out 0.09999999999999998)."""
     assert scaled_lr(lr, batch, ref, "linear") == batch / ref * lr
     assert scaled_lr(lr, batch, ref, "linear", step=5, warmup_steps=3) == batch / ref * lr
+
+
+@given(st.integers(1, 4096), st.integers(1, 4096), st.floats(0.0, 1e3), st.floats(0.0, 1e3),
+       st.floats(1e-6, 10.0))
+def test_adaptive_lr_is_the_base_lr_times_adascales_gain(batch, base, trace, grad_sq, lr):
+    noise = NoiseEstimate(grad_sq=grad_sq, trace=trace)
+    # AdaScale's gain written out (Johnson et al., 2020): E|g_base|² / E|g_batch|²
+    expected = 1.0 if trace == grad_sq == 0 else (trace / base + grad_sq) / (trace / batch + grad_sq)
+    assert adaptive_lr(lr, batch, base, "adascale", noise) == pytest.approx(lr * expected, rel=1e-12)
+    assert adaptive_lr(lr, base, base, "adascale", noise) == lr  # exactly the base LR at the base batch
+    assert adaptive_lr(lr, batch, base, "adascale", None) == lr  # and before a first estimate
+    for rule in ("linear", "sqrt", "root", "constant"):  # the other rules are scaled_lr's, warmup included
+        assert adaptive_lr(lr, batch, base, rule, noise, 2, 5) == scaled_lr(lr, batch, base, rule, 2, 5)
+
+
+def test_adaptive_rules_and_bad_input():
+    assert adaptive_rule_name("adascale") == "adascale" and adaptive_rule_name("root") == "sqrt"
+    with pytest.raises(ValueError, match=r"LR rule must be one of \('adascale', 'linear', 'sqrt', 'constant'\), "
+                                         r"got 'cubic'"):
+        adaptive_lr(0.1, 64, 32, "cubic", None)
+    with pytest.raises(ValueError, match="base_lr must be a finite number >= 0, got nan"):
+        adaptive_lr(math.nan, 64, 32, "adascale", None)

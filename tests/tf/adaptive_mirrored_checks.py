@@ -10,39 +10,22 @@ import json
 import os
 import sys
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-
 sys.path.insert(0, os.path.dirname(__file__))
-import numpy as np  # noqa: E402
-from adaptive_common import ScriptedController, big_batch_reference, brute_force_noise  # noqa: E402
-from tf_common import data, keras, max_difference, mlp  # noqa: E402
+from two_cpus import calls, strategy
 
-from aikit.core.trace import load_trace  # noqa: E402
-from aikit.elastic.TF import fit_adaptive, fit_trace  # noqa: E402
-from aikit.elastic.TF.trace import train_micro_step  # noqa: E402
-from aikit.ga.TF.noise import NoiseOptimizer  # noqa: E402
-from aikit.ga.TF.optimizers import Optimizer  # noqa: E402
+# isort: split
+import numpy as np
+from adaptive_common import ScriptedController, big_batch_reference, brute_force_noise
+from tf_common import data, keras, max_difference, mlp
+
+from aikit.core.trace import load_trace
+from aikit.elastic.TF import fit_adaptive, fit_trace
+from aikit.elastic.TF.trace import train_micro_step
+from aikit.ga.TF.noise import NoiseOptimizer
+from aikit.ga.TF.optimizers import Optimizer
 
 keras.config.set_floatx("float64")
 keras.config.set_dtype_policy("float64")
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])  # one for every check (see mirrored_checks.py)
-
-calls: list = []  # every cross-replica reduction the strategy performs (all-reduces go through here)
-original_batch_reduce_to = strategy.extended.batch_reduce_to
-
-
-def batch_reduce_to(*args, **kwargs):
-    calls.append(len(args[1]) if len(args) > 1 else len(kwargs["value_destination_pairs"]))
-    return original_batch_reduce_to(*args, **kwargs)
-
-
-strategy.extended.batch_reduce_to = batch_reduce_to
 results: dict = {}
 x, y = data(49)
 

@@ -10,39 +10,18 @@ import json
 import os
 import sys
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tensorflow as tf
-
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-
 sys.path.insert(0, os.path.dirname(__file__))
-from tf_common import data, gradients, keras, max_difference, mlp  # noqa: E402
+from two_cpus import DEVICES, calls, strategy, tf
 
-import aikit.elastic.TF as elastic_tf  # noqa: E402
-from aikit.core.scaling import scaled_lr  # noqa: E402
-from aikit.core.schedule import Schedule  # noqa: E402
-from aikit.ga.TF.optimizers import Optimizer  # noqa: E402
+# isort: split
+from tf_common import data, gradients, keras, max_difference, mlp
+
+import aikit.elastic.TF as elastic_tf
+from aikit.core.scaling import scaled_lr
+from aikit.core.schedule import Schedule
+from aikit.ga.TF.optimizers import Optimizer
 
 keras.config.set_floatx("float64")
-DEVICES = ["/cpu:0", "/cpu:1"]
-# one strategy for every check: two MirroredStrategy objects in one process can collide on
-# collective instance keys in eager mode
-strategy = tf.distribute.MirroredStrategy(DEVICES)
-
-
-calls: list = []  # every cross-replica reduction the strategy performs (all-reduces go through here)
-original_batch_reduce_to = strategy.extended.batch_reduce_to
-
-
-def batch_reduce_to(*args, **kwargs):
-    calls.append(1)
-    return original_batch_reduce_to(*args, **kwargs)
-
-
-strategy.extended.batch_reduce_to = batch_reduce_to
 
 
 def big_batch_reference(x, y, batch: int, epochs: int, make_optimizer) -> keras.Model:

@@ -199,6 +199,8 @@ def test_bad_settings_are_refused_with_the_fix(float64):
         fit_adaptive(model, x, y, controller, base_lr=0.1, rule="cubic")
     with pytest.raises(ValueError, match=r"clipnorm=1\.0"):
         NoiseOptimizer(keras.optimizers.SGD(0.1, clipnorm=1.0))
+    with pytest.raises(ValueError, match=r"NoiseOptimizer needs reduction='mean', got 'sum': it estimates \|G\|²"):
+        NoiseOptimizer(keras.optimizers.SGD(0.1), 2, reduction="sum")
     assert int(model.optimizer.iterations.numpy()) == 0  # nothing ran
     model.optimizer.build(model.trainable_variables)  # from now on its inner all-reduce carries the norms
     with pytest.raises(ValueError, match="already serves another NoiseOptimizer"):

@@ -130,3 +130,18 @@ def test_the_original_surface_and_bad_states():
         optimizer.load_state_dict(state)
     with pytest.raises(ValueError, match="AdaScaleOptimizer has no warmup"):
         AdaScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), optimizer.sampler, warmup_steps=3)
+
+
+def test_a_state_with_the_earlier_one_row_of_pending_norms_resumes():
+    """States saved before the per-micro-batch recorder kept one summed row per group: still loadable."""
+    whole_model, whole, _ = run(range(2))
+    model, optimizer, _ = run(range(2), stop_after=13)  # 3 micro-batches into a step of 6
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    pending = state["optimizer"]["adascale"]["pending"]
+    assert pending is not None and len(pending) == 3  # one row per micro-batch of the step so far
+    state["optimizer"]["adascale"]["pending"] = [sum(column) for column in zip(*pending, strict=True)]
+    epoch = state["optimizer"]["trace"]["epoch"]
+    resumed_model, resumed, _ = run(range(epoch, 2), resume_from=state)
+    for a, b in zip(resumed_model.parameters(), whole_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert resumed.progress == pytest.approx(whole.progress, rel=1e-12)

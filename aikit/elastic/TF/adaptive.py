@@ -31,8 +31,7 @@ import numpy as np
 
 from aikit.core.errors import InvalidValue
 from aikit.core.goodput import GoodputController
-from aikit.core.gradient_noise import gain
-from aikit.core.scaling import rule_name, scaled_lr
+from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
 from aikit.elastic.TF.trace import train_micro_step
@@ -42,20 +41,15 @@ from aikit.ga.TF.noise import NoiseOptimizer
 keras = keras_on_tensorflow()
 log = logging.getLogger("aikit.adaptive")
 
-RULES = ("adascale", "linear", "sqrt", "constant")
 
 __all__ = ["fit_adaptive", "learning_rate"]
 
 
 def learning_rate(base_lr: float, batch: int, controller: GoodputController, rule: str) -> float:
-    """The LR of an update at ``batch``: AdaScale's gain over ``controller.base_batch`` from the
-    smoothed noise (the base LR until a first estimate), or a rule of :mod:`aikit.core.scaling`."""
-    if rule != "adascale":
-        return scaled_lr(base_lr, batch, controller.base_batch, rule)
-    if not controller.noise.updates:
-        return scaled_lr(base_lr, batch, controller.base_batch, "constant")
-    noise = controller.noise.smoothed
-    return base_lr * gain(noise.trace, noise.grad_sq, batch, controller.base_batch)
+    """The LR of an update at ``batch``: :func:`aikit.core.scaling.adaptive_lr` over
+    ``controller.base_batch`` with the controller's smoothed noise (None before a first estimate)."""
+    noise = controller.noise.smoothed if controller.noise.updates else None
+    return adaptive_lr(base_lr, batch, controller.base_batch, rule, noise)
 
 
 def epoch_order(dataset_size: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -107,7 +101,7 @@ def fit_adaptive(
         )
     if not isinstance(controller, GoodputController):
         raise TypeError(f"controller must be an aikit.core.goodput.GoodputController, got {type(controller).__name__}")
-    rule = "adascale" if rule == "adascale" else rule_name(rule)
+    rule = adaptive_rule_name(rule)
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     if controller.devices != replicas or controller.policy != "error":
         raise InvalidValue(

@@ -11,7 +11,8 @@ exactly with ``CustomSampler`` and a trace optimizer.
 How it stays exact:
 
 * **Gradient noise, cheaply.** A gradient hook on every parameter takes each micro-batch's
-  squared gradient norm as autograd produces it (before it is added into ``.grad``); the
+  squared gradient norm as autograd produces it, before it is added into ``.grad``
+  (:class:`~aikit.ga.Torch.noise.MicroBatchNorms`, as for ``AdaScaleOptimizer``); the
   replicas' norms and their step times travel in the update's one all-reduce, appended to the
   gradients (:meth:`aikit.ga.Torch.engine.Accumulator.reduce`), and
   :func:`aikit.core.gradient_noise.estimate` turns them into ``|G|²`` and ``tr(Σ)``.
@@ -43,24 +44,21 @@ import torch
 
 from aikit.core.errors import InvalidValue
 from aikit.core.goodput import GoodputController
-from aikit.core.gradient_noise import NoiseEstimate, estimate, gain
+from aikit.core.gradient_noise import NoiseEstimate, estimate
 from aikit.core.plan import positive_int
-from aikit.core.scaling import RULES, rule_name, scaled_lr
+from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value
 from aikit.core.trace import Trace
 from aikit.elastic.Torch import distributed
 from aikit.elastic.Torch.collectives import engine, mark_step
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
-from aikit.ga.Torch.optim import check_groups, check_pending
+from aikit.ga.Torch.noise import MicroBatchNorms
 
 __all__ = ["AdaptiveOptimizer", "AdaptiveSampler"]
 
 log = logging.getLogger("aikit.adaptive")
-ADAPTIVE_RULES = ("adascale", *RULES)
-_STATE_KEYS = {"optimizer", "trace", "adaptive"}
 _ADAPTIVE_KEYS = {"settings", "sizes", "starts", "controller"}
-_TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated"}
 
 
 class _Controller(GoodputController):
@@ -321,7 +319,7 @@ class AdaptiveSampler(CustomSampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         """This replica's micro-batches of the epoch, each update's as soon as it is decided."""
-        (self.step, self.micro), self._start, self._resumed = self._start, (0, 0), False
+        self._begin()
         while True:
             plan = self.epoch_schedule
             if self.step >= len(plan):
@@ -332,12 +330,7 @@ class AdaptiveSampler(CustomSampler):
                     f"(lookahead={self.lookahead}): it prefetches further ahead than the sampler decides; build the "
                     "loader with sampler.loader(dataset, ...) or give AdaptiveSampler "
                     "lookahead=num_workers * prefetch_factor")
-            batches = plan.micro_batches(self.step, self.rank)
-            while self.micro < len(batches):
-                batch = batches[self.micro].tolist()
-                self.micro += 1
-                yield batch
-            self.step, self.micro = self.step + 1, 0
+            yield from self._rest_of_step(plan)
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields if the batch stays as it is now (an estimate:
@@ -403,20 +396,16 @@ class AdaptiveOptimizer(TraceOptimizer):
     ) -> None:
         if not isinstance(sampler, AdaptiveSampler):
             raise ValueError(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
-        if rule != "adascale":
-            rule = rule_name(rule)
-        self.rule = rule
+        self.rule = adaptive_rule_name(rule)
         super().__init__(optimizer, sampler, sampler.controller.base_batch, log_steps, warmup_steps=warmup_steps,
                          broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler)
         self.clock = clock
         self.history: list[tuple[int, int, float, float]] = []
-        self._parts: list[torch.Tensor] = []  # squared norms of this update's micro-batch gradients
-        self._norms: list[torch.Tensor] = []  # gradient norms of the micro-batch in progress, per parameter
+        dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
+        self.norms = MicroBatchNorms(self.param_groups, dtype)  # this update's micro-batch gradients' norms
         self._last: float | None = None  # the previous update's last micro-step, this iteration
         self._micro_stamp: float | None = None  # this update's latest micro-step
         self._accumulating = 0.0  # seconds of this update's micro-steps after its first
-        for p in self.params:
-            p.register_hook(self._measure)
 
     # --- the adaptive schedule's epoch, read fresh (it grows while training) -----------------------
     @property
@@ -445,19 +434,16 @@ class AdaptiveOptimizer(TraceOptimizer):
         super().set_epoch(epoch)
 
     # --- measuring -----------------------------------------------------------------------------
-    def _measure(self, grad: torch.Tensor) -> None:
-        # runs as autograd produces a parameter's gradient, before it is added into .grad
-        # one kernel per parameter: its norm; the micro-step sums their squares once (see step)
-        self._norms.append(torch.linalg.vector_norm(grad.coalesce().values() if grad.is_sparse else grad.detach()))
+    def unhook(self) -> None:
+        """Remove the gradient hooks (to train the model on with another optimizer)."""
+        self.norms.remove()
 
     def step(self, closure: Callable[[], Any] | None = None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update."""
 
         def measured() -> Any:
             loss = closure() if closure is not None else None
-            if self._norms:
-                self._parts.append(torch.stack(self._norms).double().square().sum())
-                self._norms = []
+            self.norms.close()
             stamp = self.clock()
             if self._micro_stamp is not None:  # the micro-steps of this update after its first
                 self._accumulating += stamp - self._micro_stamp
@@ -475,8 +461,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         replicas, rank, micro = self.sampler.num_replicas, self.sampler.rank, plan.minibatch_size
         slots = int(plan.counts(0)[step])  # the busiest replica's micro-batches
         parts = [0.0] * (replicas * slots)
-        mine = torch.stack(self._parts).tolist() if self._parts else []
-        self._parts, self._norms = [], []
+        mine = self.norms.take(self.engine.scaler).sum(1).tolist()  # AMP's loss scale divided out
         parts[rank * slots: rank * slots + len(mine)] = mine
         # timed from the previous update's last micro-step to this one's: this update's micro-steps
         # and the previous update's work (all-reduce, optimizer step, decision)
@@ -491,9 +476,8 @@ class AdaptiveOptimizer(TraceOptimizer):
         timed = seconds[2] == 1 and seconds[1] > 0
         grads = [p.grad for p in self.params if p.grad is not None]
         mean_sq = float(torch.stack(torch._foreach_norm(grads)).double().square().sum()) * weight**2 if grads else 0.0
-        if self.engine.scaler is not None:  # AMP: every gradient so far carries the loss scale
-            scale = float(self.engine.scaler.get_scale()) ** 2
-            parts, mean_sq = [part / scale for part in parts], mean_sq / scale
+        if self.engine.scaler is not None:  # AMP: the accumulated gradient carries the loss scale
+            mean_sq /= float(self.engine.scaler.get_scale()) ** 2
         samples = [micro if j < plan.counts(r)[step] else 0 for r in range(replicas) for j in range(slots)]
         measurable = sum(1 for s in samples if s) >= 2 and all(map(math.isfinite, [*parts, mean_sq]))
         noise = estimate(parts, samples, mean_sq) if measurable else None  # not an inf/NaN step AMP skips
@@ -530,13 +514,9 @@ class AdaptiveOptimizer(TraceOptimizer):
                   f"noise scale {smoothed:.4g}", flush=True)
 
     def _scaled_lr(self, lr: float, batch: int) -> float:
-        if self.rule != "adascale":
-            return scaled_lr(lr, batch, self.ref_batchsize, self.rule, self.updates, self.warmup_steps)
         noise = self.controller.noise
-        if batch == self.ref_batchsize or not noise.updates:
-            return lr
-        smoothed = noise.smoothed
-        return lr * gain(smoothed.trace, smoothed.grad_sq, batch, self.ref_batchsize)
+        return adaptive_lr(lr, batch, self.ref_batchsize, self.rule, noise.smoothed if noise.updates else None,
+                           self.updates, self.warmup_steps)
 
     def write_lr_schedule(self, path: str) -> None:
         """Write the LR of every update as a ``step,lr`` CSV (exact floats): with the sampler's
@@ -550,54 +530,24 @@ class AdaptiveOptimizer(TraceOptimizer):
                 "resumed; the LRs before are not kept): write the schedule from the run that trained them all")
         write_schedule(path, [(update, lr) for update, _, lr, _ in self.history])
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The trace optimizer's state and the adaptive schedule's (decided batches, controller)."""
-        state = super().state_dict()
-        return {**state, "adaptive": self.sampler.schedule.state_dict()}
+    # --- checkpoints: the trace optimizer's state and the adaptive schedule's ------------------------
+    _extra_keys = ("adaptive",)
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``: checked whole first; local, no collective."""
-        self._run_load_hooks(state, self._load)
+    def _extra_state(self) -> dict:
+        return {"adaptive": self.sampler.schedule.state_dict()}
 
-    def _load(self, state: dict) -> None:
-        loaded = self._checked(state)
-        trace = state["trace"]
-        self.sampler.schedule.load(*loaded)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = trace["updates"]
-        if trace["accumulated"] is not None:
-            for p, grad in zip(self.params, trace["accumulated"], strict=True):
-                p.grad = None if grad is None else grad.to(p.device).clone()
-        self.sampler.resume(trace["epoch"], trace["step"], trace["micro"])
-        self._start(trace["epoch"], trace["step"], trace["micro"])
-        self.updated, self._last, self._parts, self._norms = False, None, [], []
-        self._micro_stamp, self._accumulating = None, 0.0
-
-    def check_state(self, state: dict) -> None:
-        """Every reason ``state`` cannot be loaded here, before anything is changed."""
-        self._checked(state)
-
-    def _checked(self, state: dict) -> tuple[list[int], list[int], _Controller]:
-        if not isinstance(state, dict) or set(state) != _STATE_KEYS:
-            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not an AdaptiveOptimizer state: keys {keys}, expected {sorted(_STATE_KEYS)}")
-        schedule = self.sampler.schedule
-        sizes, starts, controller = schedule.checked(state["adaptive"])
-        trace = state["trace"]
-        if not isinstance(trace, dict) or set(trace) != _TRACE_KEYS:
-            raise ValueError(f"AdaptiveOptimizer state['trace'] needs keys {sorted(_TRACE_KEYS)}")
-        if trace["micro"] and trace["rank"] != self.sampler.rank:
-            raise ValueError(f"this state was saved by rank {trace['rank']} in the middle of a step; "
-                             f"rank {self.sampler.rank} must load its own")
-        check_groups(self.optimizer, state["optimizer"])
-        if trace["accumulated"] is not None:
-            check_pending(self.params, trace["accumulated"])
+    def _check_position(self, state: dict) -> None:
+        trace, schedule = state["trace"], self.sampler.schedule
+        sizes, starts, _ = schedule.checked(state["adaptive"])
         problem = schedule.position_problem(sizes, starts, trace["epoch"], trace["step"], trace["micro"],
                                             self.sampler.rank)
         if problem:
             raise ValueError(f"the adaptive state's position does not exist: {problem}")
-        return sizes, starts, controller
+
+    def _load_extra(self, state: dict) -> None:
+        self.sampler.schedule.load(*self.sampler.schedule.checked(state["adaptive"]))
+        self.norms.clear()
+        self._last, self._micro_stamp, self._accumulating = None, None, 0.0
 
     def __repr__(self) -> str:
         return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, base_batch={self.ref_batchsize})"

@@ -216,14 +216,22 @@ class CustomSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         """This replica's micro-batches of the epoch (from the loaded position after a resume)."""
         plan: EpochSchedule = self.epoch_schedule
-        (self.step, self.micro), self._start, self._resumed = self._start, (0, 0), False
+        self._begin()
         while self.step < len(plan):
-            batches = plan.micro_batches(self.step, self.rank)
-            while self.micro < len(batches):
-                batch = batches[self.micro].tolist()
-                self.micro += 1
-                yield batch
-            self.step, self.micro = self.step + 1, 0
+            yield from self._rest_of_step(plan)
+
+    def _begin(self) -> None:
+        """Iteration starts at ``_start`` (the loaded position, or the epoch's beginning)."""
+        (self.step, self.micro), self._start, self._resumed = self._start, (0, 0), False
+
+    def _rest_of_step(self, plan: EpochSchedule) -> Iterator[list[int]]:
+        """This replica's micro-batches of the current step from the current one, then the next step."""
+        batches = plan.micro_batches(self.step, self.rank)
+        while self.micro < len(batches):
+            batch = batches[self.micro].tolist()
+            self.micro += 1
+            yield batch
+        self.step, self.micro = self.step + 1, 0
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields (the whole epoch unless resumed mid-epoch)."""

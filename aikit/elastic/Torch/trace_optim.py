@@ -24,10 +24,8 @@ order on every replica.
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
-import weakref
 from typing import Any
 
 import numpy as np
@@ -41,6 +39,7 @@ from aikit.core.schedule import EpochSchedule
 from aikit.elastic.Torch.collectives import broadcast_, engine, mark_step, world
 from aikit.elastic.Torch.sampler import CustomSampler, latest_sampler
 from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
+from aikit.ga.Torch.noise import MicroBatchNorms
 from aikit.ga.Torch.optim import check_groups, check_pending
 
 _TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated"}
@@ -318,6 +317,11 @@ class TraceOptimizer(WrappingOptimizer):
         check_groups(self.optimizer, state["optimizer"])
         if trace["accumulated"] is not None:
             check_pending(self.params, trace["accumulated"])
+        self._check_position(state)
+
+    def _check_position(self, state: dict) -> None:
+        """Refuse a saved position the sampler has not (``state`` otherwise checked)."""
+        trace = state["trace"]
         self.sampler.check_position(trace["epoch"], trace["step"], trace["micro"])
 
     def __repr__(self) -> str:
@@ -432,33 +436,23 @@ class AdaScaleOptimizer(TraceOptimizer):
         self.progress = 0.0  # base-batch (micro-batch) steps' worth of progress so far
         self._gains = (1.0,) * len(self.param_groups)
         self.last_gain = 1.0
-        self._sq_norms: torch.Tensor | None = None  # this update's Σ_j |g_j|² per group, on this replica
-        self._sum_dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
-        owner = weakref.ref(self)  # the hooks must not keep a discarded optimizer alive
-        self._hooks = [p.register_hook(functools.partial(_record_sq_norm, owner, index))
-                       for index, group in enumerate(self.param_groups) for p in group["params"] if p.requires_grad]
+        dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
+        self.norms = MicroBatchNorms(self.param_groups, dtype)  # this update's micro-batch norms, per group
 
     def unhook(self) -> None:
         """Remove the gradient hooks (to train the model on with another optimizer)."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        self.norms.remove()
 
     def redeal(self) -> None:
-        self._sq_norms = None  # the step cut short is retrained: so are its micro-batches' norms
+        self.norms.clear()  # the step cut short is retrained: so are its micro-batches' norms
         super().redeal()
 
-    def _add_sq_norm(self, index: int, grad: torch.Tensor) -> None:
-        if self._sq_norms is None:
-            self._sq_norms = torch.zeros(len(self.param_groups), dtype=self._sum_dtype, device=grad.device)
-        self._sq_norms[index] += grad.detach().to(self._sum_dtype).pow(2).sum()
+    def step(self, closure=None) -> bool:
+        self.norms.close()  # the micro-batch backpropagated since the last step()
+        return super().step(closure)
 
     def _local_statistics(self) -> list[float]:
-        sq_norms, self._sq_norms = self._sq_norms, None
-        if sq_norms is None:  # no micro-batch here this step
-            return [0.0] * len(self.param_groups)
-        amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
-        return (sq_norms / amp**2).tolist()
+        return self.norms.take(self.engine.scaler).sum(0).tolist()  # zeros with no micro-batch here
 
     @torch.no_grad()
     def _observe(self, totals: list[float]) -> None:
@@ -467,7 +461,7 @@ class AdaScaleOptimizer(TraceOptimizer):
         if parts >= 2:
             amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
             scale = self._gradient_scale() / amp
-            means = [sum(float(p.grad.to(self._sum_dtype).pow(2).sum()) for p in group["params"] if p.grad is not None)
+            means = [sum(float(p.grad.to(self.norms.dtype).pow(2).sum()) for p in group["params"] if p.grad is not None)
                      * scale**2 for group in self.param_groups]
             if all(math.isfinite(x) for x in [*totals, *means]):  # AMP skips an update with inf/NaN: so do we
                 for tracker, total, mean in zip(self.trackers, totals, means, strict=True):
@@ -514,9 +508,8 @@ class AdaScaleOptimizer(TraceOptimizer):
         super()._log(step, batch, lr)
 
     def _extra_state(self) -> dict:
-        pending = None if self._sq_norms is None else self._sq_norms.tolist()
         return {"adascale": {"trackers": [t.state_dict() for t in self.trackers], "progress": self.progress,
-                             "gains": list(self._gains), "pending": pending}}
+                             "gains": list(self._gains), "pending": self.norms.state()}}
 
     def check_state(self, state: dict) -> None:
         super().check_state(state)
@@ -537,11 +530,5 @@ class AdaScaleOptimizer(TraceOptimizer):
         saved = state["adascale"]
         self.trackers = self._saved_trackers(saved)
         self.progress, self._gains = float(saved["progress"]), tuple(saved["gains"])
-        self._sq_norms = None if saved["pending"] is None else torch.tensor(
-            saved["pending"], dtype=self._sum_dtype, device=self.device)
+        self.norms.load(saved["pending"], self.device)
 
-
-def _record_sq_norm(owner: weakref.ref, index: int, grad: torch.Tensor) -> None:
-    optimizer = owner()
-    if optimizer is not None:
-        optimizer._add_sq_norm(index, grad)

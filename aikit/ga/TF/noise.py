@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from aikit.core.errors import InvalidValue
+from aikit.core.ga import reduction_name
 from aikit.core.gradient_noise import NoiseEstimate, estimate_from_totals
 from aikit.core.plan import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
@@ -43,12 +45,20 @@ class NoiseOptimizer(Optimizer):
     Same arguments and behaviour as :class:`aikit.ga.TF.optimizers.Optimizer` (the updates are
     bit for bit the same); after each update :meth:`noise` gives the unbiased ``|G|²`` and
     ``tr(Σ)`` of its micro-batches. The wrapped optimizer must not clip or loss-scale the
-    gradients: the measured parts would then not add up to the gradient it applies.
+    gradients: the measured parts would then not add up to the gradient it applies. For the same
+    reason the update must be the mean of the parts (``reduction="mean"``, the default): the
+    estimate of ``|G|²`` is the squared norm of that mean.
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None, **kwargs):
         if "_all_reduce_sum_gradients" in getattr(optimizer, "__dict__", {}):  # (a dict is a saved config)
             raise ValueError("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
+        if reduction_name(kwargs.get("reduction", "mean")) == "sum":
+            raise InvalidValue(
+                "NoiseOptimizer needs reduction='mean', got 'sum': it estimates |G|² from the mean of the micro-batch "
+                "gradients, and a summed update is not that mean; train a mean loss with reduction='mean', or keep "
+                "reduction='sum' with aikit.ga.TF.optimizers.Optimizer (no noise measurement)"
+            )
         super().__init__(optimizer, steps, name=name, **kwargs)
         changed = {name: value for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
                    if (value := getattr(self.inner, name, None)) is not None}
