@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 
 from aikit.core.plan import make_plan
@@ -198,3 +199,39 @@ def expected_early(case: Case, rank: int, world: int = 2) -> list[int]:
     mine = before + sum(plan.size(last, d) for d in range(rank))  # where this rank's last micro-batch starts
     return [STARTED_EARLY if mine < length and plan.size(last, rank) else 0
             for length in case.windows if before < length]  # shorter windows end in flush()
+
+
+# --- the checks of both engines' runs (tests/horovod/test_horovod_ga.py and tests/torch/test_reduce_at_update.py
+# import them; each module's ``ranks`` fixture holds its engine's results) --------------------------------
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_two_ranks_with_ga_equal_the_big_batch_step(ranks, case):
+    expected = reference(case)
+    for rank in ranks:
+        for got, want in zip(rank[case.name]["params"], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_the_wrapped_optimizer_steps_once_per_window(ranks):
+    case = next(c for c in CASES if c.optimizer == "adamw")
+    assert [r[case.name]["inner_steps"] for r in ranks] == [len(case.windows)] * 2
+
+
+def test_the_overlapped_all_reduce_gives_the_bits_of_one_all_reduce_after_the_backward(ranks):
+    for rank in ranks:
+        for a, b in zip(rank["ragged-sgd-clip-buckets"]["params"], rank["ragged-sgd-clip-one-all-reduce"]["params"],
+                        strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.bucket_cap_mb == PAIRS_MB], ids=lambda c: c.name)
+def test_buckets_start_their_all_reduce_during_the_last_backward(ranks, case):
+    """Every bucket whose gradients are final is on the wire before step(); an idle rank starts
+    all of them in step(), and a parameter without gradient holds back only its own bucket."""
+    assert [r[case.name]["started_early"] for r in ranks] == [expected_early(case, rank) for rank in range(2)]
+
+
+def test_a_second_backward_after_the_buckets_started_is_summed_and_said(ranks):
+    for rank in ranks:
+        for case in CASES:
+            warned = [w for w in rank[case.name]["warnings"] if "gives up the overlap" in w]
+            assert len(warned) == (1 if case.split_backward else 0), (case.name, rank[case.name]["warnings"])

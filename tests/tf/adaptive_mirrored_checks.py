@@ -15,7 +15,7 @@ from two_cpus import calls, strategy
 
 # isort: split
 import numpy as np
-from adaptive_common import ScriptedController, big_batch_reference, brute_force_noise
+from keras_adaptive_common import ScriptedController, big_batch_reference, brute_force_noise
 from tf_common import data, keras, max_difference, mlp
 
 from aikit.core.trace import load_trace

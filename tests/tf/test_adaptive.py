@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from adaptive_common import ScriptedController, big_batch_reference, brute_force_noise, order
+from keras_adaptive_common import ScriptedController, big_batch_reference, brute_force_noise, order
 from tf_common import data, keras, max_difference, mlp
 
 from aikit.core.goodput import GoodputController

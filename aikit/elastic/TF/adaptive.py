@@ -34,7 +34,7 @@ from aikit.core.goodput import GoodputController
 from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
-from aikit.elastic.TF.trace import train_micro_step
+from aikit.elastic.TF.trace import compiled_for, train_micro_step
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.noise import NoiseOptimizer
 
@@ -87,18 +87,9 @@ def fit_adaptive(
     Every change of batch is logged (logger ``aikit.adaptive``) and kept in ``controller.changes``.
     A controller restored (``load_state_dict``) from the end of an epoch goes on with the next one.
     """
-    keras_model = getattr(model, "model", model)
-    optimizer = keras_model.optimizer
-    if not isinstance(optimizer, NoiseOptimizer):
-        raise TypeError(
-            "fit_adaptive needs the model compiled with aikit.ga.TF.noise.NoiseOptimizer(optimizer), which "
-            f"measures the gradient noise the controller needs, got optimizer {type(optimizer).__name__}"
-        )
-    if optimizer.accumulated:
-        raise ValueError(
-            f"the optimizer holds {optimizer.accumulated} accumulated micro-step(s) of an unfinished update: "
-            "finish it (or start from a fresh optimizer) before an adaptive run"
-        )
+    keras_model, optimizer = compiled_for(
+        model, NoiseOptimizer, "fit_adaptive",
+        "aikit.ga.TF.noise.NoiseOptimizer(optimizer), which measures the gradient noise the controller needs")
     if not isinstance(controller, GoodputController):
         raise TypeError(f"controller must be an aikit.core.goodput.GoodputController, got {type(controller).__name__}")
     rule = adaptive_rule_name(rule)

@@ -46,6 +46,22 @@ def train_micro_step(keras_model: Any, x: np.ndarray, y: np.ndarray, rows: Seque
     return float(np.ravel(keras_model.train_on_batch(distributed(x), distributed(y)))[0])
 
 
+def compiled_for(model: Any, optimizer_class: type, user: str, needs: str) -> tuple[Any, Any]:
+    """The Keras model behind ``model`` (aikit's ``Model`` wrapper or a Keras model) and its
+    optimizer, refused unless it is an ``optimizer_class`` (``needs`` says how to compile it)
+    with no update left half accumulated: ``user`` would start its plan in the middle of one."""
+    keras_model = getattr(model, "model", model)
+    optimizer = keras_model.optimizer
+    if not isinstance(optimizer, optimizer_class):
+        raise TypeError(f"{user} needs the model compiled with {needs}, got optimizer {type(optimizer).__name__}")
+    if optimizer.accumulated:
+        raise ValueError(
+            f"the optimizer holds {optimizer.accumulated} accumulated micro-step(s) of an unfinished update: "
+            f"finish it (or start from a fresh optimizer) before {user}"
+        )
+    return keras_model, optimizer
+
+
 def fit_trace(
     model: Any,
     x: np.ndarray,
@@ -74,18 +90,8 @@ def fit_trace(
     run of :func:`~aikit.elastic.TF.adaptive.fit_adaptive` replays with its rows' ``lr``).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
-    keras_model = getattr(model, "model", model)
-    optimizer = keras_model.optimizer
-    if not isinstance(optimizer, Optimizer):
-        raise TypeError(
-            "fit_trace needs the model compiled with aikit.ga.TF.optimizers.Optimizer(optimizer, steps), "
-            f"got optimizer {type(optimizer).__name__}"
-        )
-    if optimizer.accumulated:
-        raise ValueError(
-            f"the optimizer holds {optimizer.accumulated} accumulated micro-step(s) of an unfinished update: "
-            "finish it (or start from a fresh optimizer) before training on a trace"
-        )
+    keras_model, optimizer = compiled_for(model, Optimizer, "fit_trace",
+                                          "aikit.ga.TF.optimizers.Optimizer(optimizer, steps)")
     rule = rule_name(rule)
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
