@@ -12,23 +12,18 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from adaptive_common import Clock, dataset, make_model, train
 
-from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler, collectives, distributed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace"))
+from replica_worker import start
+
+from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler, collectives
 
 MICRO, BASE, MAX, EPOCHS = 4, 16, 64, 2  # two micro-steps per replica at the base batch
 
 
 def main(out: Path, engine: str) -> None:
-    if engine == "horovod":
-        import horovod.torch as hvd
-
-        hvd.init()
-    else:
-        dist.init_process_group("gloo")
-    rank = distributed.rank()
-    assert (distributed.engine(), distributed.world_size()) == (engine, 2)
+    rank = start(engine)
 
     reductions = [0]
     all_reduce = collectives.all_reduce_sum_
