@@ -59,10 +59,7 @@ def test_the_controller_changes_the_plan_and_logs_each_change(caplog):
 
 def test_every_update_equals_the_big_batch_step_across_plan_changes(run):
     data, start, sampler, _, history, _ = run
-    model = make_model()
-    with torch.no_grad():
-        for p, s in zip(model.parameters(), start, strict=True):
-            p.copy_(s)
+    model = with_weights(make_model(), start)
     steps = []
     for epoch in range(3):
         plan = sampler.schedule.epoch(epoch)
@@ -89,24 +86,10 @@ def test_every_sample_of_an_epoch_is_trained_exactly_once(run):
 def test_the_trace_replays_the_run_bit_for_bit(run, tmp_path):
     data, start, sampler, _, history, _ = run
     sampler.write_trace(tmp_path / "trace.csv")
-    model = make_model()
-    with torch.no_grad():
-        for p, s in zip(model.parameters(), start, strict=True):
-            p.copy_(s)
+    model = with_weights(make_model(), start)
     replay = CustomSampler(data, str(tmp_path / "trace.csv"), minibatch_size=MICRO, seed=5)
     optimizer = LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.02), replay, ref_batchsize=BASE)
-    replayed = []
-    optimizer.optimizer.register_step_post_hook(lambda *_: replayed.append([p.detach().clone()
-                                                                            for p in model.parameters()]))
-    for epoch in range(3):
-        replay.set_epoch(epoch)
-        optimizer.set_epoch(epoch)
-        for x, y in torch.utils.data.DataLoader(data, batch_sampler=replay):
-            torch.nn.functional.mse_loss(model(x), y[:, :1]).backward()
-            optimizer.step()
-    assert len(replayed) == len(history)
-    for got, want in zip(replayed, history, strict=True):
-        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert_replays(history, model, data, replay, optimizer, epochs=3)
 
 
 def test_the_lr_follows_the_rule():
@@ -208,17 +191,10 @@ def test_root_rule_replay_uses_the_trace_optimizer_of_that_rule(tmp_path):
     start = [p.detach().clone() for p in model.parameters()]
     sampler, optimizer = adaptive(data, model, rule="sqrt", clock=clock)
     history, _ = train(model, data, 1, sampler=sampler, optimizer=optimizer, clock=clock)
-    model = make_model()
-    with torch.no_grad():
-        for p, s in zip(model.parameters(), start, strict=True):
-            p.copy_(s)
+    model = with_weights(make_model(), start)
     replay = CustomSampler(data, sampler.trace(), minibatch_size=MICRO, seed=5)
     replay_opt = RootRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.02), replay, ref_batchsize=BASE)
-    replay_opt.set_epoch(0)
-    for x, y in torch.utils.data.DataLoader(data, batch_sampler=replay):
-        torch.nn.functional.mse_loss(model(x), y[:, :1]).backward()
-        replay_opt.step()
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), history[-1], strict=True))
+    assert_replays(history, model, data, replay, replay_opt, epochs=1)
 
 
 def test_a_resume_on_another_number_of_replicas_is_refused_naming_why():
@@ -235,23 +211,35 @@ def test_an_adascale_run_replays_bit_for_bit_with_its_lr_schedule(tmp_path):
     assert len({lr for _, _, lr, _ in optimizer.history}) > 2  # the gain moved the LR
     sampler.write_trace(tmp_path / "trace.csv")
     optimizer.write_lr_schedule(tmp_path / "lr.csv")
-    model = make_model()
-    with torch.no_grad():
-        for p, s in zip(model.parameters(), start, strict=True):
-            p.copy_(s)
+    model = with_weights(make_model(), start)
     replay = CustomSampler(data, str(tmp_path / "trace.csv"), minibatch_size=MICRO, seed=5)
     replay_opt = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), replay)
     scheduler = UpdateScheduler(ReplaySchedule(replay_opt, tmp_path / "lr.csv"))
+    assert_replays(history, model, data, replay, replay_opt, epochs=2, scheduler=scheduler)
+
+
+def assert_replays(history, model, data, sampler, optimizer, epochs, scheduler=None):
+    """Train ``model`` on the trace ``sampler`` replays and check every update's parameters equal
+    the adaptive run's ``history``, bit for bit."""
     replayed = []
-    replay_opt.optimizer.register_step_post_hook(lambda *_: replayed.append([p.detach().clone()
-                                                                             for p in model.parameters()]))
-    for epoch in range(2):
-        replay.set_epoch(epoch)
-        replay_opt.set_epoch(epoch)
-        for x, y in torch.utils.data.DataLoader(data, batch_sampler=replay):
+    optimizer.optimizer.register_step_post_hook(lambda *_: replayed.append([p.detach().clone()
+                                                                            for p in model.parameters()]))
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        optimizer.set_epoch(epoch)
+        for x, y in torch.utils.data.DataLoader(data, batch_sampler=sampler):
             torch.nn.functional.mse_loss(model(x), y[:, :1]).backward()
-            replay_opt.step()
-            scheduler.step()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
     assert len(replayed) == len(history)
     for got, want in zip(replayed, history, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def with_weights(model, weights):
+    """``model`` with ``weights`` copied in: the adaptive run's start, for its replay."""
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights, strict=True):
+            p.copy_(w)
+    return model
