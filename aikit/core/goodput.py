@@ -44,7 +44,10 @@ class ThroughputModel:
     Only what the measurements identify is fitted: one configuration gives time proportional to
     samples; a second adds the per-update cost; the per-micro-step cost needs configurations
     that differ in GA steps at the same samples per update (until then it counts as per-update
-    cost, which a single GA-step count cannot tell apart).
+    cost, which a single GA-step count cannot tell apart). While every measurement has the same
+    micro-batch, half of a micro-step's time counts as its fixed cost (AdaptDL's prior in
+    ``fit_perf_params``): the model is then optimistic about larger micro-batches, so a run
+    whose per-device batch may grow tries one and measures it, instead of never learning.
     """
 
     def __init__(self) -> None:
@@ -84,6 +87,9 @@ class ThroughputModel:
         fit, _ = nnls(rows[:, used], np.asarray(times))
         full = np.zeros(3)
         full[used] = fit
+        if 0 not in used and len({micro for micro, _ in self._times}) == 1:
+            full[0] = full[1] * rows[0, 1] / rows[0, 0] / 2  # AdaptDL's prior: half of a micro-step is fixed cost
+            full[1] /= 2
         return float(full[0]), float(full[1]), float(full[2])
 
     def seconds(self, micro_batch: int, steps: int) -> float:

@@ -30,6 +30,8 @@ import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
+
 from aikit.core.errors import InvalidValue, checked_int
 from aikit.core.ga import sample_weight
 
@@ -173,6 +175,55 @@ def make_plan(
             f"'fewer_devices' (an even split on fewer devices) or, in PyTorch, 'ragged' (exact weighted micro-batches)"
         )
     return Plan(g, m, n, devices, steps, policy, rank)
+
+
+def even_micro_batches(
+    batch_sizes: np.ndarray, max_device_batch: int, devices: int, min_micro_batches: int = 1
+) -> np.ndarray:
+    """The micro-batch of every global batch in ``batch_sizes`` when each is split evenly over
+    ``devices`` with the fewest GA steps that keep a micro-batch at most ``max_device_batch`` and
+    give at least ``min_micro_batches`` micro-batches over all devices (2 on one device: gradient
+    noise needs two parts); 0 where no such even split exists.
+
+    A function of the batch alone, so a trace of global batches and these three numbers fix
+    every micro-batch: how an adaptive run that grows its per-device batch (as AdaptDL does) is
+    replayed by ``CustomSampler(max_device_batch=...)``."""
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    steps = np.maximum(-(-min_micro_batches // devices), -(-sizes // (devices * max_device_batch)))
+    return np.where(sizes % (devices * steps) == 0, sizes // (devices * steps), 0)
+
+
+def largest_even_batch(limit: int, max_device_batch: int, devices: int, min_micro_batches: int = 1) -> int:
+    """The largest batch of at most ``limit`` samples that :func:`even_micro_batches` splits (0 if
+    none): what an epoch's last update takes of the samples left."""
+    least = -(-min_micro_batches // devices)  # fewest GA steps
+    steps = max(least, -(-limit // (devices * max_device_batch)))
+    batch = limit // (devices * steps) * devices * steps
+    if batch and (steps == least or batch > devices * (steps - 1) * max_device_batch):
+        return batch  # the largest even split with this many steps
+    return devices * (steps - 1) * max_device_batch if steps > least else 0  # one step fewer, full micro-batches
+
+
+def even_split_problems(batch_sizes: np.ndarray, max_device_batch: int, devices: int,
+                        min_micro_batches: int = 1) -> list[str]:
+    """One line per batch of ``batch_sizes`` that :func:`even_micro_batches` cannot split, the
+    first ten with the nearest batches that split (empty when all do)."""
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    problems = []
+    for row in np.flatnonzero(even_micro_batches(sizes, max_device_batch, devices, min_micro_batches) == 0).tolist():
+        size = int(sizes[row])
+        use = ""
+        if len(problems) < 10:
+            window = min(4 * devices * (size // (devices * max_device_batch) + min_micro_batches + 1), 10**6)
+            near = np.arange(max(1, size - window), size + window + 1)
+            fits = near[even_micro_batches(near, max_device_batch, devices, min_micro_batches) > 0]
+            nearest = [str(int(b)) for b in (*fits[fits < size][-1:], *fits[fits > size][:1])]
+            use = f"; use {' or '.join(nearest)}" if nearest else ""
+        problems.append(
+            f"row {row} (step {row}): batch size {size} does not split evenly over {devices} replica(s) in "
+            f"micro-batches of at most max_device_batch {max_device_batch}"
+            f"{f' ({min_micro_batches} or more in all)' if min_micro_batches > 1 else ''}{use}")
+    return problems
 
 
 def fewest_steps_even_split(g: int, m: int, n: int) -> tuple[int, int]:

@@ -8,9 +8,11 @@ their samples fit; a step never straddles two epochs, so the step that would ove
 the next epoch and the epoch's last few samples (fewer than that step needs) are left out of
 that epoch only. Each step of global batch ``B`` is cut into ``B / minibatch_size`` full
 micro-batches (static shapes), dealt round-robin to the replicas: micro-batch ``j`` goes to
-replica ``j % num_replicas``. A replica dealt fewer micro-batches than another has nothing to
+replica ``j % num_replicas``. With ``max_device_batch`` instead, each step is split evenly over
+the replicas in the fewest micro-batches of at most that many samples
+(:func:`aikit.core.plan.even_micro_batches`): the micro-batch grows with the step. A replica dealt fewer micro-batches than another has nothing to
 fill in: it contributes zero weight for the missing ones and still joins the step's single
-all-reduce. Every micro-batch's gradient carries weight ``minibatch_size / B``.
+all-reduce. Every micro-batch's gradient carries weight ``micro-batch / B``.
 
 Where the trace ends is the trace's policy (see :mod:`aikit.core.trace`): with ``"error"`` an
 epoch the trace does not cover to its end raises :class:`TraceExhaustedError`; with
@@ -29,7 +31,7 @@ import numpy as np
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import sample_weight
-from aikit.core.plan import positive_int
+from aikit.core.plan import even_micro_batches, even_split_problems, positive_int
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
 
 MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
@@ -56,6 +58,7 @@ class EpochSchedule:
     minibatch_size: int
     num_replicas: int
     complete: bool  # False for the last epoch of a 'stop' trace, cut short by the trace's end
+    step_minibatch: np.ndarray | None = None  # each step's micro-batch where it varies (max_device_batch)
 
     def __len__(self) -> int:
         return len(self.batch_sizes)
@@ -66,9 +69,20 @@ class EpochSchedule:
         return np.concatenate(([0], np.cumsum(self.batch_sizes)[:-1]))
 
     @cached_property
+    def micro_sizes(self) -> np.ndarray:
+        """Samples in each step's micro-batches: ``minibatch_size``, or the step's own where it varies."""
+        if self.step_minibatch is None:
+            return np.full(len(self.batch_sizes), self.minibatch_size, dtype=np.int64)
+        return self.step_minibatch
+
+    def micro_size(self, step: int) -> int:
+        """Samples in each micro-batch of ``step``."""
+        return int(self.micro_sizes[step])
+
+    @cached_property
     def micro_batches_per_step(self) -> np.ndarray:
         """Micro-batches of each step over all replicas."""
-        return self.batch_sizes // self.minibatch_size
+        return self.batch_sizes // self.micro_sizes
 
     def counts(self, replica: int) -> np.ndarray:
         """Micro-batches each step deals to ``replica`` (0 where it only joins the all-reduce)."""
@@ -87,14 +101,20 @@ class EpochSchedule:
     def micro_batch_ids(self, step: int, replica: int) -> range:
         """Which of the epoch's micro-batches ``replica`` processes in ``step``: micro-batch ``b``
         holds ``order[b * minibatch_size : (b + 1) * minibatch_size]``, and a step's ``j``-th goes
-        to replica ``j % num_replicas`` (eth-easl's ``get_batch_assignments``)."""
+        to replica ``j % num_replicas`` (eth-easl's ``get_batch_assignments``). Needs one
+        micro-batch size for the epoch."""
+        if self.step_minibatch is not None:
+            raise InvalidValue("micro-batch ids number micro-batches of one size; this schedule's vary by step "
+                               "(max_device_batch): use micro_batches(step, replica)")
         first = int(self.offsets[step]) // self.minibatch_size
         return range(first + replica, first + int(self.micro_batches_per_step[step]), self.num_replicas)
 
     def micro_batches(self, step: int, replica: int) -> list[np.ndarray]:
-        """Sample indices of each micro-batch ``replica`` processes in ``step`` of this epoch."""
-        mb = self.minibatch_size
-        return [self.order[b * mb : (b + 1) * mb] for b in self.micro_batch_ids(step, replica)]
+        """Sample indices of each micro-batch ``replica`` processes in ``step`` of this epoch: the
+        step's ``j``-th micro-batch goes to replica ``j % num_replicas``."""
+        start, mb = int(self.offsets[step]), self.micro_size(step)
+        return [self.order[start + j * mb : start + (j + 1) * mb]
+                for j in range(replica, int(self.micro_batches_per_step[step]), self.num_replicas)]
 
     def step_indices(self, step: int) -> np.ndarray:
         """All sample indices of one step over all replicas (the big batch it equals)."""
@@ -103,16 +123,20 @@ class EpochSchedule:
 
     def weight(self, step: int) -> float:
         """Weight of one micro-batch's mean-loss gradient in the update of ``step``."""
-        return sample_weight(self.minibatch_size, int(self.batch_sizes[step]))
+        return sample_weight(self.micro_size(step), int(self.batch_sizes[step]))
 
 
 def schedule_problems(
-    trace: Trace, dataset_size: int, num_replicas: int, minibatch_size: int, balanced: bool = False
+    trace: Trace, dataset_size: int, num_replicas: int, minibatch_size: int, balanced: bool = False, *,
+    max_device_batch: int | None = None, min_micro_batches: int = 1,
 ) -> list[str]:
     """Every reason ``trace`` cannot be scheduled with these settings (empty when it can)."""
-    unit = minibatch_size * (num_replicas if balanced else 1)
-    what = "minibatch_size x num_replicas" if balanced else "minibatch_size"
-    problems = multiple_problems(trace, unit, what)
+    if max_device_batch is not None:
+        problems = even_split_problems(trace.sizes, max_device_batch, num_replicas, min_micro_batches)
+    else:
+        unit = minibatch_size * (num_replicas if balanced else 1)
+        what = "minibatch_size x num_replicas" if balanced else "minibatch_size"
+        problems = multiple_problems(trace, unit, what)
     for row in np.flatnonzero(trace.sizes > dataset_size).tolist():
         problems.append(
             f"row {row} (step {row}): batch size {int(trace.sizes[row])} is larger than the "
@@ -166,10 +190,21 @@ class Schedule:
         shuffle: bool = True,
         balanced: bool = False,
         permutation: Permutation = numpy_permutation,
+        *,
+        max_device_batch: int | None = None,
+        min_micro_batches: int = 1,
     ):
         self.trace = load_trace(trace)
+        self.max_device_batch = max_device_batch
+        if max_device_batch is not None:  # each step split evenly: its micro-batch is a function of its batch
+            minibatch_size = max_device_batch
+            self.min_micro_batches = positive_int(min_micro_batches, "min_micro_batches")
+        else:
+            self.min_micro_batches = 1
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
             dataset_size, num_replicas, minibatch_size)
+        if max_device_batch is not None:
+            self.max_device_batch = self.minibatch_size
         self.seed = seed_value(seed)
         self.shuffle = flag(shuffle, "shuffle")
         self.balanced = flag(balanced, "balanced")
@@ -177,7 +212,7 @@ class Schedule:
             raise InvalidType(
                 f"permutation must be a function (seed, epoch, dataset_size) -> order, got {permutation!r:.60}")
         self.permutation = permutation
-        problems = schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, balanced)
+        problems = self.problems()
         if problems:
             shown = "\n  ".join(problems[:10])
             more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
@@ -187,14 +222,16 @@ class Schedule:
 
     def problems(self) -> list[str]:
         """Every reason the trace cannot run with these settings (empty when it can)."""
-        return schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, self.balanced)
+        return schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, self.balanced,
+                                 max_device_batch=self.max_device_batch, min_micro_batches=self.min_micro_batches)
 
     def _find_epochs(self, count: int | float) -> None:
         """Extend the known epoch starts to ``count`` complete epochs, or to the trace's end."""
         while len(self._starts) <= count and self._tail is None:
             start = self._starts[-1]
             # every step holds at least one micro-batch, so an epoch has at most this many steps
-            span = self.dataset_size // max(self.minibatch_size, int(self.trace.sizes.min())) + 1
+            smallest = int(self.trace.sizes.min())
+            span = self.dataset_size // (smallest if self.max_device_batch else max(self.minibatch_size, smallest)) + 1
             if self.trace.is_finite:
                 span = min(span, len(self.trace) - start)
             used = np.cumsum(self.trace.window(start, start + span))
@@ -249,15 +286,10 @@ class Schedule:
         """The steps of ``epoch`` (0-based) and its sample order."""
         first, end, complete = self.epoch_bounds(epoch)
         order = self._order(epoch) if self.shuffle else np.arange(self.dataset_size)
-        return EpochSchedule(
-            epoch,
-            first,
-            self.trace.window(first, end),
-            order,
-            self.minibatch_size,
-            self.num_replicas,
-            complete,
-        )
+        sizes = self.trace.window(first, end)
+        micro = None if self.max_device_batch is None else even_micro_batches(
+            sizes, self.max_device_batch, self.num_replicas, self.min_micro_batches)
+        return EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas, complete, micro)
 
     def _order(self, epoch: int) -> np.ndarray:
         """The epoch's permutation; one from a ``permutation`` of the user's is checked to be one."""

@@ -45,7 +45,10 @@ def test_one_slow_update_does_not_move_the_fit():
 def test_with_few_configurations_the_model_assumes_what_it_can_identify():
     model = ThroughputModel()
     model.observe(32, 2, 1.5)  # truth: 0.02 s per sample + 0.22 s per update
-    assert model.coefficients() == pytest.approx((0, 1.5 / 64, 0))  # time proportional to samples
+    # one micro-batch size: half of a micro-step's 0.75 s counts as fixed (AdaptDL's prior)
+    assert model.coefficients() == pytest.approx((0.375, 0.375 / 32, 0))
+    assert model.seconds(32, 2) == pytest.approx(1.5)  # what was measured is predicted as measured
+    assert model.seconds(64, 2) == pytest.approx(2.25)  # optimistic about a larger micro-batch (truth 2.78)
     model.observe(64, 2, 2.78)
     assert model.coefficients() == pytest.approx((0, 0.02, 0.22))
 

@@ -45,7 +45,7 @@ import torch
 from aikit.core.errors import InvalidValue
 from aikit.core.goodput import GoodputController
 from aikit.core.gradient_noise import NoiseEstimate, estimate
-from aikit.core.plan import positive_int
+from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, positive_int
 from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value
 from aikit.core.trace import Trace
@@ -62,16 +62,30 @@ _ADAPTIVE_KEYS = {"settings", "sizes", "starts", "controller"}
 
 
 class _Controller(GoodputController):
-    """The goodput controller over the batches an adaptive run can take: whole micro-batches on
-    every replica, so that the plan of ``core.plan`` (GA steps x micro-batch) is exactly the
-    schedule's round-robin deal."""
+    """The goodput controller over the batches an adaptive run can take, so that the plan it
+    scores (GA steps x micro-batch) is exactly the schedule's round-robin deal: whole
+    micro-batches of ``micro_batch`` on every replica, or (``grows``) every batch that splits
+    evenly in micro-batches of at most ``max_device_batch`` (:func:`aikit.core.plan.even_micro_batches`,
+    two or more in all to measure the noise)."""
+
+    grows = False  # the micro-batch grows with the batch, up to max_device_batch
+
+    def plan(self, batch: int) -> Plan:
+        if not self.grows:
+            return super().plan(batch)
+        micro = int(even_micro_batches([batch], self.max_device_batch, self.devices, 2)[0])
+        if not micro:
+            raise InvalidValue(even_split_problems([batch], self.max_device_batch, self.devices, 2)[0])
+        return Plan(batch, self.max_device_batch, self.devices, self.devices, batch // (micro * self.devices), "error")
 
     def candidates(self) -> np.ndarray:
-        unit = self.max_device_batch * self.devices
-        multiples = np.arange(-(-self.min_batch // unit), self.max_batch // unit + 1, dtype=np.int64)
-        if len(multiples) > 1000:  # about a thousand, spread geometrically
-            multiples = np.unique(np.geomspace(multiples[0], multiples[-1], 1000).round().astype(np.int64))
-        return np.unique(np.concatenate([multiples * unit, [self.batch]]))
+        unit = self.devices if self.grows else self.max_device_batch * self.devices
+        found = np.arange(-(-self.min_batch // unit), self.max_batch // unit + 1, dtype=np.int64) * unit
+        if self.grows:
+            found = found[even_micro_batches(found, self.max_device_batch, self.devices, 2) > 0]
+        if len(found) > 1000:  # about a thousand, spread geometrically
+            found = found[np.unique(np.geomspace(1, len(found), 1000).round().astype(np.int64) - 1)]
+        return np.unique(np.concatenate([found, [self.batch]]))
 
     def record(self, batch: int, seconds: tuple[float, float] | None, noise: NoiseEstimate | None) -> None:
         """One update of ``batch`` samples (the batch decided for it, or an epoch's shorter
@@ -108,7 +122,7 @@ class AdaptiveSchedule:
     def __init__(self, dataset_size: int, controller: _Controller, micro_batch: int, num_replicas: int,
                  seed: int, shuffle: bool, lookahead: int) -> None:
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
-            dataset_size, num_replicas, micro_batch)
+            dataset_size, num_replicas, micro_batch)  # with controller.grows: the most per device
         self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
         self.controller = controller
         self.lookahead = _count(lookahead, "lookahead")
@@ -119,16 +133,27 @@ class AdaptiveSchedule:
 
     @property
     def samples_left_out(self) -> int:
-        """Samples each epoch leaves out: fewer than one micro-batch."""
-        return self.dataset_size % self.minibatch_size
+        """Samples each epoch leaves out with a fixed micro-batch: fewer than one micro-batch."""
+        return 0 if self.controller.grows else self.dataset_size % self.minibatch_size
+
+    def _fitting(self, left: int) -> int:
+        """The largest batch of at most ``left`` samples the run can take (0: none)."""
+        if self.controller.grows:
+            return largest_even_batch(left, self.minibatch_size, self.num_replicas, 2)
+        return left // self.minibatch_size * self.minibatch_size
+
+    def micro_sizes(self, sizes: list[int] | np.ndarray) -> np.ndarray | None:
+        """Each update's micro-batch where it grows with the batch (None: ``minibatch_size`` always)."""
+        if not self.controller.grows:
+            return None
+        return even_micro_batches(sizes, self.minibatch_size, self.num_replicas, 2)
 
     def extend(self, done: int) -> None:
         """Decide the batches up to update ``done + lookahead`` (updates ``0..done-1`` are trained)."""
         while len(self.sizes) <= done + self.lookahead:
-            used = sum(self.sizes[self.starts[-1]:])
-            left = (self.dataset_size - used) // self.minibatch_size * self.minibatch_size
-            self.sizes.append(min(self.controller.batch, left))
-            if self.dataset_size - used - self.sizes[-1] < self.minibatch_size:
+            left = self.dataset_size - sum(self.sizes[self.starts[-1]:])
+            self.sizes.append(min(self.controller.batch, self._fitting(left)))
+            if not self._fitting(left - self.sizes[-1]):
                 self.starts.append(len(self.sizes))  # the epoch is full: the next update opens the next one
 
     def epoch(self, epoch: int) -> EpochSchedule:
@@ -145,15 +170,17 @@ class AdaptiveSchedule:
             order = cached[1].order if cached else (
                 np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size) if self.shuffle
                 else np.arange(self.dataset_size))
-            view = EpochSchedule(epoch, first, np.asarray(self.sizes[first:end], dtype=np.int64), order,
-                                 self.minibatch_size, self.num_replicas, epoch + 1 < len(self.starts))
+            sizes = np.asarray(self.sizes[first:end], dtype=np.int64)
+            view = EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas,
+                                 epoch + 1 < len(self.starts), self.micro_sizes(sizes))
             self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
             self._views[epoch] = cached = (end, view)
         return cached[1]
 
     def settings(self) -> dict:
         c = self.controller
-        return {"dataset_size": self.dataset_size, "micro_batch": self.minibatch_size,
+        per_device = "max_device_batch" if c.grows else "micro_batch"
+        return {"dataset_size": self.dataset_size, per_device: self.minibatch_size,
                 "num_replicas": self.num_replicas, "seed": self.seed, "shuffle": self.shuffle,
                 "base_batch": c.base_batch, "min_batch": c.min_batch, "max_batch": c.max_batch}
 
@@ -176,11 +203,15 @@ class AdaptiveSchedule:
             raise ValueError(f"the adaptive state was saved by a run with other settings ({'; '.join(differ)}): "
                              "build the AdaptiveSampler as that run did")
         sizes, starts = [positive_int(s, "sizes[i]") for s in state["sizes"]], [int(s) for s in state["starts"]]
+        uneven = [size for size in sizes if self._fitting(size) != size]
+        if uneven:
+            raise ValueError(f"the adaptive state holds batch {uneven[0]}, which this run cannot deal in whole "
+                             "micro-batches: it was not saved by a run with these settings")
         c = self.controller
         controller = _Controller(c.max_device_batch, c.devices, base_batch=c.base_batch, max_batch=c.max_batch,
                                  min_batch=c.min_batch, threshold=c.threshold, decay=c.noise.decay, policy=c.policy)
         controller.load_state_dict(state["controller"])
-        controller.min_estimates = c.min_estimates
+        controller.min_estimates, controller.grows = c.min_estimates, c.grows
         return sizes, starts, controller
 
     def load(self, sizes: list[int], starts: list[int], controller: _Controller) -> None:
@@ -196,7 +227,8 @@ class AdaptiveSchedule:
         if not 0 <= step <= end - starts[epoch]:
             return f"no step {step} in epoch {epoch}"
         if step < end - starts[epoch]:
-            total = sizes[starts[epoch] + step] // self.minibatch_size
+            size = sizes[starts[epoch] + step]
+            total = size // int(self.micro_sizes([size])[0]) if self.controller.grows else size // self.minibatch_size
             mine = (total - rank + self.num_replicas - 1) // self.num_replicas
             return None if 0 <= micro <= mine else f"no micro-batch {micro} of step {step} for rank {rank}"
         return None if micro == 0 else f"no micro-batch {micro} past the end of epoch {epoch}"
@@ -209,7 +241,12 @@ class AdaptiveSampler(CustomSampler):
         dataset: a Dataset (its ``len()`` is used) or its size as an int.
         base_batch: the global batch the LR was tuned for; the run starts there.
         max_batch: the largest global batch to take (at most the data set).
-        micro_batch: samples per device per micro-batch (the most one device holds).
+        micro_batch: samples per device per micro-batch, fixed (static shapes: XLA, or a model
+            that wants one shape).
+        max_device_batch: instead of ``micro_batch``, the most samples one device holds: every
+            update is split evenly in the fewest micro-batches of at most that many (two or more
+            in all, to measure the noise), so the per-device batch grows with the global batch,
+            as AdaptDL's does, and a larger batch also runs faster.
         min_batch: the smallest global batch (default ``base_batch``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
@@ -223,9 +260,11 @@ class AdaptiveSampler(CustomSampler):
             micro-batches a DataLoader fetches ahead (``num_workers * prefetch_factor``; 0 without
             workers). :meth:`loader` sets it for you.
 
-    Batches are whole micro-batches on every replica: ``base_batch``, ``min_batch`` and
-    ``max_batch`` must be multiples of ``micro_batch x num_replicas``, and ``base_batch`` must hold
-    two micro-batches or more (one alone cannot tell gradient noise from signal).
+    Batches are whole micro-batches on every replica: with ``micro_batch``, ``base_batch``,
+    ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``, and
+    ``base_batch`` must hold two micro-batches or more (one alone cannot tell gradient noise from
+    signal); with ``max_device_batch`` they must split evenly over the replicas (the error names
+    the nearest that do).
     """
 
     def __init__(
@@ -234,7 +273,7 @@ class AdaptiveSampler(CustomSampler):
         *,
         base_batch: int,
         max_batch: int,
-        micro_batch: int,
+        micro_batch: int | None = None,
         min_batch: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
@@ -246,27 +285,41 @@ class AdaptiveSampler(CustomSampler):
         min_estimates: int | None = None,
         interval: int = 10,
         dataset_size: int | None = None,
+        max_device_batch: int | None = None,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
         rank = distributed.rank() if rank is None else rank
-        size, num_replicas, micro_batch = checked_settings(size, num_replicas, micro_batch)
+        if (micro_batch is None) == (max_device_batch is None):
+            raise InvalidValue("give micro_batch (fixed, static shapes) or max_device_batch (the per-device batch "
+                               "grows with the global batch), one of them")
+        grows = max_device_batch is not None
+        size, num_replicas, micro_batch = checked_settings(size, num_replicas, max_device_batch if grows else micro_batch)
         unit = micro_batch * num_replicas
-        for name, value in (("base_batch", base_batch), ("max_batch", max_batch), ("min_batch", min_batch)):
-            if value is not None and positive_int(value, name) % unit:
+        bounds = (("base_batch", base_batch), ("max_batch", max_batch), ("min_batch", min_batch))
+        for what, value in bounds:
+            if value is None:
+                continue
+            if not grows and positive_int(value, what) % unit:
                 raise InvalidValue(
-                    f"{name}={value} is not a multiple of micro_batch x replicas = {micro_batch} x {num_replicas} = "
-                    f"{unit}: every update is whole micro-batches on every replica; use {name}="
+                    f"{what}={value} is not a multiple of micro_batch x replicas = {micro_batch} x {num_replicas} = "
+                    f"{unit}: every update is whole micro-batches on every replica; use {what}="
                     f"{max(unit, value // unit * unit)} or {-(-value // unit) * unit}")
-        if base_batch < 2 * micro_batch:
+            if grows and even_split_problems([positive_int(value, what)], micro_batch, num_replicas, 2):
+                why = even_split_problems([value], micro_batch, num_replicas, 2)[0].split(": ", 1)[1]
+                raise InvalidValue(f"{what}={value}: every update is split evenly over the replicas; {why}")
+        if not grows and base_batch < 2 * micro_batch:
             raise InvalidValue(
                 f"base_batch={base_batch} is a single micro-batch of {micro_batch}: measuring gradient noise needs "
                 f"two parts or more per update; use micro_batch <= {base_batch // 2} or base_batch >= {2 * unit}")
         if max_batch > size:
             raise InvalidValue(f"max_batch={max_batch} is larger than the data set ({size} samples): an update "
-                               f"cannot span epochs; use max_batch <= {size // unit * unit}")
+                               f"cannot span epochs; use max_batch <= "
+                               f"{largest_even_batch(size, micro_batch, num_replicas, 2) if grows else size // unit * unit}")
         controller = _Controller(micro_batch, num_replicas, base_batch=base_batch, max_batch=max_batch,
-                                 min_batch=min_batch, threshold=threshold, decay=decay, policy="error")
+                                 min_batch=min_batch, threshold=threshold, decay=decay,
+                                 policy="ragged" if grows else "error")
+        controller.grows = grows
         controller.min_estimates = round(1 / (1 - controller.noise.decay)) if min_estimates is None else \
             _count(min_estimates, "min_estimates")
         self.schedule = AdaptiveSchedule(size, controller, micro_batch, num_replicas, seed, shuffle, lookahead)
@@ -339,7 +392,8 @@ class AdaptiveSampler(CustomSampler):
         decided = int(plan.counts(self.rank)[step:].sum()) - micro
         if plan.complete:
             return decided
-        left = (self.dataset_size - plan.samples) // self.schedule.minibatch_size
+        per_update = self.controller.plan(self.controller.batch)  # the rest of the epoch at the current batch
+        left = (self.dataset_size - plan.samples) // per_update.batch_size
         return decided + (left - self.rank + self.num_replicas - 1) // self.num_replicas
 
     def set_world(self, num_replicas: int, rank: int) -> None:
@@ -357,7 +411,8 @@ class AdaptiveSampler(CustomSampler):
 
     def trace(self) -> Trace:
         """The global batch of every update trained so far: replays the run with ``CustomSampler``
-        (same ``micro_batch``, seed and shuffle; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
+        (same seed and shuffle, ``minibatch_size=micro_batch``, or ``max_device_batch=max_device_batch,
+        min_micro_batches=2``; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
         return Trace(list(self.controller.batches), "stop", source="adaptive run")
 
     def write_trace(self, path: str) -> None:
@@ -458,7 +513,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         step = self.step_index
         plan, schedule = self.plan, self.sampler.schedule
         batch, weight = int(plan.batch_sizes[step]), plan.weight(step)
-        replicas, rank, micro = self.sampler.num_replicas, self.sampler.rank, plan.minibatch_size
+        replicas, rank, micro = self.sampler.num_replicas, self.sampler.rank, plan.micro_size(step)
         slots = int(plan.counts(0)[step])  # the busiest replica's micro-batches
         parts = [0.0] * (replicas * slots)
         mine = self.norms.take(self.engine.scaler).sum(1).tolist()  # AMP's loss scale divided out

@@ -63,6 +63,13 @@ class CustomSampler(Sampler[list[int]]):
     ``rank=0`` is given; True: on rank 0). Under torch_xla's SPMD the process is one replica and
     each micro-batch holds ``minibatch_size`` samples for every device of the mesh (see
     :mod:`aikit.elastic.Torch.spmd`).
+
+    ``minibatch_size`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits
+    each step evenly over the replicas in the fewest micro-batches of at most that many samples,
+    at least ``min_micro_batches`` of them in all (:func:`aikit.core.plan.even_micro_batches`):
+    the per-device batch grows with the step, as in an :class:`~aikit.elastic.Torch.AdaptiveSampler`
+    run with ``max_device_batch``, which this replays. eth-easl's figures
+    (``minibatches_per_epoch``, ``max_epoch``) then count micro-batches of ``max_device_batch``.
     """
 
     def __init__(
@@ -72,7 +79,7 @@ class CustomSampler(Sampler[list[int]]):
         seed: int = 42,
         num_replicas: int | None = None,
         rank: int | None = None,
-        minibatch_size: int = 32,
+        minibatch_size: int | None = None,
         verbose: bool | None = None,
         *,
         dataset_size: int | None = None,
@@ -80,6 +87,8 @@ class CustomSampler(Sampler[list[int]]):
         permutation: str | Permutation = "numpy",
         when_exhausted: str | None = None,
         strict_steps: bool = False,
+        max_device_batch: int | None = None,
+        min_micro_batches: int = 1,
     ):
         global _latest
         size = _dataset_size(dataset, dataset_size)
@@ -98,9 +107,18 @@ class CustomSampler(Sampler[list[int]]):
             rank = engine_rank if rank is None else rank
         trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
+        if max_device_batch is not None and (minibatch_size is not None or self.devices > 1):
+            raise InvalidValue(
+                "give minibatch_size (one micro-batch size, static shapes) or max_device_batch (each step split "
+                "evenly, its micro-batch growing with it), not both"
+                + ("; under SPMD every micro-step needs one shape: use minibatch_size" if self.devices > 1 else ""))
         try:
-            micro = spmd.micro_batch(trace, minibatch_size, self.devices)
-            self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order)
+            if max_device_batch is None:
+                micro = spmd.micro_batch(trace, 32 if minibatch_size is None else minibatch_size, self.devices)
+                self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order)
+            else:
+                self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
+                                         max_device_batch=max_device_batch, min_micro_batches=min_micro_batches)
             self.rank = _checked_rank(rank, self.schedule.num_replicas)
         except (InvalidType, InvalidValue) as error:
             if str(error).startswith(("seed", "num_replicas", "rank", "minibatch_size")):
@@ -170,6 +188,9 @@ class CustomSampler(Sampler[list[int]]):
         """For each step of ``epochtrace``, the epoch's micro-batch ids this rank processes
         (micro-batch ``b`` is samples ``b * minibatch_size`` to ``(b + 1) * minibatch_size - 1`` of
         the epoch's order); an empty list where this rank only joins the all-reduce."""
+        if self.schedule.max_device_batch is not None:
+            raise InvalidValue("batch assignments number micro-batches of one size; with max_device_batch each step "
+                               "has its own: use sampler.epoch_schedule.micro_batches(step, rank)")
         mb = self.schedule.minibatch_size
         steps = load_trace(list(epochtrace))
         sizes = steps.sizes
@@ -264,7 +285,8 @@ class CustomSampler(Sampler[list[int]]):
         current step (a step cut short by the resize is retrained)."""
         old = self.schedule
         self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, old.minibatch_size, old.seed,
-                                 old.shuffle, old.balanced, old.permutation)
+                                 old.shuffle, old.balanced, old.permutation, max_device_batch=old.max_device_batch,
+                                 min_micro_batches=old.min_micro_batches)
         self.rank = _checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 

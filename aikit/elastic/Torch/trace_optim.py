@@ -62,6 +62,7 @@ class TraceOptimizer(WrappingOptimizer):
 
     rule = "linear"
     kind = "trace optimizer"
+    per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
 
     def __init__(
         self,
@@ -86,6 +87,11 @@ class TraceOptimizer(WrappingOptimizer):
                 f"{type(self).__name__} needs the CustomSampler that feeds it, got {self.sampler!r}: "
                 "pass it as second argument"
             )
+        if self.per_micro_batch and getattr(self.sampler.schedule, "max_device_batch", None) is not None:
+            raise ValueError(
+                f"{type(self).__name__} scales its LR from one micro-batch of minibatch_size samples, but this sampler's "
+                "micro-batch varies by step (max_device_batch): build the CustomSampler with minibatch_size, or use "
+                "LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
         if ref_batchsize is None and rule_name(self.rule) != "constant":
             raise ValueError(f"{type(self).__name__} needs ref_batchsize, the global batch its LR was tuned for")
         self.ref_batchsize = None if ref_batchsize is None else positive_int(ref_batchsize, "ref_batchsize")
@@ -378,6 +384,7 @@ class LinearRuleMomentumOptimizer(TraceOptimizer):
     """
 
     rule = "linear"
+    per_micro_batch = True
     _adapted = ("lr", "weight_decay")
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
@@ -425,6 +432,7 @@ class AdaScaleOptimizer(TraceOptimizer):
     """
 
     rule = "linear"
+    per_micro_batch = True
     _extra_keys = ("adascale",)
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
