@@ -48,9 +48,6 @@ from aikit.core.gradient_noise import gain
 from aikit.core.plan import make_plan
 from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler, ConstantOptimizer, CustomSampler
 
-BASE = 100
-
-
 class Clock:
     """Training seconds: ``perf_counter`` with the evaluations taken out."""
 
@@ -113,7 +110,7 @@ def train(data, model, sampler, optimizer, epochs: int, eval_every: int, clock: 
 def fixed_run(data, batch: int, lr: float, args, seed: int) -> dict:
     torch.manual_seed(seed)
     model = ConvBase()
-    sampler = CustomSampler(len(data[0]), batch, minibatch_size=args.micro, seed=seed)
+    sampler = CustomSampler(len(data[0]), batch, max_device_batch=args.max_device, seed=seed)
     optimizer = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), sampler)
     return train(data, model, sampler, optimizer, args.epochs, args.eval_every, Clock())
 
@@ -121,8 +118,8 @@ def fixed_run(data, batch: int, lr: float, args, seed: int) -> dict:
 def adaptive_run(data, lr: float, args, seed: int) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
     torch.manual_seed(seed)
     model, clock = ConvBase(), Clock()
-    sampler = AdaptiveSampler(len(data[0]), base_batch=BASE, max_batch=args.max_batch, micro_batch=args.micro,
-                              seed=seed)
+    sampler = AdaptiveSampler(len(data[0]), base_batch=args.base, max_batch=args.max_batch,
+                              max_device_batch=args.max_device, seed=seed)
     optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), sampler, clock=clock)
     return train(data, model, sampler, optimizer, args.epochs, args.eval_every, clock), sampler, optimizer
 
@@ -144,7 +141,7 @@ model = ConvBase()
 optimizer = torch.optim.SGD(model.parameters(), lr={lr}, momentum=0.9)
 ddp = adl.AdaptiveDataParallel(model, optimizer)
 loader = adl.AdaptiveDataLoader(TensorDataset(x, y), batch_size={base}, shuffle=True)
-loader.autoscale_batch_size({max_batch}, local_bsz_bounds=({micro}, {base}), gradient_accumulation=True)
+loader.autoscale_batch_size({max_batch}, local_bsz_bounds=({low}, {max_device}), gradient_accumulation=True)
 curve, samples, updates, paused, start, next_eval, budget = [], 0, 0, 0.0, time.perf_counter(), {every}, {budget}
 for epoch in adl.remaining_epochs_until(10**6):
     for xb, yb in loader:
@@ -170,8 +167,9 @@ def adaptdl_run(lr: float, args, seed: int) -> tuple[dict | None, str]:
     """AdaptDL 0.2.11 in a subprocess with ``--adaptdl-path`` first on its path; (result, why not)."""
     if not args.adaptdl_path:
         return None, "no --adaptdl-path given"
-    code = ADAPTDL_WORKER.format(bench=str(Path(__file__).parent), seed=seed, lr=lr, base=BASE,
-                                 max_batch=args.max_batch, micro=args.micro, every=args.eval_every,
+    code = ADAPTDL_WORKER.format(bench=str(Path(__file__).parent), seed=seed, lr=lr, base=args.base,
+                                 max_batch=args.max_batch, low=max(1, args.base // 4), max_device=args.max_device,
+                                 every=args.eval_every,
                                  budget=args.epochs * 3500)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([args.adaptdl_path, *sys.path]), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=3600)
@@ -206,33 +204,35 @@ def eight_devices(fit: ThroughputModel, noise_scales: list[float], base_updates:
     all_reduce = 2 * (devices - 1) / devices * parameters * 4 / args.bandwidth + 2 * (devices - 1) * args.latency
 
     def seconds(batch: int) -> float:
-        plan = make_plan(batch, args.micro, devices)
+        plan = make_plan(batch, args.max_device, devices)
         return plan.steps * (per_micro + per_sample * plan.batch_size) + per_update + all_reduce
 
     fixed_seconds = {b: updates * seconds(b) for b, updates in fixed.items() if math.isfinite(updates)}
     best_batch = min(fixed_seconds, key=fixed_seconds.get)
-    candidates = range(BASE, args.max_batch + 1, devices)
-    progress, total, batch, chosen = 0.0, 0.0, BASE, []
+    base = args.base
+    candidates = range(base, args.max_batch + 1, devices)
+    progress, total, batch, chosen = 0.0, 0.0, base, []
     while progress < base_updates:
         phi = noise_scales[min(int(progress), len(noise_scales) - 1)]
         phi = phi if math.isfinite(phi) else 0.0
 
         def goodput(b: int, phi: float = phi) -> float:
-            return b / seconds(b) * gain(phi, 1.0, b, BASE) * BASE / b
+            return b / seconds(b) * gain(phi, 1.0, b, base) * base / b
 
         best = max(candidates, key=goodput)
         if goodput(best) > 1.05 * goodput(batch):
             batch = best
         chosen.append(batch)
         total += seconds(batch)
-        progress += gain(phi, 1.0, batch, BASE)
+        progress += gain(phi, 1.0, batch, base)
     return fixed_seconds[best_batch], total, best_batch, chosen
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--micro", type=int, default=50, help="most samples one device holds per micro-batch")
+    parser.add_argument("--base", type=int, default=100, help="the batch the adaptive run starts at (its LR's)")
+    parser.add_argument("--max-device", type=int, default=500, help="most samples one device holds per micro-batch")
     parser.add_argument("--max-batch", type=int, default=1000)
     parser.add_argument("--batches", type=int, nargs="+", default=[100, 200, 400])
     parser.add_argument("--lrs", type=float, nargs="+", default=[0.063, 0.126], help="LR at batch 100")
@@ -254,7 +254,7 @@ def main() -> None:
     fixed = {}
     for batch in args.batches:
         for g in args.lrs:
-            lr = g * math.sqrt(batch / BASE)
+            lr = g * math.sqrt(batch / args.base)
             fixed[batch, lr] = fixed_run(data, batch, lr, args, args.seed)
             print(f"fixed batch {batch:4d} lr {lr:.4f}: final validation {fixed[batch, lr]['curve'][-1][3]:.3f}, "
                   f"test {fixed[batch, lr]['test']:.3f}", flush=True)
@@ -262,7 +262,7 @@ def main() -> None:
     target = best_final - args.below / 100
     tuned = {b: min((to_target(run, target)[1], -run["curve"][-1][3], lr) for (bb, lr), run in fixed.items()
                     if bb == b)[2] for b in args.batches}  # first to the target, else the best final accuracy
-    base_lr = tuned.get(BASE, args.lrs[len(args.lrs) // 2])
+    base_lr = tuned.get(args.base, args.lrs[len(args.lrs) // 2])
     adaptive, sampler, optimizer = adaptive_run(data, base_lr, args, args.seed)
     adl, why = adaptdl_run(base_lr, args, args.seed)
 
@@ -295,7 +295,7 @@ def main() -> None:
         per_update = {"fixed": [], "adaptive": []}
         for repeat in range(args.timing_repeats):
             for name in ("fixed", "adaptive"):
-                run = (fixed_run(data, BASE, base_lr, timing, args.seed + repeat) if name == "fixed"
+                run = (fixed_run(data, args.base, base_lr, timing, args.seed + repeat) if name == "fixed"
                        else adaptive_run(data, base_lr, timing, args.seed + repeat)[0])
                 samples, updates, seconds, _ = run["curve"][-1]
                 per_update[name].append(seconds / samples)
@@ -306,9 +306,9 @@ def main() -> None:
     # 8 devices, from the throughput model the adaptive run fitted on this one
     fit, params = sampler.controller.throughput, sum(p.numel() for p in ConvBase().parameters())
     fixed_updates = {b: to_target(fixed[b, tuned[b]], target)[0] for b in args.batches}
-    if math.isfinite(fixed_updates.get(BASE, math.inf)):
+    if math.isfinite(fixed_updates.get(args.base, math.inf)):
         noise_scales = [row[3] for row in optimizer.history]
-        fixed_8, adaptive_8, batch_8, chosen = eight_devices(fit, noise_scales, fixed_updates[BASE], fixed_updates,
+        fixed_8, adaptive_8, batch_8, chosen = eight_devices(fit, noise_scales, fixed_updates[args.base], fixed_updates,
                                                              args, params)
         per_micro, per_sample, per_update = fit.coefficients()
         print("\npredicted on 8 devices, each as fast as this one (fitted: "

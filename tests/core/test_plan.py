@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aikit.core.plan import make_plan
+from aikit.core.plan import even_micro_batches, even_split_problems, largest_even_batch, make_plan
 
 
 @pytest.mark.parametrize(
@@ -117,3 +117,30 @@ def test_error_policy_accepts_exactly_the_even_splits(g, m, n):
     else:
         with pytest.raises(ValueError, match="does not split evenly"):
             make_plan(g, m, n, policy="error")
+
+
+@given(b=st.integers(1, 3000), m=st.integers(1, 300), n=st.integers(1, 12), least=st.integers(1, 4))
+def test_an_even_split_is_exact_within_the_bound_with_the_fewest_micro_batches(b, m, n, least):
+    micro = int(even_micro_batches([b], m, n, least)[0])
+    fewest = max(-(-least // n), -(-b // (n * m)))  # GA steps: fewer would overfill a device or the minimum
+    if micro:
+        steps = b // (n * micro)
+        assert steps * n * micro == b and micro <= m and steps * n >= least  # exact, within bounds
+        assert steps == fewest
+    else:
+        assert b % (n * fewest) != 0  # no even split at the fewest steps
+        assert even_split_problems([b], m, n, least)  # and the reason is given
+
+
+@given(limit=st.integers(0, 2000), m=st.integers(1, 100), n=st.integers(1, 8), least=st.integers(1, 3))
+def test_the_largest_even_batch_is_the_largest_below_the_limit(limit, m, n, least):
+    found = largest_even_batch(limit, m, n, least)
+    assert found <= limit and (found == 0 or even_micro_batches([found], m, n, least)[0] > 0)
+    above = range(found + 1, limit + 1)
+    assert not even_micro_batches(list(above), m, n, least).any() if above else True
+
+
+def test_an_uneven_batch_is_refused_naming_the_nearest_even_ones():
+    assert even_split_problems([67, 64], 16, 1) == [
+        "row 0 (step 0): batch size 67 does not split evenly over 1 replica(s) in micro-batches of at most "
+        "max_device_batch 16; use 65 or 70"]

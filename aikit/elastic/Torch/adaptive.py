@@ -65,24 +65,24 @@ class _Controller(GoodputController):
     """The goodput controller over the batches an adaptive run can take, so that the plan it
     scores (GA steps x micro-batch) is exactly the schedule's round-robin deal: whole
     micro-batches of ``micro_batch`` on every replica, or (``grows``) every batch that splits
-    evenly in micro-batches of at most ``max_device_batch`` (:func:`aikit.core.plan.even_micro_batches`,
-    two or more in all to measure the noise)."""
+    evenly in the fewest micro-batches of at most ``max_device_batch``
+    (:func:`aikit.core.plan.even_micro_batches`)."""
 
     grows = False  # the micro-batch grows with the batch, up to max_device_batch
 
     def plan(self, batch: int) -> Plan:
         if not self.grows:
             return super().plan(batch)
-        micro = int(even_micro_batches([batch], self.max_device_batch, self.devices, 2)[0])
+        micro = int(even_micro_batches([batch], self.max_device_batch, self.devices)[0])
         if not micro:
-            raise InvalidValue(even_split_problems([batch], self.max_device_batch, self.devices, 2)[0])
+            raise InvalidValue(even_split_problems([batch], self.max_device_batch, self.devices)[0])
         return Plan(batch, self.max_device_batch, self.devices, self.devices, batch // (micro * self.devices), "error")
 
     def candidates(self) -> np.ndarray:
         unit = self.devices if self.grows else self.max_device_batch * self.devices
         found = np.arange(-(-self.min_batch // unit), self.max_batch // unit + 1, dtype=np.int64) * unit
         if self.grows:
-            found = found[even_micro_batches(found, self.max_device_batch, self.devices, 2) > 0]
+            found = found[even_micro_batches(found, self.max_device_batch, self.devices) > 0]
         if len(found) > 1000:  # about a thousand, spread geometrically
             found = found[np.unique(np.geomspace(1, len(found), 1000).round().astype(np.int64) - 1)]
         return np.unique(np.concatenate([found, [self.batch]]))
@@ -139,14 +139,14 @@ class AdaptiveSchedule:
     def _fitting(self, left: int) -> int:
         """The largest batch of at most ``left`` samples the run can take (0: none)."""
         if self.controller.grows:
-            return largest_even_batch(left, self.minibatch_size, self.num_replicas, 2)
+            return largest_even_batch(left, self.minibatch_size, self.num_replicas)
         return left // self.minibatch_size * self.minibatch_size
 
     def micro_sizes(self, sizes: list[int] | np.ndarray) -> np.ndarray | None:
         """Each update's micro-batch where it grows with the batch (None: ``minibatch_size`` always)."""
         if not self.controller.grows:
             return None
-        return even_micro_batches(sizes, self.minibatch_size, self.num_replicas, 2)
+        return even_micro_batches(sizes, self.minibatch_size, self.num_replicas)
 
     def extend(self, done: int) -> None:
         """Decide the batches up to update ``done + lookahead`` (updates ``0..done-1`` are trained)."""
@@ -244,9 +244,9 @@ class AdaptiveSampler(CustomSampler):
         micro_batch: samples per device per micro-batch, fixed (static shapes: XLA, or a model
             that wants one shape).
         max_device_batch: instead of ``micro_batch``, the most samples one device holds: every
-            update is split evenly in the fewest micro-batches of at most that many (two or more
-            in all, to measure the noise), so the per-device batch grows with the global batch,
-            as AdaptDL's does, and a larger batch also runs faster.
+            update is split evenly in the fewest micro-batches of at most that many, so the
+            per-device batch grows with the global batch, as AdaptDL's does, and a larger batch
+            also runs faster.
         min_batch: the smallest global batch (default ``base_batch``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
@@ -261,10 +261,10 @@ class AdaptiveSampler(CustomSampler):
             workers). :meth:`loader` sets it for you.
 
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``base_batch``,
-    ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``, and
-    ``base_batch`` must hold two micro-batches or more (one alone cannot tell gradient noise from
-    signal); with ``max_device_batch`` they must split evenly over the replicas (the error names
-    the nearest that do).
+    ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
+    ``max_device_batch`` they must split evenly over the replicas (the error names the nearest
+    that do). An update of one part (one device, one micro-batch) measures the gradient noise
+    against the previous update's gradient (AdaptDL's estimate for one replica).
     """
 
     def __init__(
@@ -305,17 +305,13 @@ class AdaptiveSampler(CustomSampler):
                     f"{what}={value} is not a multiple of micro_batch x replicas = {micro_batch} x {num_replicas} = "
                     f"{unit}: every update is whole micro-batches on every replica; use {what}="
                     f"{max(unit, value // unit * unit)} or {-(-value // unit) * unit}")
-            if grows and even_split_problems([positive_int(value, what)], micro_batch, num_replicas, 2):
-                why = even_split_problems([value], micro_batch, num_replicas, 2)[0].split(": ", 1)[1]
+            if grows and even_split_problems([positive_int(value, what)], micro_batch, num_replicas):
+                why = even_split_problems([value], micro_batch, num_replicas)[0].split(": ", 1)[1]
                 raise InvalidValue(f"{what}={value}: every update is split evenly over the replicas; {why}")
-        if not grows and base_batch < 2 * micro_batch:
-            raise InvalidValue(
-                f"base_batch={base_batch} is a single micro-batch of {micro_batch}: measuring gradient noise needs "
-                f"two parts or more per update; use micro_batch <= {base_batch // 2} or base_batch >= {2 * unit}")
         if max_batch > size:
             raise InvalidValue(f"max_batch={max_batch} is larger than the data set ({size} samples): an update "
                                f"cannot span epochs; use max_batch <= "
-                               f"{largest_even_batch(size, micro_batch, num_replicas, 2) if grows else size // unit * unit}")
+                               f"{largest_even_batch(size, micro_batch, num_replicas) if grows else size // unit * unit}")
         controller = _Controller(micro_batch, num_replicas, base_batch=base_batch, max_batch=max_batch,
                                  min_batch=min_batch, threshold=threshold, decay=decay,
                                  policy="ragged" if grows else "error")
@@ -411,8 +407,8 @@ class AdaptiveSampler(CustomSampler):
 
     def trace(self) -> Trace:
         """The global batch of every update trained so far: replays the run with ``CustomSampler``
-        (same seed and shuffle, ``minibatch_size=micro_batch``, or ``max_device_batch=max_device_batch,
-        min_micro_batches=2``; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
+        (same seed and shuffle, and ``minibatch_size=micro_batch`` or ``max_device_batch=max_device_batch``;
+        ``when_exhausted='stop'`` if the run ended mid-epoch)."""
         return Trace(list(self.controller.batches), "stop", source="adaptive run")
 
     def write_trace(self, path: str) -> None:
@@ -461,6 +457,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         self._last: float | None = None  # the previous update's last micro-step, this iteration
         self._micro_stamp: float | None = None  # this update's latest micro-step
         self._accumulating = 0.0  # seconds of this update's micro-steps after its first
+        self._previous: tuple[int, list[torch.Tensor]] | None = None  # (batch, mean gradient) of a one-part update
 
     # --- the adaptive schedule's epoch, read fresh (it grows while training) -----------------------
     @property
@@ -534,8 +531,11 @@ class AdaptiveOptimizer(TraceOptimizer):
         if self.engine.scaler is not None:  # AMP: the accumulated gradient carries the loss scale
             mean_sq /= float(self.engine.scaler.get_scale()) ** 2
         samples = [micro if j < plan.counts(r)[step] else 0 for r in range(replicas) for j in range(slots)]
-        measurable = sum(1 for s in samples if s) >= 2 and all(map(math.isfinite, [*parts, mean_sq]))
-        noise = estimate(parts, samples, mean_sq) if measurable else None  # not an inf/NaN step AMP skips
+        finite = all(map(math.isfinite, [*parts, mean_sq]))  # not an inf/NaN step AMP skips
+        if sum(1 for s in samples if s) >= 2:
+            noise, self._previous = (estimate(parts, samples, mean_sq) if finite else None), None
+        else:
+            noise = self._consecutive(weight, batch, mean_sq) if finite else None
         controller = self.controller
         controller.record(batch, (seconds[0], seconds[1]) if timed else None, noise)
 
@@ -568,6 +568,23 @@ class AdaptiveOptimizer(TraceOptimizer):
             print(f"aikit adaptive: epoch {self.epoch} update {done - 1} batch {batch} lr {lr:.6g} "
                   f"noise scale {smoothed:.4g}", flush=True)
 
+    def _consecutive(self, weight: float, batch: int, mean_sq: float) -> NoiseEstimate | None:
+        """An update of one part (one device, one micro-batch) cannot tell noise from signal
+        alone: with the previous update's gradient as a second part, it can (AdaptDL's
+        "difference estimation" for one replica). Biased upwards by how much the true gradient
+        moved in one update, which is small next to the noise of a batch that pays to grow."""
+        scale = 1.0 if self.engine.scaler is None else float(self.engine.scaler.get_scale())
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
+        now = torch._foreach_mul(grads, weight / scale)  # this update's mean gradient
+        previous, self._previous = self._previous, (batch, now)
+        if previous is None:
+            return None
+        before, gradient = previous
+        both = torch._foreach_add(torch._foreach_mul(gradient, before / (before + batch)), now,
+                                  alpha=batch / (before + batch))  # the mean over both updates' samples
+        norms = [float(torch.stack(torch._foreach_norm(g)).double().square().sum()) for g in (gradient, both)]
+        return estimate([norms[0], mean_sq], [before, batch], norms[1])
+
     def _scaled_lr(self, lr: float, batch: int) -> float:
         noise = self.controller.noise
         return adaptive_lr(lr, batch, self.ref_batchsize, self.rule, noise.smoothed if noise.updates else None,
@@ -586,13 +603,24 @@ class AdaptiveOptimizer(TraceOptimizer):
         write_schedule(path, [(update, lr) for update, _, lr, _ in self.history])
 
     # --- checkpoints: the trace optimizer's state and the adaptive schedule's ------------------------
-    _extra_keys = ("adaptive",)
+    _extra_keys = ("adaptive", "previous")
 
     def _extra_state(self) -> dict:
-        return {"adaptive": self.sampler.schedule.state_dict()}
+        previous = None if self._previous is None else {
+            "batch": self._previous[0], "gradient": [g.detach().clone() for g in self._previous[1]]}
+        return {"adaptive": self.sampler.schedule.state_dict(), "previous": previous}
 
     def _check_position(self, state: dict) -> None:
-        trace, schedule = state["trace"], self.sampler.schedule
+        trace, schedule, previous = state["trace"], self.sampler.schedule, state["previous"]
+        if previous is not None:
+            if not isinstance(previous, dict) or set(previous) != {"batch", "gradient"}:
+                raise ValueError("the adaptive state's 'previous' needs keys batch and gradient, or None")
+            positive_int(previous["batch"], "previous batch")
+            if not isinstance(previous["gradient"], list) or len(previous["gradient"]) != len(self.params) or any(
+                    not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(p.shape)
+                    for g, p in zip(previous["gradient"], self.params, strict=True)):
+                raise ValueError("the adaptive state's previous gradient does not fit this model's parameters: "
+                                 "resume with the model that saved it")
         sizes, starts, _ = schedule.checked(state["adaptive"])
         problem = schedule.position_problem(sizes, starts, trace["epoch"], trace["step"], trace["micro"],
                                             self.sampler.rank)
@@ -601,6 +629,9 @@ class AdaptiveOptimizer(TraceOptimizer):
 
     def _load_extra(self, state: dict) -> None:
         self.sampler.schedule.load(*self.sampler.schedule.checked(state["adaptive"]))
+        previous = state["previous"]
+        self._previous = None if previous is None else (
+            int(previous["batch"]), [g.to(self.device).clone() for g in previous["gradient"]])
         self.norms.clear()
         self._last, self._micro_stamp, self._accumulating = None, None, 0.0
 
