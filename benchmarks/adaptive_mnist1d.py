@@ -48,6 +48,7 @@ from aikit.core.gradient_noise import gain
 from aikit.core.plan import make_plan
 from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler, ConstantOptimizer, CustomSampler
 
+
 class Clock:
     """Training seconds: ``perf_counter`` with the evaluations taken out."""
 

@@ -10,7 +10,8 @@ that epoch only. Each step of global batch ``B`` is cut into ``B / minibatch_siz
 micro-batches (static shapes), dealt round-robin to the replicas: micro-batch ``j`` goes to
 replica ``j % num_replicas``. With ``max_device_batch`` instead, each step is split evenly over
 the replicas in the fewest micro-batches of at most that many samples
-(:func:`aikit.core.plan.even_micro_batches`): the micro-batch grows with the step. A replica dealt fewer micro-batches than another has nothing to
+(:func:`aikit.core.plan.even_micro_batches`): the micro-batch grows with the step.
+A replica dealt fewer micro-batches than another has nothing to
 fill in: it contributes zero weight for the missing ones and still joins the step's single
 all-reduce. Every micro-batch's gradient carries weight ``micro-batch / B``.
 

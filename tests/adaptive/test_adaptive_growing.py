@@ -157,5 +157,5 @@ def test_replay_refuses_optimizers_that_scale_from_one_fixed_micro_batch():
     sampler = CustomSampler(48, [16, 32], max_device_batch=16, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match=r"micro-batch varies by step \(max_device_batch\): .*minibatch_size"):
         LinearRuleMomentumOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), sampler, 16)
-    with pytest.raises(ValueError, match="give minibatch_size .* or max_device_batch .*not both"):
+    with pytest.raises(ValueError, match=r"give minibatch_size .* or max_device_batch .*not both"):
         CustomSampler(64, [16, 32], minibatch_size=8, max_device_batch=16)

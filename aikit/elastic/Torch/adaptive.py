@@ -294,7 +294,8 @@ class AdaptiveSampler(CustomSampler):
             raise InvalidValue("give micro_batch (fixed, static shapes) or max_device_batch (the per-device batch "
                                "grows with the global batch), one of them")
         grows = max_device_batch is not None
-        size, num_replicas, micro_batch = checked_settings(size, num_replicas, max_device_batch if grows else micro_batch)
+        per_device = max_device_batch if grows else micro_batch
+        size, num_replicas, micro_batch = checked_settings(size, num_replicas, per_device)
         unit = micro_batch * num_replicas
         bounds = (("base_batch", base_batch), ("max_batch", max_batch), ("min_batch", min_batch))
         for what, value in bounds:
@@ -309,9 +310,9 @@ class AdaptiveSampler(CustomSampler):
                 why = even_split_problems([value], micro_batch, num_replicas)[0].split(": ", 1)[1]
                 raise InvalidValue(f"{what}={value}: every update is split evenly over the replicas; {why}")
         if max_batch > size:
+            largest = largest_even_batch(size, micro_batch, num_replicas) if grows else size // unit * unit
             raise InvalidValue(f"max_batch={max_batch} is larger than the data set ({size} samples): an update "
-                               f"cannot span epochs; use max_batch <= "
-                               f"{largest_even_batch(size, micro_batch, num_replicas) if grows else size // unit * unit}")
+                               f"cannot span epochs; use max_batch <= {largest}")
         controller = _Controller(micro_batch, num_replicas, base_batch=base_batch, max_batch=max_batch,
                                  min_batch=min_batch, threshold=threshold, decay=decay,
                                  policy="ragged" if grows else "error")

@@ -89,9 +89,9 @@ class TraceOptimizer(WrappingOptimizer):
             )
         if self.per_micro_batch and getattr(self.sampler.schedule, "max_device_batch", None) is not None:
             raise ValueError(
-                f"{type(self).__name__} scales its LR from one micro-batch of minibatch_size samples, but this sampler's "
-                "micro-batch varies by step (max_device_batch): build the CustomSampler with minibatch_size, or use "
-                "LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
+                f"{type(self).__name__} scales its LR from one micro-batch of minibatch_size samples, but this "
+                "sampler's micro-batch varies by step (max_device_batch): build the CustomSampler with "
+                "minibatch_size, or use LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
         if ref_batchsize is None and rule_name(self.rule) != "constant":
             raise ValueError(f"{type(self).__name__} needs ref_batchsize, the global batch its LR was tuned for")
         self.ref_batchsize = None if ref_batchsize is None else positive_int(ref_batchsize, "ref_batchsize")
