@@ -30,7 +30,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from aikit.core.errors import InvalidValue
-from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, efficiency
+from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, gains
 from aikit.core.plan import make_plan, positive_int
 
 __all__ = ["GoodputController", "ThroughputModel"]
@@ -194,12 +194,27 @@ class GoodputController:
             return False
         return True
 
+    def plans(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(micro-batch, GA steps)`` of :meth:`plan` for many batches at once."""
+        if self.policy == "fewer_devices":  # a divisor search per batch
+            plans = [self.plan(int(b)) for b in batches]
+            return np.array([p.batch_size for p in plans]), np.array([p.steps for p in plans])
+        devices = np.minimum(self.devices, batches)
+        steps = -(-batches // (devices * self.max_device_batch))
+        return -(-batches // (devices * steps)), steps
+
     def goodput(self, batch: int) -> float:
         """Predicted training progress per second at ``batch``, in base-batch samples per second."""
-        plan = self.plan(batch)
-        samples_per_second = batch / self.throughput.seconds(plan.batch_size, plan.steps)
+        return float(self.goodputs(np.array([positive_int(batch, "batch")]))[0])
+
+    def goodputs(self, batches: np.ndarray) -> np.ndarray:
+        """:meth:`goodput` of many batches at once."""
+        batches = np.asarray(batches, dtype=np.int64)
+        micro, steps = self.plans(batches)
+        samples_per_second = batches / self.throughput.seconds(micro, steps)
         noise = self.noise.smoothed
-        return samples_per_second * efficiency(noise.trace, noise.grad_sq, batch, self.base_batch)
+        efficiency = gains(noise.trace, noise.grad_sq, batches, self.base_batch) * self.base_batch / batches
+        return samples_per_second * efficiency
 
     def propose(self) -> int | None:
         """The new global batch to use from the next update on, or None to keep the current
@@ -207,7 +222,8 @@ class GoodputController:
         if not self.throughput.configurations or not self.noise.updates:
             return None
         current = self.goodput(self.batch)
-        scores = {int(b): self.goodput(int(b)) for b in self.candidates()}
+        candidates = self.candidates()
+        scores = dict(zip(candidates.tolist(), self.goodputs(candidates).tolist(), strict=True))
         best = max(scores, key=lambda b: (scores[b], -abs(b - self.batch)))
         gain = scores[best] / current if current > 0 else math.inf
         if best == self.batch or gain <= 1 + self.threshold:

@@ -34,10 +34,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from aikit.core.ga import sample_count
 from aikit.core.plan import positive_int
 
-__all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "estimate_from_totals", "gain"]
+__all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "estimate_from_totals", "gain", "gains"]
 
 
 @dataclass(frozen=True)
@@ -103,10 +105,16 @@ def gain(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:
     worth, in ``[1, batch / base_batch]`` for ``batch >= base_batch``. Negative estimates (noise)
     count as zero: with no measured signal a step is worth ``batch / base_batch`` base steps."""
     batch, base_batch = positive_int(batch, "batch"), positive_int(base_batch, "base_batch")
+    return float(gains(trace, grad_sq, np.asarray(batch), base_batch))
+
+
+def gains(trace: float, grad_sq: float, batches: np.ndarray, base_batch: int) -> np.ndarray:
+    """:func:`gain` of many batches at once (positive ints, unchecked): a controller scores
+    every candidate batch at each decision."""
     trace, grad_sq = max(trace, 0.0), max(grad_sq, 0.0)
     if trace == 0 and grad_sq == 0:
-        return 1.0
-    return (trace / base_batch + grad_sq) / (trace / batch + grad_sq)
+        return np.ones(np.shape(batches))
+    return (trace / base_batch + grad_sq) / (trace / batches + grad_sq)
 
 
 def efficiency(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:

@@ -78,6 +78,14 @@ class _Controller(GoodputController):
             raise InvalidValue(even_split_problems([batch], self.max_device_batch, self.devices)[0])
         return Plan(batch, self.max_device_batch, self.devices, self.devices, batch // (micro * self.devices), "error")
 
+    def plans(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self.grows:
+            return super().plans(batches)
+        micro = even_micro_batches(batches, self.max_device_batch, self.devices)
+        if not micro.all():
+            raise InvalidValue(even_split_problems(batches, self.max_device_batch, self.devices)[0])
+        return micro, batches // (micro * self.devices)
+
     def candidates(self) -> np.ndarray:
         unit = self.devices if self.grows else self.max_device_batch * self.devices
         found = np.arange(-(-self.min_batch // unit), self.max_batch // unit + 1, dtype=np.int64) * unit
