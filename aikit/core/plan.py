@@ -178,15 +178,15 @@ def make_plan(
 
 
 def even_micro_batches(
-    batch_sizes: np.ndarray, max_device_batch: int, devices: int, min_micro_batches: int = 1
+    batch_sizes: np.ndarray, max_device_batch: int, devices: int, min_micro_batches: int | np.ndarray = 1
 ) -> np.ndarray:
     """The micro-batch of every global batch in ``batch_sizes`` when each is split evenly over
     ``devices`` with the fewest GA steps that keep a micro-batch at most ``max_device_batch`` and
-    give at least ``min_micro_batches`` micro-batches over all devices (2 on one device: gradient
-    noise needs two parts); 0 where no such even split exists.
+    give at least ``min_micro_batches`` micro-batches over all devices (one per batch, or one for
+    all; 2 on one device measures the gradient noise); 0 where no such even split exists.
 
-    A function of the batch alone, so a trace of global batches and these three numbers fix
-    every micro-batch: how an adaptive run that grows its per-device batch (as AdaptDL does) is
+    A function of the batch alone, so a trace of global batches and these numbers fix every
+    micro-batch: how an adaptive run that grows its per-device batch (as AdaptDL does) is
     replayed by ``CustomSampler(max_device_batch=...)``."""
     sizes = np.asarray(batch_sizes, dtype=np.int64)
     steps = np.maximum(-(-min_micro_batches // devices), -(-sizes // (devices * max_device_batch)))
@@ -205,13 +205,14 @@ def largest_even_batch(limit: int, max_device_batch: int, devices: int, min_micr
 
 
 def even_split_problems(batch_sizes: np.ndarray, max_device_batch: int, devices: int,
-                        min_micro_batches: int = 1) -> list[str]:
+                        min_micro_batches: int | np.ndarray = 1) -> list[str]:
     """One line per batch of ``batch_sizes`` that :func:`even_micro_batches` cannot split, the
     first ten with the nearest batches that split (empty when all do)."""
     sizes = np.asarray(batch_sizes, dtype=np.int64)
+    least = np.broadcast_to(np.asarray(min_micro_batches, dtype=np.int64), sizes.shape)
     problems = []
-    for row in np.flatnonzero(even_micro_batches(sizes, max_device_batch, devices, min_micro_batches) == 0).tolist():
-        size = int(sizes[row])
+    for row in np.flatnonzero(even_micro_batches(sizes, max_device_batch, devices, least) == 0).tolist():
+        size, min_micro_batches = int(sizes[row]), int(least[row])
         use = ""
         if len(problems) < 10:
             window = min(4 * devices * (size // (devices * max_device_batch) + min_micro_batches + 1), 10**6)

@@ -127,13 +127,29 @@ class EpochSchedule:
         return sample_weight(self.micro_size(step), int(self.batch_sizes[step]))
 
 
+def split_minimums(first: int, end: int, min_micro_batches: int, noise_every: int | None) -> np.ndarray:
+    """The fewest micro-batches of steps ``first..end-1`` split by ``max_device_batch``:
+    ``min_micro_batches``, and two on every ``noise_every``-th step (0, k, 2k, ...), where an
+    adaptive run on one device measures the gradient noise from the two halves of one update."""
+    steps = np.arange(first, end)
+    if not noise_every:
+        return np.full(len(steps), min_micro_batches, dtype=np.int64)
+    return np.where(steps % noise_every == 0, max(min_micro_batches, 2), min_micro_batches)
+
+
 def schedule_problems(
     trace: Trace, dataset_size: int, num_replicas: int, minibatch_size: int, balanced: bool = False, *,
-    max_device_batch: int | None = None, min_micro_batches: int = 1,
+    max_device_batch: int | None = None, min_micro_batches: int = 1, noise_every: int | None = None,
 ) -> list[str]:
     """Every reason ``trace`` cannot be scheduled with these settings (empty when it can)."""
     if max_device_batch is not None:
-        problems = even_split_problems(trace.sizes, max_device_batch, num_replicas, min_micro_batches)
+        least = split_minimums(0, len(trace), min_micro_batches, noise_every)
+        if noise_every and not trace.is_finite:  # a repeated row may fall on any step
+            least = np.full(len(trace), max(min_micro_batches, 2))
+            problems = even_split_problems(trace.sizes, max_device_batch, num_replicas, min_micro_batches)
+        else:
+            problems = []
+        problems = problems or even_split_problems(trace.sizes, max_device_batch, num_replicas, least)
     else:
         unit = minibatch_size * (num_replicas if balanced else 1)
         what = "minibatch_size x num_replicas" if balanced else "minibatch_size"
@@ -194,14 +210,17 @@ class Schedule:
         *,
         max_device_batch: int | None = None,
         min_micro_batches: int = 1,
+        noise_every: int | None = None,
     ):
         self.trace = load_trace(trace)
         self.max_device_batch = max_device_batch
+        self.min_micro_batches, self.noise_every = 1, None
         if max_device_batch is not None:  # each step split evenly: its micro-batch is a function of its batch
             minibatch_size = max_device_batch
             self.min_micro_batches = positive_int(min_micro_batches, "min_micro_batches")
-        else:
-            self.min_micro_batches = 1
+            self.noise_every = None if noise_every is None else positive_int(noise_every, "noise_every")
+        elif noise_every is not None:
+            raise InvalidValue("noise_every splits steps that max_device_batch would run whole: give max_device_batch")
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
             dataset_size, num_replicas, minibatch_size)
         if max_device_batch is not None:
@@ -224,7 +243,8 @@ class Schedule:
     def problems(self) -> list[str]:
         """Every reason the trace cannot run with these settings (empty when it can)."""
         return schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, self.balanced,
-                                 max_device_batch=self.max_device_batch, min_micro_batches=self.min_micro_batches)
+                                 max_device_batch=self.max_device_batch, min_micro_batches=self.min_micro_batches,
+                                 noise_every=self.noise_every)
 
     def _find_epochs(self, count: int | float) -> None:
         """Extend the known epoch starts to ``count`` complete epochs, or to the trace's end."""
@@ -289,7 +309,8 @@ class Schedule:
         order = self._order(epoch) if self.shuffle else np.arange(self.dataset_size)
         sizes = self.trace.window(first, end)
         micro = None if self.max_device_batch is None else even_micro_batches(
-            sizes, self.max_device_batch, self.num_replicas, self.min_micro_batches)
+            sizes, self.max_device_batch, self.num_replicas,
+            split_minimums(first, end, self.min_micro_batches, self.noise_every))
         return EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas, complete, micro)
 
     def _order(self, epoch: int) -> np.ndarray:

@@ -47,7 +47,7 @@ from aikit.core.goodput import GoodputController
 from aikit.core.gradient_noise import NoiseEstimate, estimate
 from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, positive_int
 from aikit.core.scaling import adaptive_lr, adaptive_rule_name
-from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value
+from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value, split_minimums
 from aikit.core.trace import Trace
 from aikit.elastic.Torch import distributed
 from aikit.elastic.Torch.collectives import engine, mark_step
@@ -66,9 +66,11 @@ class _Controller(GoodputController):
     scores (GA steps x micro-batch) is exactly the schedule's round-robin deal: whole
     micro-batches of ``micro_batch`` on every replica, or (``grows``) every batch that splits
     evenly in the fewest micro-batches of at most ``max_device_batch``
-    (:func:`aikit.core.plan.even_micro_batches`)."""
+    (:func:`aikit.core.plan.even_micro_batches`), and in two on every ``noise_every``-th update.
+    It scores each batch by the plan of the updates between those."""
 
     grows = False  # the micro-batch grows with the batch, up to max_device_batch
+    noise_every: int | None = None  # with grows: every noise_every-th update in two micro-batches or more
 
     def plan(self, batch: int) -> Plan:
         if not self.grows:
@@ -89,22 +91,25 @@ class _Controller(GoodputController):
     def candidates(self) -> np.ndarray:
         unit = self.devices if self.grows else self.max_device_batch * self.devices
         found = np.arange(-(-self.min_batch // unit), self.max_batch // unit + 1, dtype=np.int64) * unit
-        if self.grows:
-            found = found[even_micro_batches(found, self.max_device_batch, self.devices) > 0]
+        if self.grows:  # the batch must split for the updates between and on those that measure the noise
+            splits = [even_micro_batches(found, self.max_device_batch, self.devices, least) > 0
+                      for least in {1, 2 if self.noise_every else 1}]
+            found = found[np.logical_and.reduce(splits)]
         if len(found) > 1000:  # about a thousand, spread geometrically
             found = found[np.unique(np.geomspace(1, len(found), 1000).round().astype(np.int64) - 1)]
         return np.unique(np.concatenate([found, [self.batch]]))
 
-    def record(self, batch: int, seconds: tuple[float, float] | None, noise: NoiseEstimate | None) -> None:
+    def record(self, batch: int, seconds: tuple[float, float] | None, noise: NoiseEstimate | None,
+               micro: int, steps: int) -> None:
         """One update of ``batch`` samples (the batch decided for it, or an epoch's shorter
-        last update). ``seconds``, where timed: the update's whole cycle, and the cycle less its
-        micro-steps but one, the time an update of a single micro-step would take (AdaptDL
-        times accumulation and update steps apart for the same reason): so the per-update cost
-        is known from the first batch on, and a larger batch's saving can be predicted."""
+        last update) in ``steps`` micro-steps of ``micro`` samples per device. ``seconds``, where
+        timed: the update's whole cycle, and the cycle less its micro-steps but one, the time an
+        update of a single micro-step would take (AdaptDL times accumulation and update steps
+        apart for the same reason): so the per-update cost is known from the first batch on, and
+        a larger batch's saving can be predicted."""
         if seconds is not None:
-            plan = self.plan(batch)
-            self.throughput.observe(plan.batch_size, plan.steps, seconds[0])
-            self.throughput.observe(plan.batch_size, 1, seconds[1])
+            self.throughput.observe(micro, steps, seconds[0])
+            self.throughput.observe(micro, 1, seconds[1])
         if noise is not None:
             self.noise.update(noise)
         self.batches.append(batch)
@@ -144,24 +149,31 @@ class AdaptiveSchedule:
         """Samples each epoch leaves out with a fixed micro-batch: fewer than one micro-batch."""
         return 0 if self.controller.grows else self.dataset_size % self.minibatch_size
 
-    def _fitting(self, left: int) -> int:
-        """The largest batch of at most ``left`` samples the run can take (0: none)."""
+    def _least(self, first: int, end: int) -> np.ndarray:
+        """The fewest micro-batches of updates ``first..end-1`` (with ``grows``)."""
+        return split_minimums(first, end, 1, self.controller.noise_every)
+
+    def _fitting(self, left: int, update: int) -> int:
+        """The largest batch of at most ``left`` samples update ``update`` can take (0: none)."""
         if self.controller.grows:
-            return largest_even_batch(left, self.minibatch_size, self.num_replicas)
+            least = int(self._least(update, update + 1)[0])
+            return largest_even_batch(left, self.minibatch_size, self.num_replicas, least)
         return left // self.minibatch_size * self.minibatch_size
 
-    def micro_sizes(self, sizes: list[int] | np.ndarray) -> np.ndarray | None:
-        """Each update's micro-batch where it grows with the batch (None: ``minibatch_size`` always)."""
+    def micro_sizes(self, sizes: list[int] | np.ndarray, first: int) -> np.ndarray | None:
+        """The micro-batch of updates ``first, first + 1, ...`` of ``sizes`` where it grows with the
+        batch (None: ``minibatch_size`` always)."""
         if not self.controller.grows:
             return None
-        return even_micro_batches(sizes, self.minibatch_size, self.num_replicas)
+        return even_micro_batches(sizes, self.minibatch_size, self.num_replicas,
+                                  self._least(first, first + len(sizes)))
 
     def extend(self, done: int) -> None:
         """Decide the batches up to update ``done + lookahead`` (updates ``0..done-1`` are trained)."""
         while len(self.sizes) <= done + self.lookahead:
-            left = self.dataset_size - sum(self.sizes[self.starts[-1]:])
-            self.sizes.append(min(self.controller.batch, self._fitting(left)))
-            if not self._fitting(left - self.sizes[-1]):
+            left, update = self.dataset_size - sum(self.sizes[self.starts[-1]:]), len(self.sizes)
+            self.sizes.append(min(self.controller.batch, self._fitting(left, update)))
+            if not self._fitting(left - self.sizes[-1], update + 1):
                 self.starts.append(len(self.sizes))  # the epoch is full: the next update opens the next one
 
     def epoch(self, epoch: int) -> EpochSchedule:
@@ -180,15 +192,16 @@ class AdaptiveSchedule:
                 else np.arange(self.dataset_size))
             sizes = np.asarray(self.sizes[first:end], dtype=np.int64)
             view = EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas,
-                                 epoch + 1 < len(self.starts), self.micro_sizes(sizes))
+                                 epoch + 1 < len(self.starts), self.micro_sizes(sizes, first))
             self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
             self._views[epoch] = cached = (end, view)
         return cached[1]
 
     def settings(self) -> dict:
         c = self.controller
-        per_device = "max_device_batch" if c.grows else "micro_batch"
-        return {"dataset_size": self.dataset_size, per_device: self.minibatch_size,
+        per_device = {"max_device_batch": self.minibatch_size, "noise_every": c.noise_every} if c.grows else {
+            "micro_batch": self.minibatch_size}
+        return {"dataset_size": self.dataset_size, **per_device,
                 "num_replicas": self.num_replicas, "seed": self.seed, "shuffle": self.shuffle,
                 "base_batch": c.base_batch, "min_batch": c.min_batch, "max_batch": c.max_batch}
 
@@ -211,7 +224,7 @@ class AdaptiveSchedule:
             raise ValueError(f"the adaptive state was saved by a run with other settings ({'; '.join(differ)}): "
                              "build the AdaptiveSampler as that run did")
         sizes, starts = [positive_int(s, "sizes[i]") for s in state["sizes"]], [int(s) for s in state["starts"]]
-        uneven = [size for size in sizes if self._fitting(size) != size]
+        uneven = [size for update, size in enumerate(sizes) if self._fitting(size, update) != size]
         if uneven:
             raise ValueError(f"the adaptive state holds batch {uneven[0]}, which this run cannot deal in whole "
                              "micro-batches: it was not saved by a run with these settings")
@@ -219,7 +232,7 @@ class AdaptiveSchedule:
         controller = _Controller(c.max_device_batch, c.devices, base_batch=c.base_batch, max_batch=c.max_batch,
                                  min_batch=c.min_batch, threshold=c.threshold, decay=c.noise.decay, policy=c.policy)
         controller.load_state_dict(state["controller"])
-        controller.min_estimates, controller.grows = c.min_estimates, c.grows
+        controller.min_estimates, controller.grows, controller.noise_every = c.min_estimates, c.grows, c.noise_every
         return sizes, starts, controller
 
     def load(self, sizes: list[int], starts: list[int], controller: _Controller) -> None:
@@ -235,8 +248,9 @@ class AdaptiveSchedule:
         if not 0 <= step <= end - starts[epoch]:
             return f"no step {step} in epoch {epoch}"
         if step < end - starts[epoch]:
-            size = sizes[starts[epoch] + step]
-            total = size // int(self.micro_sizes([size])[0]) if self.controller.grows else size // self.minibatch_size
+            update = starts[epoch] + step
+            grown = self.micro_sizes([sizes[update]], update)
+            total = sizes[update] // (self.minibatch_size if grown is None else int(grown[0]))
             mine = (total - rank + self.num_replicas - 1) // self.num_replicas
             return None if 0 <= micro <= mine else f"no micro-batch {micro} of step {step} for rank {rank}"
         return None if micro == 0 else f"no micro-batch {micro} past the end of epoch {epoch}"
@@ -255,6 +269,10 @@ class AdaptiveSampler(CustomSampler):
             update is split evenly in the fewest micro-batches of at most that many, so the
             per-device batch grows with the global batch, as AdaptDL's does, and a larger batch
             also runs faster.
+        noise_every: with ``max_device_batch``, every ``noise_every``-th update (0, k, 2k, ...)
+            runs in two micro-batches or more even where one would hold it: one device measures
+            the gradient noise from the two halves of one update there (other updates of one
+            part measure none), at the cost of one more micro-step every ``noise_every`` updates.
         min_batch: the smallest global batch (default ``base_batch``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
@@ -271,8 +289,7 @@ class AdaptiveSampler(CustomSampler):
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``base_batch``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
     ``max_device_batch`` they must split evenly over the replicas (the error names the nearest
-    that do). An update of one part (one device, one micro-batch) measures the gradient noise
-    against the previous update's gradient (AdaptDL's estimate for one replica).
+    that do).
     """
 
     def __init__(
@@ -294,6 +311,7 @@ class AdaptiveSampler(CustomSampler):
         interval: int = 10,
         dataset_size: int | None = None,
         max_device_batch: int | None = None,
+        noise_every: int = 4,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
@@ -302,6 +320,7 @@ class AdaptiveSampler(CustomSampler):
             raise InvalidValue("give micro_batch (fixed, static shapes) or max_device_batch (the per-device batch "
                                "grows with the global batch), one of them")
         grows = max_device_batch is not None
+        noise_every = positive_int(noise_every, "noise_every") if grows else None
         per_device = max_device_batch if grows else micro_batch
         size, num_replicas, micro_batch = checked_settings(size, num_replicas, per_device)
         unit = micro_batch * num_replicas
@@ -314,9 +333,12 @@ class AdaptiveSampler(CustomSampler):
                     f"{what}={value} is not a multiple of micro_batch x replicas = {micro_batch} x {num_replicas} = "
                     f"{unit}: every update is whole micro-batches on every replica; use {what}="
                     f"{max(unit, value // unit * unit)} or {-(-value // unit) * unit}")
-            if grows and even_split_problems([positive_int(value, what)], micro_batch, num_replicas):
-                why = even_split_problems([value], micro_batch, num_replicas)[0].split(": ", 1)[1]
-                raise InvalidValue(f"{what}={value}: every update is split evenly over the replicas; {why}")
+            for least in (1, 2) if grows else ():  # the updates between and those that measure the noise
+                problems = even_split_problems([positive_int(value, what)], micro_batch, num_replicas, least)
+                if problems:
+                    raise InvalidValue(f"{what}={value}: every update is split evenly over the replicas"
+                                       f"{f', every {noise_every}th in two or more' if least == 2 else ''}; "
+                                       + problems[0].split(": ", 1)[1])
         if max_batch > size:
             largest = largest_even_batch(size, micro_batch, num_replicas) if grows else size // unit * unit
             raise InvalidValue(f"max_batch={max_batch} is larger than the data set ({size} samples): an update "
@@ -325,6 +347,7 @@ class AdaptiveSampler(CustomSampler):
                                  min_batch=min_batch, threshold=threshold, decay=decay,
                                  policy="ragged" if grows else "error")
         controller.grows = grows
+        controller.noise_every = noise_every
         controller.min_estimates = round(1 / (1 - controller.noise.decay)) if min_estimates is None else \
             _count(min_estimates, "min_estimates")
         self.schedule = AdaptiveSchedule(size, controller, micro_batch, num_replicas, seed, shuffle, lookahead)
@@ -416,8 +439,8 @@ class AdaptiveSampler(CustomSampler):
 
     def trace(self) -> Trace:
         """The global batch of every update trained so far: replays the run with ``CustomSampler``
-        (same seed and shuffle, and ``minibatch_size=micro_batch`` or ``max_device_batch=max_device_batch``;
-        ``when_exhausted='stop'`` if the run ended mid-epoch)."""
+        (same seed and shuffle, and ``minibatch_size=micro_batch``, or ``max_device_batch`` and
+        ``noise_every`` as here; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
         return Trace(list(self.controller.batches), "stop", source="adaptive run")
 
     def write_trace(self, path: str) -> None:
@@ -466,7 +489,6 @@ class AdaptiveOptimizer(TraceOptimizer):
         self._last: float | None = None  # the previous update's last micro-step, this iteration
         self._micro_stamp: float | None = None  # this update's latest micro-step
         self._accumulating = 0.0  # seconds of this update's micro-steps after its first
-        self._previous: tuple[int, list[torch.Tensor]] | None = None  # (batch, mean gradient) of a one-part update
 
     # --- the adaptive schedule's epoch, read fresh (it grows while training) -----------------------
     @property
@@ -541,12 +563,9 @@ class AdaptiveOptimizer(TraceOptimizer):
             mean_sq /= float(self.engine.scaler.get_scale()) ** 2
         samples = [micro if j < plan.counts(r)[step] else 0 for r in range(replicas) for j in range(slots)]
         finite = all(map(math.isfinite, [*parts, mean_sq]))  # not an inf/NaN step AMP skips
-        if sum(1 for s in samples if s) >= 2:
-            noise, self._previous = (estimate(parts, samples, mean_sq) if finite else None), None
-        else:
-            noise = self._consecutive(weight, batch, mean_sq) if finite else None
+        noise = estimate(parts, samples, mean_sq) if finite and sum(1 for s in samples if s) >= 2 else None
         controller = self.controller
-        controller.record(batch, (seconds[0], seconds[1]) if timed else None, noise)
+        controller.record(batch, (seconds[0], seconds[1]) if timed else None, noise, micro, slots)
 
         base = [group["lr"] for group in self.param_groups]
         for group in self.param_groups:
@@ -577,23 +596,6 @@ class AdaptiveOptimizer(TraceOptimizer):
             print(f"aikit adaptive: epoch {self.epoch} update {done - 1} batch {batch} lr {lr:.6g} "
                   f"noise scale {smoothed:.4g}", flush=True)
 
-    def _consecutive(self, weight: float, batch: int, mean_sq: float) -> NoiseEstimate | None:
-        """An update of one part (one device, one micro-batch) cannot tell noise from signal
-        alone: with the previous update's gradient as a second part, it can (AdaptDL's
-        "difference estimation" for one replica). Biased upwards by how much the true gradient
-        moved in one update, which is small next to the noise of a batch that pays to grow."""
-        scale = 1.0 if self.engine.scaler is None else float(self.engine.scaler.get_scale())
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
-        now = torch._foreach_mul(grads, weight / scale)  # this update's mean gradient
-        previous, self._previous = self._previous, (batch, now)
-        if previous is None:
-            return None
-        before, gradient = previous
-        both = torch._foreach_add(torch._foreach_mul(gradient, before / (before + batch)), now,
-                                  alpha=batch / (before + batch))  # the mean over both updates' samples
-        norms = [float(torch.stack(torch._foreach_norm(g)).double().square().sum()) for g in (gradient, both)]
-        return estimate([norms[0], mean_sq], [before, batch], norms[1])
-
     def _scaled_lr(self, lr: float, batch: int) -> float:
         noise = self.controller.noise
         return adaptive_lr(lr, batch, self.ref_batchsize, self.rule, noise.smoothed if noise.updates else None,
@@ -612,24 +614,13 @@ class AdaptiveOptimizer(TraceOptimizer):
         write_schedule(path, [(update, lr) for update, _, lr, _ in self.history])
 
     # --- checkpoints: the trace optimizer's state and the adaptive schedule's ------------------------
-    _extra_keys = ("adaptive", "previous")
+    _extra_keys = ("adaptive",)
 
     def _extra_state(self) -> dict:
-        previous = None if self._previous is None else {
-            "batch": self._previous[0], "gradient": [g.detach().clone() for g in self._previous[1]]}
-        return {"adaptive": self.sampler.schedule.state_dict(), "previous": previous}
+        return {"adaptive": self.sampler.schedule.state_dict()}
 
     def _check_position(self, state: dict) -> None:
-        trace, schedule, previous = state["trace"], self.sampler.schedule, state["previous"]
-        if previous is not None:
-            if not isinstance(previous, dict) or set(previous) != {"batch", "gradient"}:
-                raise ValueError("the adaptive state's 'previous' needs keys batch and gradient, or None")
-            positive_int(previous["batch"], "previous batch")
-            if not isinstance(previous["gradient"], list) or len(previous["gradient"]) != len(self.params) or any(
-                    not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(p.shape)
-                    for g, p in zip(previous["gradient"], self.params, strict=True)):
-                raise ValueError("the adaptive state's previous gradient does not fit this model's parameters: "
-                                 "resume with the model that saved it")
+        trace, schedule = state["trace"], self.sampler.schedule
         sizes, starts, _ = schedule.checked(state["adaptive"])
         problem = schedule.position_problem(sizes, starts, trace["epoch"], trace["step"], trace["micro"],
                                             self.sampler.rank)
@@ -638,9 +629,6 @@ class AdaptiveOptimizer(TraceOptimizer):
 
     def _load_extra(self, state: dict) -> None:
         self.sampler.schedule.load(*self.sampler.schedule.checked(state["adaptive"]))
-        previous = state["previous"]
-        self._previous = None if previous is None else (
-            int(previous["batch"]), [g.to(self.device).clone() for g in previous["gradient"]])
         self.norms.clear()
         self._last, self._micro_stamp, self._accumulating = None, None, 0.0
 

@@ -66,10 +66,11 @@ class CustomSampler(Sampler[list[int]]):
 
     ``minibatch_size`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits
     each step evenly over the replicas in the fewest micro-batches of at most that many samples,
-    at least ``min_micro_batches`` of them in all (:func:`aikit.core.plan.even_micro_batches`):
-    the per-device batch grows with the step, as in an :class:`~aikit.elastic.Torch.AdaptiveSampler`
-    run with ``max_device_batch``, which this replays. eth-easl's figures
-    (``minibatches_per_epoch``, ``max_epoch``) then count micro-batches of ``max_device_batch``.
+    at least ``min_micro_batches`` of them in all, two on every ``noise_every``-th step
+    (:func:`aikit.core.plan.even_micro_batches`): the per-device batch grows with the step, as in
+    an :class:`~aikit.elastic.Torch.AdaptiveSampler` run with ``max_device_batch``, which this
+    replays (give its ``noise_every`` too). eth-easl's figures (``minibatches_per_epoch``,
+    ``max_epoch``) then count micro-batches of ``max_device_batch``.
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class CustomSampler(Sampler[list[int]]):
         strict_steps: bool = False,
         max_device_batch: int | None = None,
         min_micro_batches: int = 1,
+        noise_every: int | None = None,
     ):
         global _latest
         size = _dataset_size(dataset, dataset_size)
@@ -115,10 +117,12 @@ class CustomSampler(Sampler[list[int]]):
         try:
             if max_device_batch is None:
                 micro = spmd.micro_batch(trace, 32 if minibatch_size is None else minibatch_size, self.devices)
-                self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order)
+                self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order,
+                                         noise_every=noise_every)
             else:
                 self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
-                                         max_device_batch=max_device_batch, min_micro_batches=min_micro_batches)
+                                         max_device_batch=max_device_batch, min_micro_batches=min_micro_batches,
+                                         noise_every=noise_every)
             self.rank = _checked_rank(rank, self.schedule.num_replicas)
         except (InvalidType, InvalidValue) as error:
             if str(error).startswith(("seed", "num_replicas", "rank", "minibatch_size")):
@@ -286,7 +290,7 @@ class CustomSampler(Sampler[list[int]]):
         old = self.schedule
         self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, old.minibatch_size, old.seed,
                                  old.shuffle, old.balanced, old.permutation, max_device_batch=old.max_device_batch,
-                                 min_micro_batches=old.min_micro_batches)
+                                 min_micro_batches=old.min_micro_batches, noise_every=old.noise_every)
         self.rank = _checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
