@@ -120,7 +120,7 @@ def adaptive_run(data, lr: float, args, seed: int) -> tuple[dict, AdaptiveSample
     torch.manual_seed(seed)
     model, clock = ConvBase(), Clock()
     sampler = AdaptiveSampler(len(data[0]), base_batch=args.base, max_batch=args.max_batch,
-                              max_device_batch=args.max_device, seed=seed)
+                              max_device_batch=args.max_device, seed=seed, noise_every=getattr(args, "noise_every", 4))
     optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), sampler, clock=clock)
     return train(data, model, sampler, optimizer, args.epochs, args.eval_every, clock), sampler, optimizer
 
@@ -255,7 +255,7 @@ def main() -> None:
     fixed = {}
     for batch in args.batches:
         for g in args.lrs:
-            lr = g * math.sqrt(batch / args.base)
+            lr = g * math.sqrt(batch / 100)  # the grid is of LRs at batch 100, sqrt-scaled
             fixed[batch, lr] = fixed_run(data, batch, lr, args, args.seed)
             print(f"fixed batch {batch:4d} lr {lr:.4f}: final validation {fixed[batch, lr]['curve'][-1][3]:.3f}, "
                   f"test {fixed[batch, lr]['test']:.3f}", flush=True)

@@ -122,6 +122,11 @@ class GoodputController:
         threshold: change the batch only for a predicted goodput gain above this fraction.
         decay: smoothing of the noise estimates (:class:`~aikit.core.gradient_noise.NoiseTracker`).
         policy: the plan policy for uneven splits (:func:`~aikit.core.plan.make_plan`).
+        max_change: a change moves the batch by at most this factor (up or down). The
+            throughput model is fitted on the micro-batches measured so far and is trusted only
+            near them: on MNIST-1D, fitted on micro-batches of 16 and 32, it predicted batch 1024
+            3.6x the goodput, and the run that jumped there trained worse. Within a factor each
+            step is measured before the next, and a need that persists is met a few decisions later.
     """
 
     def __init__(
@@ -135,6 +140,7 @@ class GoodputController:
         threshold: float = 0.05,
         decay: float = 0.95,
         policy: str = "ragged",
+        max_change: float = 2.0,
     ) -> None:
         self.max_device_batch = positive_int(max_device_batch, "max_device_batch")
         self.devices = positive_int(devices, "devices")
@@ -148,8 +154,10 @@ class GoodputController:
             )
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < math.inf:
             raise ValueError(f"threshold must be a non-negative fraction (0.05 for 5 %), got {threshold!r}")
+        if isinstance(max_change, bool) or not isinstance(max_change, (int, float)) or not 1 < max_change <= math.inf:
+            raise ValueError(f"max_change must be a factor above 1 (2.0: at most double or halve), got {max_change!r}")
         make_plan(self.base_batch, self.max_device_batch, self.devices, policy=policy)  # the policy can run it
-        self.threshold, self.policy = float(threshold), policy
+        self.threshold, self.policy, self.max_change = float(threshold), policy, float(max_change)
         self.throughput = ThroughputModel()
         self.noise = NoiseTracker(decay)
         self.batch = self.base_batch
@@ -223,6 +231,7 @@ class GoodputController:
             return None
         current = self.goodput(self.batch)
         candidates = self.candidates()
+        candidates = candidates[(candidates <= self.batch * self.max_change) & (candidates * self.max_change >= self.batch)]
         scores = dict(zip(candidates.tolist(), self.goodputs(candidates).tolist(), strict=True))
         best = max(scores, key=lambda b: (scores[b], -abs(b - self.batch)))
         gain = scores[best] / current if current > 0 else math.inf

@@ -37,7 +37,8 @@ def main(out: Path, engine: str) -> None:
     data = dataset()
     model = make_model(seed=rank)  # different on each rank: the optimizer broadcasts rank 0's
     clock = Clock(per_update=0.05 * (1 + 3 * rank))  # the ranks time their updates differently
-    sampler = AdaptiveSampler(data, base_batch=BASE, max_batch=MAX, micro_batch=MICRO, seed=5, decay=0.0)
+    sampler = AdaptiveSampler(data, base_batch=BASE, max_batch=MAX, micro_batch=MICRO, seed=5, decay=0.0,
+                              max_change=8.0)  # several plans within the few epochs the test trains
     optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.02), sampler, "linear", clock=clock)
     noise = []
     optimizer.optimizer.register_step_post_hook(lambda *_: noise.append(sampler.controller.noise.smoothed))

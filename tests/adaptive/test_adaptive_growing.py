@@ -34,7 +34,7 @@ def run():
     data, model = dataset(), make_model()
     start = [p.detach().clone() for p in model.parameters()]
     clock = Clock()
-    sampler, optimizer = growing(data, model, clock=clock)
+    sampler, optimizer = growing(data, model, clock=clock, min_estimates=5)
     history, samples = train(model, data, 3, sampler=sampler, optimizer=optimizer, clock=clock)
     return data, start, sampler, optimizer, history, samples
 

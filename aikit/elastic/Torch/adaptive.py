@@ -230,7 +230,8 @@ class AdaptiveSchedule:
                              "micro-batches: it was not saved by a run with these settings")
         c = self.controller
         controller = _Controller(c.max_device_batch, c.devices, base_batch=c.base_batch, max_batch=c.max_batch,
-                                 min_batch=c.min_batch, threshold=c.threshold, decay=c.noise.decay, policy=c.policy)
+                                 min_batch=c.min_batch, threshold=c.threshold, decay=c.noise.decay, policy=c.policy,
+                                 max_change=c.max_change)
         controller.load_state_dict(state["controller"])
         controller.min_estimates, controller.grows, controller.noise_every = c.min_estimates, c.grows, c.noise_every
         return sizes, starts, controller
@@ -277,6 +278,8 @@ class AdaptiveSampler(CustomSampler):
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
         threshold: change the batch only for a predicted goodput gain above this (5 %: Pollux's).
+        max_change: a change moves the batch by at most this factor, up or down (the
+            throughput model is trusted only near what it measured: see ``GoodputController``).
         decay: smoothing of the noise estimates over updates.
         min_estimates: noise estimates to average before the first change (default: the
             smoothing's horizon, ``1 / (1 - decay)``; a single estimate is very noisy).
@@ -312,6 +315,7 @@ class AdaptiveSampler(CustomSampler):
         dataset_size: int | None = None,
         max_device_batch: int | None = None,
         noise_every: int = 4,
+        max_change: float = 2.0,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
@@ -344,7 +348,7 @@ class AdaptiveSampler(CustomSampler):
             raise InvalidValue(f"max_batch={max_batch} is larger than the data set ({size} samples): an update "
                                f"cannot span epochs; use max_batch <= {largest}")
         controller = _Controller(micro_batch, num_replicas, base_batch=base_batch, max_batch=max_batch,
-                                 min_batch=min_batch, threshold=threshold, decay=decay,
+                                 min_batch=min_batch, threshold=threshold, decay=decay, max_change=max_change,
                                  policy="ragged" if grows else "error")
         controller.grows = grows
         controller.noise_every = noise_every
@@ -516,6 +520,17 @@ class AdaptiveOptimizer(TraceOptimizer):
         self._accumulating = 0.0
         super().set_epoch(epoch)
 
+    def _start(self, epoch: int, step: int, micro: int) -> None:
+        super()._start(epoch, step, micro)
+        self._arm()
+
+    def _arm(self) -> None:
+        """Record micro-batch norms only for an update of two parts or more: a one-part update
+        (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing."""
+        if hasattr(self, "norms"):
+            plan, step = self.plan, self.step_index
+            self.norms.active = self.sampler.num_replicas > 1 or step >= len(plan) or plan.counts(0)[step] >= 2
+
     # --- measuring -----------------------------------------------------------------------------
     def unhook(self) -> None:
         """Remove the gradient hooks (to train the model on with another optimizer)."""
@@ -557,13 +572,16 @@ class AdaptiveOptimizer(TraceOptimizer):
             summed = self.engine.reduce([*parts, *seconds])
             parts, seconds = summed[:-3], [summed[-3] / replicas, summed[-2] / replicas, summed[-1] / replicas]
         timed = seconds[2] == 1 and seconds[1] > 0
-        grads = [p.grad for p in self.params if p.grad is not None]
-        mean_sq = float(torch.stack(torch._foreach_norm(grads)).double().square().sum()) * weight**2 if grads else 0.0
-        if self.engine.scaler is not None:  # AMP: the accumulated gradient carries the loss scale
-            mean_sq /= float(self.engine.scaler.get_scale()) ** 2
         samples = [micro if j < plan.counts(r)[step] else 0 for r in range(replicas) for j in range(slots)]
-        finite = all(map(math.isfinite, [*parts, mean_sq]))  # not an inf/NaN step AMP skips
-        noise = estimate(parts, samples, mean_sq) if finite and sum(1 for s in samples if s) >= 2 else None
+        noise = None
+        if sum(1 for s in samples if s) >= 2:  # one part alone cannot tell noise from signal
+            grads = [p.grad for p in self.params if p.grad is not None]
+            mean_sq = float(torch.stack(torch._foreach_norm(grads)).double().square().sum()) * weight**2 if grads \
+                else 0.0
+            if self.engine.scaler is not None:  # AMP: the accumulated gradient carries the loss scale
+                mean_sq /= float(self.engine.scaler.get_scale()) ** 2
+            if all(map(math.isfinite, [*parts, mean_sq])):  # not an inf/NaN step AMP skips
+                noise = estimate(parts, samples, mean_sq)
         controller = self.controller
         controller.record(batch, (seconds[0], seconds[1]) if timed else None, noise, micro, slots)
 
@@ -592,6 +610,7 @@ class AdaptiveOptimizer(TraceOptimizer):
                      done - 1, old, new, done + schedule.lookahead, plan_new.steps, plan_new.batch_size,
                      replicas, (controller.changes[-1][3] - 1) * 100, smoothed, lr)
         schedule.extend(done)
+        self._arm()
         if self.log_steps and rank == 0 and self.updates % self.log_steps == 0:
             print(f"aikit adaptive: epoch {self.epoch} update {done - 1} batch {batch} lr {lr:.6g} "
                   f"noise scale {smoothed:.4g}", flush=True)

@@ -28,6 +28,7 @@ class MicroBatchNorms:
         self.groups, self.dtype = len(param_groups), dtype
         self._current: torch.Tensor | None = None  # the micro-batch in progress, per group
         self._parts: list[torch.Tensor] = []  # the closed micro-batches of this update
+        self.active = True  # False: record nothing (an update that cannot measure the noise)
         owner = weakref.ref(self)
         self._hooks = [p.register_hook(functools.partial(_record, owner, index))
                        for index, group in enumerate(param_groups) for p in group["params"] if p.requires_grad]
@@ -77,5 +78,5 @@ class MicroBatchNorms:
 
 def _record(owner: weakref.ref, index: int, grad: torch.Tensor) -> None:
     recorder = owner()
-    if recorder is not None:
+    if recorder is not None and recorder.active:
         recorder._add(index, grad)
