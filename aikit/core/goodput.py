@@ -231,7 +231,8 @@ class GoodputController:
             return None
         current = self.goodput(self.batch)
         candidates = self.candidates()
-        candidates = candidates[(candidates <= self.batch * self.max_change) & (candidates * self.max_change >= self.batch)]
+        near = (candidates <= self.batch * self.max_change) & (candidates * self.max_change >= self.batch)
+        candidates = candidates[near]
         scores = dict(zip(candidates.tolist(), self.goodputs(candidates).tolist(), strict=True))
         best = max(scores, key=lambda b: (scores[b], -abs(b - self.batch)))
         gain = scores[best] / current if current > 0 else math.inf
