@@ -2,27 +2,30 @@
 
 MNIST-1D (``mnist1d``, generated offline: 3,500 train / 500 validation / 1,000 test sequences),
 the paper's small CNN (``benchmarks/autolrs_mnist1d.py``), SGD with momentum 0.9, one CPU thread
-as the "device", which holds at most ``--micro`` samples per micro-batch (larger global batches
-accumulate). Every run trains ``--epochs`` epochs' worth of samples; the validation accuracy is
-measured every ``--eval-every`` samples with the clock paused, so wall times count training only.
+as the "device", which holds at most ``--max-device`` samples per micro-batch (a batch up to that
+runs in one pass, as a user would run it; larger ones accumulate). Every run trains ``--epochs``
+epochs' worth of samples; the validation accuracy is measured every ``--eval-every`` samples with
+the clock paused, so wall times count training only. Each of ``--seeds`` repeats it all.
 
 * **Fixed grid**: global batches ``--batches``, each with LRs ``g * sqrt(B / 100)`` for ``g`` in
   ``--lrs`` (its tuned LR is the grid point that reaches the target first), through
-  ``CustomSampler`` + ``ConstantOptimizer`` (the same micro-batches and engine as the adaptive run).
-* **Adaptive**: ``AdaptiveSampler(base_batch=100, max_batch=--max-batch, micro_batch=--micro)``
-  and ``AdaptiveOptimizer`` (AdaScale's gain), from the tuned LR of batch 100.
-* **AdaptDL 0.2.11** side by side where it imports (``--adaptdl-path``: a folder holding adaptdl
-  and its dependencies, outside the shared environment), ``AdaptiveDataLoader.autoscale_batch_size``
-  with accumulation, from the same LR, in a subprocess. AdaptDL refuses a per-device bound below
-  the initial batch (``invalid local_bsz_bounds``), so its micro-batch may be up to 100.
+  ``CustomSampler(max_device_batch=...)`` + ``ConstantOptimizer`` (the engine of the adaptive run).
+* **Adaptive**: ``AdaptiveSampler(base_batch=--base, max_batch=--max-batch,
+  max_device_batch=--max-device)`` and ``AdaptiveOptimizer`` (AdaScale's gain), from the tuned LR
+  of the base batch (default: the grid's smallest): a user who starts small and lets aikit grow it.
+* **AdaptDL 0.2.11** side by side where it imports (``--adaptdl-path``: folders holding adaptdl
+  and its dependencies, outside the shared environment, joined with ``os.pathsep``),
+  ``AdaptiveDataLoader.autoscale_batch_size`` with accumulation and ``local_bsz_bounds`` up to
+  ``--max-device``, from the same LR, in a subprocess.
 
-Target: the best fixed run's final validation accuracy minus ``--below`` points. Prints updates
-and wall seconds to the target and final test accuracy for each, the ratios best-fixed / adaptive
-(> 1: adaptive is better), and the predicted time to target on 8 devices from the throughput model
-the adaptive run fitted (assumptions printed: see ``eight_devices``). ``--plot`` draws the adaptive run's batch, noise
-scale and LR. Default run: a few minutes::
+Target: the best fixed run's final validation accuracy minus ``--below`` points. Prints, per seed,
+updates and wall seconds to the target and final test accuracy for each run; then the medians
+over seeds of best-fixed / adaptive (> 1: adaptive is better), the adaptive machinery's overhead
+at the base batch, and the predicted time to target on 8 devices from the throughput model the
+first seed's adaptive run fitted (assumptions printed: see ``eight_devices``). ``--plot`` draws
+that run's batch, noise scale and LR. About 7 minutes::
 
-    nice -n 10 python benchmarks/adaptive_mnist1d.py --plot docs/adaptive_mnist1d.png
+    nice -n 10 python benchmarks/adaptive_mnist1d.py --epochs 30 --plot docs/adaptive_mnist1d.png
 """
 
 from __future__ import annotations
@@ -120,7 +123,8 @@ def adaptive_run(data, lr: float, args, seed: int) -> tuple[dict, AdaptiveSample
     torch.manual_seed(seed)
     model, clock = ConvBase(), Clock()
     sampler = AdaptiveSampler(len(data[0]), base_batch=args.base, max_batch=args.max_batch,
-                              max_device_batch=args.max_device, seed=seed, noise_every=getattr(args, "noise_every", 4))
+                              max_device_batch=args.max_device, seed=seed, noise_every=getattr(args, "noise_every", 4),
+                              min_estimates=getattr(args, "min_estimates", None))
     optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), sampler, clock=clock)
     return train(data, model, sampler, optimizer, args.epochs, args.eval_every, clock), sampler, optimizer
 
@@ -229,106 +233,129 @@ def eight_devices(fit: ThroughputModel, noise_scales: list[float], base_updates:
     return fixed_seconds[best_batch], total, best_batch, chosen
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--base", type=int, default=100, help="the batch the adaptive run starts at (its LR's)")
-    parser.add_argument("--max-device", type=int, default=500, help="most samples one device holds per micro-batch")
-    parser.add_argument("--max-batch", type=int, default=1000)
-    parser.add_argument("--batches", type=int, nargs="+", default=[100, 200, 400])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.063, 0.126], help="LR at batch 100")
-    parser.add_argument("--eval-every", type=int, default=700, help="samples between validations")
-    parser.add_argument("--below", type=float, default=2.0, help="target: best fixed final accuracy less these points")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--adaptdl-path", default=os.environ.get("AIKIT_ADAPTDL_PATH"))
-    parser.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s between devices (10 Gbit/s)")
-    parser.add_argument("--latency", type=float, default=50e-6, help="seconds per all-reduce hop")
-    parser.add_argument("--timing-repeats", type=int, default=3, help="alternated runs timing the overhead")
-    parser.add_argument("--timing-epochs", type=int, default=2)
-    parser.add_argument("--plot", help="save the adaptive run's batch / noise scale / LR plot here")
-    parser.add_argument("--json", help="write every curve here")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    warnings.simplefilter("ignore", UserWarning)
-    data = mnist1d()
-
+def one_seed(data, args, seed: int) -> dict:
+    """The grid, its target, the adaptive run from the base batch's tuned LR and AdaptDL, for one seed."""
     fixed = {}
     for batch in args.batches:
         for g in args.lrs:
             lr = g * math.sqrt(batch / 100)  # the grid is of LRs at batch 100, sqrt-scaled
-            fixed[batch, lr] = fixed_run(data, batch, lr, args, args.seed)
-            print(f"fixed batch {batch:4d} lr {lr:.4f}: final validation {fixed[batch, lr]['curve'][-1][3]:.3f}, "
-                  f"test {fixed[batch, lr]['test']:.3f}", flush=True)
+            fixed[batch, lr] = fixed_run(data, batch, lr, args, seed)
     best_final = max(run["curve"][-1][3] for run in fixed.values())
     target = best_final - args.below / 100
     tuned = {b: min((to_target(run, target)[1], -run["curve"][-1][3], lr) for (bb, lr), run in fixed.items()
                     if bb == b)[2] for b in args.batches}  # first to the target, else the best final accuracy
-    base_lr = tuned.get(args.base, args.lrs[len(args.lrs) // 2])
-    adaptive, sampler, optimizer = adaptive_run(data, base_lr, args, args.seed)
-    adl, why = adaptdl_run(base_lr, args, args.seed)
+    base_lr = tuned[args.base]
+    adaptive, sampler, optimizer = adaptive_run(data, base_lr, args, seed)
+    adl, why = adaptdl_run(base_lr, args, seed)
 
-    print(f"\ntarget: validation accuracy {target:.3f} (best fixed final {best_final:.3f} - {args.below} points)")
+    print(f"\nseed {seed}: target validation accuracy {target:.3f} (best fixed final {best_final:.3f} - "
+          f"{args.below} points)")
     print(f"{'run':28s} {'updates':>8s} {'seconds':>8s} {'final test':>10s}")
     rows = {f"fixed {b} (lr {tuned[b]:.3f})": fixed[b, tuned[b]] for b in args.batches}
-    rows["aikit adaptive"] = adaptive
+    rows[f"aikit adaptive (from {args.base})"] = adaptive
     if adl is not None:
         rows["AdaptDL 0.2.11"] = adl
     for name, run in rows.items():
         updates, seconds = to_target(run, target)
         print(f"{name:28s} {updates:8.0f} {seconds:8.1f} {run['test']:10.3f}")
-    best_name, best = min(((n, r) for n, r in rows.items() if n.startswith("fixed")),
-                          key=lambda item: to_target(item[1], target)[1])
-    (bu, bs), (au, as_) = to_target(best, target), to_target(adaptive, target)
-    print(f"\nbest fixed: {best_name}. ratios best fixed / adaptive (> 1: adaptive better): "
-          f"updates {bu / au:.2f}, wall time {bs / as_:.2f}, final test accuracy {best['test'] / adaptive['test']:.3f}")
     if adl is None:
         print(f"AdaptDL 0.2.11 not run: {why}")
-    else:
-        lu, ls = to_target(adl, target)
-        print(f"AdaptDL / aikit adaptive: updates {lu / au:.2f}, wall time {ls / as_:.2f}")
     batches = sampler.controller.batches
     print(f"adaptive batches: {batches[0]} .. {max(batches)}, {len(sampler.controller.changes)} changes, "
-          f"{len(batches)} updates in all")
+          f"{len(batches)} updates in all", flush=True)
+    best = min((r for n, r in rows.items() if n.startswith("fixed")), key=lambda r: to_target(r, target)[1])
+    return {"target": target, "rows": rows, "best": best, "adaptive": adaptive, "adaptdl": adl, "tuned": tuned,
+            "fixed": fixed, "sampler": sampler, "optimizer": optimizer, "base_lr": base_lr}
 
-    # the adaptive machinery's cost: the base batch fixed and adaptive, alternated, median seconds per update
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument("--base", type=int, help="the batch the adaptive run starts at, with its tuned LR "
+                                                 "(default: the smallest of --batches)")
+    parser.add_argument("--max-device", type=int, default=1024, help="most samples one device holds per micro-batch")
+    parser.add_argument("--max-batch", type=int, default=1024)
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.063, 0.126], help="LR at batch 100")
+    parser.add_argument("--eval-every", type=int, default=700, help="samples between validations")
+    parser.add_argument("--below", type=float, default=2.0, help="target: best fixed final accuracy less these points")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--adaptdl-path", default=os.environ.get("AIKIT_ADAPTDL_PATH"))
+    parser.add_argument("--bandwidth", type=float, default=1.25e9, help="bytes/s between devices (10 Gbit/s)")
+    parser.add_argument("--latency", type=float, default=50e-6, help="seconds per all-reduce hop")
+    parser.add_argument("--timing-repeats", type=int, default=3, help="alternated runs timing the overhead")
+    parser.add_argument("--timing-epochs", type=int, default=2)
+    parser.add_argument("--plot", help="save the first seed's adaptive batch / noise scale / LR plot here")
+    parser.add_argument("--json", help="write every curve here")
+    args = parser.parse_args()
+    args.base = min(args.batches) if args.base is None else args.base
+    if args.base not in args.batches:
+        parser.error(f"--base {args.base} must be one of --batches: the adaptive run starts from its tuned LR")
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore", UserWarning)
+    data = mnist1d()
+    seeds = {seed: one_seed(data, args, seed) for seed in args.seeds}
+
+    # medians over the seeds: best fixed / adaptive (> 1: adaptive better); a run that never reached the target
+    # counts as infinitely slow
+    print(f"\nover seeds {args.seeds}, best fixed of the grid / aikit adaptive (> 1: adaptive better), medians:")
+    for who in ("adaptive", "adaptdl"):
+        runs = [(r["best"], r[who], r["target"]) for r in seeds.values() if r[who] is not None]
+        if not runs:
+            continue
+        ratios = [[b / a if a < math.inf else 0.0 for b, a in zip(to_target(best, t), to_target(run, t), strict=True)]
+                  for best, run, t in runs]
+        reached = sum(to_target(run, t)[0] < math.inf for _, run, t in runs)
+        name = "aikit adaptive" if who == "adaptive" else "AdaptDL 0.2.11"
+        print(f"  {name:16s} updates {statistics.median(r[0] for r in ratios):.2f}, wall time "
+              f"{statistics.median(r[1] for r in ratios):.2f}, final test accuracy "
+              f"{statistics.median(b['test'] / run['test'] for b, run, _ in runs):.3f}; target reached in "
+              f"{reached} of {len(runs)} seeds")
+
+    first = seeds[args.seeds[0]]
+    sampler, optimizer, base_lr = first["sampler"], first["optimizer"], first["base_lr"]
+    # the adaptive machinery's cost: the base batch fixed and adaptive (no change allowed), alternated
     if args.timing_repeats:
-        timing = argparse.Namespace(**{**vars(args), "epochs": args.timing_epochs, "eval_every": 10**9})
-        per_update = {"fixed": [], "adaptive": []}
+        timing = argparse.Namespace(**{**vars(args), "epochs": args.timing_epochs, "eval_every": 10**9,
+                                       "max_batch": args.base})
+        per_sample = {"fixed": [], "adaptive": []}
         for repeat in range(args.timing_repeats):
             for name in ("fixed", "adaptive"):
-                run = (fixed_run(data, args.base, base_lr, timing, args.seed + repeat) if name == "fixed"
-                       else adaptive_run(data, base_lr, timing, args.seed + repeat)[0])
-                samples, updates, seconds, _ = run["curve"][-1]
-                per_update[name].append(seconds / samples)
-        ratio = statistics.median(per_update["fixed"]) / statistics.median(per_update["adaptive"])
-        print(f"seconds per sample at the base batch, median of {args.timing_repeats} alternated runs of "
-              f"{args.timing_epochs} epochs: fixed / adaptive {ratio:.2f} (the adaptive machinery's overhead)")
+                run = (fixed_run(data, args.base, base_lr, timing, repeat) if name == "fixed"
+                       else adaptive_run(data, base_lr, timing, repeat)[0])
+                samples, _, seconds, _ = run["curve"][-1]
+                per_sample[name].append(seconds / samples)
+        ratio = statistics.median(per_sample["adaptive"]) / statistics.median(per_sample["fixed"])
+        print(f"\nseconds per sample at batch {args.base}, adaptive (its noise measured every fourth update) / fixed, "
+              f"median of {args.timing_repeats} alternated runs of {args.timing_epochs} epochs: {ratio:.2f}")
 
-    # 8 devices, from the throughput model the adaptive run fitted on this one
+    # 8 devices, from the throughput model the first seed's adaptive run fitted on this one
     fit, params = sampler.controller.throughput, sum(p.numel() for p in ConvBase().parameters())
-    fixed_updates = {b: to_target(fixed[b, tuned[b]], target)[0] for b in args.batches}
-    if math.isfinite(fixed_updates.get(args.base, math.inf)):
+    fixed_updates = {b: to_target(first["fixed"][b, first["tuned"][b]], first["target"])[0] for b in args.batches}
+    if math.isfinite(fixed_updates[args.base]):
         noise_scales = [row[3] for row in optimizer.history]
-        fixed_8, adaptive_8, batch_8, chosen = eight_devices(fit, noise_scales, fixed_updates[args.base], fixed_updates,
-                                                             args, params)
-        per_micro, per_sample, per_update = fit.coefficients()
+        fixed_8, adaptive_8, batch_8, chosen = eight_devices(fit, noise_scales, fixed_updates[args.base],
+                                                             fixed_updates, args, params)
+        per_micro, per_sample_cost, per_update = fit.coefficients()
         print("\npredicted on 8 devices, each as fast as this one (fitted: "
-              f"{per_micro * 1e3:.2f} ms per micro-step + {per_sample * 1e6:.1f} us per sample + {per_update * 1e3:.2f}"
-              f" ms per update), a ring all-reduce of {params} float32 gradients at {args.bandwidth / 1e9:.2f} GB/s "
-              f"and {args.latency * 1e6:.0f} us a hop, fixed batches needing the updates they needed here, the "
-              "adaptive batch chosen by goodput on that model with each update worth AdaScale's gain and the "
-              f"noise scale measured here: best fixed (batch {batch_8}) {fixed_8:.2f} s, adaptive {adaptive_8:.2f} s "
-              f"in {len(chosen)} updates (batches {min(chosen)}..{max(chosen)}), ratio {fixed_8 / adaptive_8:.2f}")
+              f"{per_micro * 1e3:.2f} ms per micro-step + {per_sample_cost * 1e6:.1f} us per sample + "
+              f"{per_update * 1e3:.2f} ms per update), a ring all-reduce of {params} float32 gradients at "
+              f"{args.bandwidth / 1e9:.2f} GB/s and {args.latency * 1e6:.0f} us a hop, fixed batches needing the "
+              "updates they needed here, the adaptive batch chosen by goodput on that model with each update worth "
+              f"AdaScale's gain and the noise scale measured here: best fixed (batch {batch_8}) {fixed_8:.2f} s, "
+              f"adaptive {adaptive_8:.2f} s in {len(chosen)} updates (batches {min(chosen)}..{max(chosen)}), "
+              f"ratio {fixed_8 / adaptive_8:.2f}")
     else:
-        print("\n8-device prediction skipped: the base batch never reached the target")
+        print(f"\n8-device prediction skipped: batch {args.base} never reached the target")
     if args.plot:
         from aikit.plot_adaptive import plot_adaptive
 
         plot_adaptive(optimizer.history, args.plot, title="aikit adaptive batch: MNIST-1D CNN")
         print(f"plot: {args.plot}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"target": target, "runs": {n: r for n, r in rows.items()},
-                                               "batches": batches, "history": optimizer.history}))
+        Path(args.json).write_text(json.dumps({
+            seed: {"target": r["target"], "runs": r["rows"], "batches": r["sampler"].controller.batches,
+                   "history": r["optimizer"].history} for seed, r in seeds.items()}))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Every change is logged; the batches the run took are written as a trace that rep
 CustomSampler, and a plot shows batch, noise scale and LR over the run.
 
     python examples/adaptive_digits.py --plot adaptive.png --trace-out adaptive_trace.csv
+    python examples/adaptive_digits.py --max-device-batch 256   # the per-device batch grows too
     torchrun --standalone --nproc-per-node 2 examples/adaptive_digits.py
 
 Exits with code 21 when the final test accuracy is under --target.
@@ -43,6 +44,8 @@ def main() -> int:
     parser.add_argument("--base-batch", type=int, default=32, help="global batch the LR is tuned for (the start)")
     parser.add_argument("--max-batch", type=int, default=512)
     parser.add_argument("--micro-batch", type=int, default=16, help="samples per device per micro-batch")
+    parser.add_argument("--max-device-batch", type=int,
+                        help="instead of --micro-batch: the per-device batch grows with the global batch up to this")
     parser.add_argument("--lr", type=float, default=0.05, help="LR at --base-batch")
     parser.add_argument("--rule", default="adascale", choices=["adascale", "sqrt", "linear", "constant"])
     parser.add_argument("--plot", help="save the batch / noise scale / LR plot here (PNG)")
@@ -58,15 +61,18 @@ def main() -> int:
     data = TensorDataset(torch.as_tensor(x_train), torch.as_tensor(y_train))
     with warnings.catch_warnings():  # 1,437 images: each epoch leaves the last few (< one micro-batch) out
         warnings.simplefilter("ignore")
-        sampler = AdaptiveSampler(data, base_batch=args.base_batch, max_batch=args.max_batch,
-                                  micro_batch=args.micro_batch)
+        per_device = ({"micro_batch": args.micro_batch} if args.max_device_batch is None
+                      else {"max_device_batch": args.max_device_batch})
+        sampler = AdaptiveSampler(data, base_batch=args.base_batch, max_batch=args.max_batch, **per_device)
     net = model()
     optimizer = AdaptiveOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9), sampler, args.rule)
     loader = sampler.loader(data)
     master = sampler.rank == 0
     if master:
         print(f"{sampler.num_replicas} replica(s), {len(data)} training images, global batch "
-              f"{args.base_batch}..{args.max_batch} in micro-batches of {args.micro_batch}, LR rule {args.rule}")
+              f"{args.base_batch}..{args.max_batch} in micro-batches of "
+              f"{args.micro_batch if args.max_device_batch is None else f'up to {args.max_device_batch}'}, "
+              f"LR rule {args.rule}")
 
     accuracy = 0.0
     for epoch in range(args.epochs):

@@ -216,15 +216,16 @@ class Schedule:
         self.max_device_batch = max_device_batch
         self.min_micro_batches, self.noise_every = 1, None
         if max_device_batch is not None:  # each step split evenly: its micro-batch is a function of its batch
-            minibatch_size = max_device_batch
             self.min_micro_batches = positive_int(min_micro_batches, "min_micro_batches")
             self.noise_every = None if noise_every is None else positive_int(noise_every, "noise_every")
         elif noise_every is not None:
             raise InvalidValue("noise_every splits steps that max_device_batch would run whole: give max_device_batch")
+        if max_device_batch is not None:  # a bound, not a size: it may exceed the data set
+            self.max_device_batch = minibatch_size = positive_int(max_device_batch, "max_device_batch")
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
-            dataset_size, num_replicas, minibatch_size)
+            dataset_size, num_replicas, 1 if max_device_batch is not None else minibatch_size)
         if max_device_batch is not None:
-            self.max_device_batch = self.minibatch_size
+            self.minibatch_size = self.max_device_batch
         self.seed = seed_value(seed)
         self.shuffle = flag(shuffle, "shuffle")
         self.balanced = flag(balanced, "balanced")

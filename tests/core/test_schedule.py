@@ -155,3 +155,45 @@ def test_bad_settings_are_refused_with_the_row(kwargs, message):
 def test_bad_epoch_number():
     with pytest.raises(ValueError, match="epoch must be a non-negative integer, got -1"):
         Schedule([64], 300, 1, 32).epoch(-1)
+
+
+@st.composite
+def growing_schedules(draw):
+    """Schedules whose micro-batch is each step's even split under ``max_device_batch``."""
+    from aikit.core.plan import largest_even_batch
+
+    device, replicas = draw(st.integers(1, 40)), draw(st.integers(1, 4))
+    noise_every = draw(st.sampled_from([None, 1, 3]))
+    dataset = draw(st.integers(8 * replicas, 500))
+    sizes = [largest_even_batch(b, device, replicas, 2) for b in
+             draw(st.lists(st.integers(2 * replicas, dataset), min_size=1, max_size=30))]
+    return Schedule(Trace(sizes, "stop"), dataset, replicas, seed=draw(st.integers(0, 2**31)),
+                    max_device_batch=device, noise_every=noise_every)
+
+
+@given(growing_schedules())
+@settings(max_examples=60, deadline=None)
+def test_a_growing_micro_batch_splits_each_step_evenly_in_the_fewest_micro_batches(schedule):
+    device, replicas = schedule.max_device_batch, schedule.num_replicas
+    plan = schedule.epoch(0)
+    for step in range(len(plan)):
+        batches = [b for r in range(replicas) for b in plan.micro_batches(step, r)]
+        dealt = np.sort(np.concatenate(batches))
+        assert np.array_equal(dealt, np.sort(plan.step_indices(step)))  # exactly the step's samples
+        size, micro = int(plan.batch_sizes[step]), plan.micro_size(step)
+        least = 2 if schedule.noise_every and (plan.first_step + step) % schedule.noise_every == 0 else 1
+        fewest = max(-(-least // replicas), -(-size // (replicas * device)))
+        assert {len(b) for b in batches} == {micro} and micro <= device
+        assert len(batches) == fewest * replicas  # the fewest steps, the same on every replica
+        assert plan.weight(step) == micro / size
+
+
+def test_a_step_that_cannot_split_evenly_is_refused_naming_the_nearest():
+    with pytest.raises(ValueError, match=r"row 1 \(step 1\): batch size 7 does not split evenly .*use 6 or 8"):
+        Schedule([8, 7], 100, 1, max_device_batch=4)
+    # 7 fits one pass of 8, but every second step (0, 2, ...) is split in two; a repeating trace may put it there
+    Schedule(Trace([8, 7], "stop"), 100, 1, max_device_batch=8, noise_every=2)
+    with pytest.raises(ValueError, match=r"batch size 7 .* \(2 or more in all\); use 6 or 8"):
+        Schedule(Trace([8, 7], "cycle"), 100, 1, max_device_batch=8, noise_every=2)
+    with pytest.raises(ValueError, match="noise_every splits steps that max_device_batch would run whole"):
+        Schedule([8], 100, 1, 4, noise_every=2)

@@ -135,7 +135,9 @@ class AdaptiveSchedule:
     def __init__(self, dataset_size: int, controller: _Controller, micro_batch: int, num_replicas: int,
                  seed: int, shuffle: bool, lookahead: int) -> None:
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
-            dataset_size, num_replicas, micro_batch)  # with controller.grows: the most per device
+            dataset_size, num_replicas, 1 if controller.grows else micro_batch)
+        if controller.grows:
+            self.minibatch_size = micro_batch  # the most per device: a bound, which may exceed the data set
         self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
         self.controller = controller
         self.lookahead = _count(lookahead, "lookahead")
@@ -325,8 +327,9 @@ class AdaptiveSampler(CustomSampler):
                                "grows with the global batch), one of them")
         grows = max_device_batch is not None
         noise_every = positive_int(noise_every, "noise_every") if grows else None
-        per_device = max_device_batch if grows else micro_batch
-        size, num_replicas, micro_batch = checked_settings(size, num_replicas, per_device)
+        size, num_replicas, micro_batch = checked_settings(size, num_replicas, 1 if grows else micro_batch)
+        if grows:  # a bound, not a size: it may exceed the data set
+            micro_batch = positive_int(max_device_batch, "max_device_batch")
         unit = micro_batch * num_replicas
         bounds = (("base_batch", base_batch), ("max_batch", max_batch), ("min_batch", min_batch))
         for what, value in bounds:

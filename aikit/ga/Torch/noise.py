@@ -26,7 +26,7 @@ class MicroBatchNorms:
 
     def __init__(self, param_groups: list[dict[str, Any]], dtype: torch.dtype) -> None:
         self.groups, self.dtype = len(param_groups), dtype
-        self._current: torch.Tensor | None = None  # the micro-batch in progress, per group
+        self._current: list[tuple[int, torch.Tensor]] = []  # (group, gradient norm) of the micro-batch in progress
         self._parts: list[torch.Tensor] = []  # the closed micro-batches of this update
         self.active = True  # False: record nothing (an update that cannot measure the noise)
         owner = weakref.ref(self)
@@ -35,15 +35,16 @@ class MicroBatchNorms:
 
     def _add(self, index: int, grad: torch.Tensor) -> None:
         values = grad.coalesce().values() if grad.is_sparse else grad.detach()
-        if self._current is None:
-            self._current = torch.zeros(self.groups, dtype=self.dtype, device=values.device)
-        self._current[index] += values.to(self.dtype).pow(2).sum()
+        self._current.append((index, torch.linalg.vector_norm(values, dtype=self.dtype)))  # one kernel a hook
 
     def close(self) -> None:
         """End the micro-batch in progress (call after its backward; nothing if it had none)."""
-        if self._current is not None:
-            self._parts.append(self._current)
-            self._current = None
+        if self._current:
+            groups = torch.tensor([index for index, _ in self._current], device=self._current[0][1].device)
+            norms = torch.stack([norm for _, norm in self._current]).square()
+            part = torch.zeros(self.groups, dtype=self.dtype, device=norms.device)
+            self._parts.append(part.index_add_(0, groups, norms))
+            self._current = []
 
     def take(self, scaler: Any = None) -> torch.Tensor:
         """This update's norms, ``(micro-batches, groups)`` (the one in progress closed), divided
@@ -55,7 +56,7 @@ class MicroBatchNorms:
 
     def clear(self) -> None:
         """Forget the norms recorded since the last :meth:`take` (a step cut short is retrained)."""
-        self._current, self._parts = None, []
+        self._current, self._parts = [], []
 
     def state(self) -> list[list[float]] | None:
         """The recorded norms, for a checkpoint taken mid-update (None when there are none)."""
@@ -66,7 +67,7 @@ class MicroBatchNorms:
         """Put back what :meth:`state` returned."""
         if saved and not isinstance(saved[0], list):  # a checkpoint that kept one row per group
             saved = [saved]
-        self._current = None
+        self._current = []
         self._parts = [torch.tensor(part, dtype=self.dtype, device=device) for part in saved or []]
 
     def remove(self) -> None:
