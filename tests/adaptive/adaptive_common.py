@@ -85,3 +85,44 @@ def big_batch_history(model: nn.Module, data: TensorDataset, steps: list[tuple[n
         optimizer.step()
         history.append([p.detach().clone() for p in model.parameters()])
     return history
+
+
+def assert_replays(history, model, data, sampler, optimizer, epochs, scheduler=None):
+    """Train ``model`` on the trace ``sampler`` replays and check every update's parameters equal
+    the adaptive run's ``history``, bit for bit."""
+    replayed = []
+    optimizer.optimizer.register_step_post_hook(lambda *_: replayed.append([p.detach().clone()
+                                                                            for p in model.parameters()]))
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        optimizer.set_epoch(epoch)
+        for x, y in torch.utils.data.DataLoader(data, batch_sampler=sampler):
+            torch.nn.functional.mse_loss(model(x), y[:, :1]).backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+    assert len(replayed) == len(history)
+    for got, want in zip(replayed, history, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def with_weights(model, weights):
+    """``model`` with ``weights`` copied in: the adaptive run's start, for its replay."""
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights, strict=True):
+            p.copy_(w)
+    return model
+
+
+def assert_big_batch_updates(data, start, sampler, history, base_batch: int, epochs: int, lr: float = 0.02) -> None:
+    """Every update of ``history`` equals plain SGD from ``start`` on its whole batch at the linear
+    rule's LR (float64, to 1e-9)."""
+    steps = []
+    for epoch in range(epochs):
+        plan = sampler.schedule.epoch(epoch)
+        steps += [(plan.step_indices(step), lr * int(plan.batch_sizes[step]) / base_batch) for step in range(len(plan))]
+    expected = big_batch_history(with_weights(make_model(), start), data, steps)
+    assert len(history) == len(expected) == len(sampler.controller.batches)
+    for got, want in zip(history, expected, strict=True):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)

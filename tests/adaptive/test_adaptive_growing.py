@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adaptive_common import Clock, big_batch_history, dataset, make_model, train
-from test_adaptive_torch import assert_replays, with_weights
+from adaptive_common import Clock, assert_big_batch_updates, assert_replays, dataset, make_model, train, with_weights
 
 from aikit.elastic.Torch import (
     AdaptiveOptimizer,
@@ -55,15 +54,7 @@ def test_the_per_device_batch_grows_with_the_batch_in_even_micro_batches(run):
 
 def test_every_update_equals_the_big_batch_step(run):
     data, start, sampler, _, history, _ = run
-    steps = []
-    for epoch in range(3):
-        plan = sampler.schedule.epoch(epoch)
-        steps += [(plan.step_indices(step), 0.02 * int(plan.batch_sizes[step]) / BASE) for step in range(len(plan))]
-    expected = big_batch_history(with_weights(make_model(), start), data, steps)
-    assert len(history) == len(expected) == len(sampler.controller.batches)
-    for got, want in zip(history, expected, strict=True):
-        for a, b in zip(got, want, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert_big_batch_updates(data, start, sampler, history, BASE, epochs=3)
 
 
 def test_every_epoch_trains_each_sample_once_and_leaves_out_fewer_than_its_last_split(run):

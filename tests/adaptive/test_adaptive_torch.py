@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from adaptive_common import Clock, big_batch_history, dataset, make_model, train
+from adaptive_common import Clock, assert_big_batch_updates, assert_replays, dataset, make_model, train, with_weights
 
 from aikit.autolrs.Torch import ReplaySchedule
 from aikit.core.gradient_noise import gain
@@ -59,19 +59,8 @@ def test_the_controller_changes_the_plan_and_logs_each_change(caplog):
 
 def test_every_update_equals_the_big_batch_step_across_plan_changes(run):
     data, start, sampler, _, history, _ = run
-    model = with_weights(make_model(), start)
-    steps = []
-    for epoch in range(3):
-        plan = sampler.schedule.epoch(epoch)
-        for step in range(len(plan)):
-            batch = int(plan.batch_sizes[step])
-            steps.append((plan.step_indices(step), 0.02 * batch / BASE))
     assert len(set(sampler.controller.batches)) > 2  # several plans
-    expected = big_batch_history(model, data, steps)
-    assert len(history) == len(expected) == len(sampler.controller.batches)
-    for got, want in zip(history, expected, strict=True):
-        for a, b in zip(got, want, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert_big_batch_updates(data, start, sampler, history, BASE, epochs=3)
 
 
 def test_every_sample_of_an_epoch_is_trained_exactly_once(run):
@@ -215,30 +204,3 @@ def test_an_adascale_run_replays_bit_for_bit_with_its_lr_schedule(tmp_path):
     replay_opt = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), replay)
     scheduler = UpdateScheduler(ReplaySchedule(replay_opt, tmp_path / "lr.csv"))
     assert_replays(history, model, data, replay, replay_opt, epochs=2, scheduler=scheduler)
-
-
-def assert_replays(history, model, data, sampler, optimizer, epochs, scheduler=None):
-    """Train ``model`` on the trace ``sampler`` replays and check every update's parameters equal
-    the adaptive run's ``history``, bit for bit."""
-    replayed = []
-    optimizer.optimizer.register_step_post_hook(lambda *_: replayed.append([p.detach().clone()
-                                                                            for p in model.parameters()]))
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        optimizer.set_epoch(epoch)
-        for x, y in torch.utils.data.DataLoader(data, batch_sampler=sampler):
-            torch.nn.functional.mse_loss(model(x), y[:, :1]).backward()
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-    assert len(replayed) == len(history)
-    for got, want in zip(replayed, history, strict=True):
-        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
-def with_weights(model, weights):
-    """``model`` with ``weights`` copied in: the adaptive run's start, for its replay."""
-    with torch.no_grad():
-        for p, w in zip(model.parameters(), weights, strict=True):
-            p.copy_(w)
-    return model
