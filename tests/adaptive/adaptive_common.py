@@ -38,6 +38,24 @@ class Clock:
         return self.now
 
 
+def adaptive_pair(data: TensorDataset, model: nn.Module, rule: str = "linear", clock: Clock | None = None,
+                  **sampler_options) -> tuple[AdaptiveSampler, AdaptiveOptimizer]:
+    """An AdaptiveSampler (seed 5) and an AdaptiveOptimizer over SGD at LR 0.02, timed by ``clock``."""
+    sampler = AdaptiveSampler(data, seed=5, **sampler_options)
+    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.02), sampler, rule, clock=clock or Clock())
+    return sampler, optimizer
+
+
+def recorded_run(build, epochs: int = 3) -> tuple:
+    """``(data, start weights, sampler, optimizer, history, samples)`` of a run whose pair
+    ``build(data, model, clock=clock)`` makes, trained ``epochs`` epochs."""
+    data, model, clock = dataset(), make_model(), Clock()
+    start = [p.detach().clone() for p in model.parameters()]
+    sampler, optimizer = build(data, model, clock=clock)
+    history, samples = train(model, data, epochs, sampler=sampler, optimizer=optimizer, clock=clock)
+    return data, start, sampler, optimizer, history, samples
+
+
 def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(model(x), y[:, :1])
 

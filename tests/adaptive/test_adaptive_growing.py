@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from adaptive_common import Clock, assert_big_batch_updates, assert_replays, dataset, make_model, train, with_weights
+from adaptive_common import (
+    Clock,
+    adaptive_pair,
+    assert_big_batch_updates,
+    assert_replays,
+    dataset,
+    make_model,
+    recorded_run,
+    train,
+    with_weights,
+)
 
 from aikit.elastic.Torch import (
-    AdaptiveOptimizer,
     AdaptiveSampler,
     CustomSampler,
     ElasticState,
@@ -23,19 +32,12 @@ DEVICE, BASE, MAX = 16, 8, 64
 
 
 def growing(data, model, rule="linear", clock=None, **options):
-    sampler = AdaptiveSampler(data, base_batch=BASE, max_batch=MAX, max_device_batch=DEVICE, seed=5, **options)
-    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.02), sampler, rule, clock=clock or Clock())
-    return sampler, optimizer
+    return adaptive_pair(data, model, rule, clock, base_batch=BASE, max_batch=MAX, max_device_batch=DEVICE, **options)
 
 
 @pytest.fixture(scope="module")
 def run():
-    data, model = dataset(), make_model()
-    start = [p.detach().clone() for p in model.parameters()]
-    clock = Clock()
-    sampler, optimizer = growing(data, model, clock=clock, min_estimates=5)
-    history, samples = train(model, data, 3, sampler=sampler, optimizer=optimizer, clock=clock)
-    return data, start, sampler, optimizer, history, samples
+    return recorded_run(lambda data, model, clock: growing(data, model, clock=clock, min_estimates=5))
 
 
 def test_the_per_device_batch_grows_with_the_batch_in_even_micro_batches(run):

@@ -9,7 +9,17 @@ import logging
 
 import pytest
 import torch
-from adaptive_common import Clock, assert_big_batch_updates, assert_replays, dataset, make_model, train, with_weights
+from adaptive_common import (
+    Clock,
+    adaptive_pair,
+    assert_big_batch_updates,
+    assert_replays,
+    dataset,
+    make_model,
+    recorded_run,
+    train,
+    with_weights,
+)
 
 from aikit.autolrs.Torch import ReplaySchedule
 from aikit.core.gradient_noise import gain
@@ -28,20 +38,13 @@ MICRO, BASE, MAX = 4, 8, 64
 
 
 def adaptive(data, model, rule="linear", lookahead=0, clock=None, **options):
-    sampler = AdaptiveSampler(data, base_batch=BASE, max_batch=MAX, micro_batch=MICRO, seed=5, lookahead=lookahead,
-                              **options)
-    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.02), sampler, rule, clock=clock or Clock())
-    return sampler, optimizer
+    return adaptive_pair(data, model, rule, clock, base_batch=BASE, max_batch=MAX, micro_batch=MICRO,
+                         lookahead=lookahead, **options)
 
 
 @pytest.fixture(scope="module")
 def run():
-    data, model = dataset(), make_model()
-    start = [p.detach().clone() for p in model.parameters()]
-    clock = Clock()
-    sampler, optimizer = adaptive(data, model, clock=clock)
-    history, samples = train(model, data, 3, sampler=sampler, optimizer=optimizer, clock=clock)
-    return data, start, sampler, optimizer, history, samples
+    return recorded_run(adaptive)
 
 
 def test_the_controller_changes_the_plan_and_logs_each_change(caplog):
