@@ -17,6 +17,7 @@ import aikit
 from aikit.core import plan as plan_module
 from aikit.core import trace as trace_module
 from aikit.core.errors import AikitError, InvalidValue
+from aikit.core.plan import positive_int
 from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import TraceExhaustedError, load_trace
 from aikit.optional import require
@@ -61,10 +62,21 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, args.when_exhausted, strict_steps=args.strict_steps)
     sizes = trace.sizes
     print(f"{trace}: {len(sizes)} steps, {sum(sizes.tolist())} samples, batch sizes {sizes.min()}..{sizes.max()}")
-    checked_settings(args.dataset_size, args.replicas, args.minibatch_size)  # refused as CustomSampler does
-    problems = schedule_problems(trace, args.dataset_size, args.replicas, args.minibatch_size, args.balanced)
+    if (args.minibatch_size is None) == (args.max_device_batch is None):
+        raise InvalidValue("give --minibatch-size (one micro-batch size) or --max-device-batch (each step split "
+                           "evenly, as an adaptive run's trace replays), one of them")
+    if args.noise_every is not None and args.max_device_batch is None:
+        raise InvalidValue("--noise-every splits steps that --max-device-batch would run whole: "
+                           "give --max-device-batch")
+    grown = {"max_device_batch": args.max_device_batch, "noise_every": args.noise_every}
+    for name, value in grown.items():
+        if value is not None:
+            positive_int(value, f"--{name.replace('_', '-')}")
+    minibatch = args.minibatch_size or 1
+    checked_settings(args.dataset_size, args.replicas, minibatch)  # refused as CustomSampler does
+    problems = schedule_problems(trace, args.dataset_size, args.replicas, minibatch, args.balanced, **grown)
     if not problems:
-        schedule = Schedule(trace, args.dataset_size, args.replicas, args.minibatch_size, balanced=args.balanced)
+        schedule = Schedule(trace, args.dataset_size, args.replicas, minibatch, balanced=args.balanced, **grown)
         try:
             schedule.epoch(0)  # as CustomSampler does when it is built: the trace must cover its first epoch
         except TraceExhaustedError as error:
@@ -153,7 +165,10 @@ def parser() -> argparse.ArgumentParser:
     )
     c = t.add_parser("check", help="epochs, steps, samples and every problem of a trace")
     c.add_argument("trace")
-    c.add_argument("--minibatch-size", type=int, required=True)
+    c.add_argument("--minibatch-size", type=int, help="samples per micro-batch, fixed")
+    c.add_argument("--max-device-batch", type=int,
+                   help="instead: each step split evenly in micro-batches of at most this (an adaptive run's trace)")
+    c.add_argument("--noise-every", type=int, help="with --max-device-batch: every k-th step in two halves at least")
     c.add_argument("--replicas", type=int, default=1)
     c.add_argument("--dataset-size", type=int, required=True)
     c.add_argument("--balanced", action="store_true", help="require multiples of minibatch x replicas (XLA)")

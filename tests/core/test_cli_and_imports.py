@@ -1,5 +1,6 @@
 """The aikit command and the promise that the core loads no framework."""
 
+import re
 import subprocess
 import sys
 
@@ -61,6 +62,24 @@ def test_trace_check_reports_epochs_and_every_problem(tmp_path, capsys):
     assert "row 1 (step 1): batch size 100 is not a multiple of minibatch_size 32; use 96 or 128" in out
     assert "row 2 (step 2): batch size 70000 is larger than the data set" in out
     assert "3 problem(s)" in out
+
+
+def test_trace_check_splits_each_step_as_an_adaptive_run_with_max_device_batch(tmp_path, capsys):
+    trace = tmp_path / "adaptive.csv"
+    trace.write_text("step,batchsize\n0,32\n1,31\n2,100\n3,67\n")
+    assert main(["trace", "check", str(trace), "--max-device-batch", "64", "--dataset-size", "1000"]) == 1
+    out = capsys.readouterr().out
+    assert "row 3 (step 3): batch size 67 does not split evenly over 1 replica(s) in micro-batches of at most " \
+           "max_device_batch 64; use 66 or 68" in out and "1 problem(s)" in out  # 31 and 100 split: 1x31, 2x50
+    assert main(["trace", "check", str(trace), "--max-device-batch", "64", "--noise-every", "2",
+                 "--dataset-size", "1000"]) == 1  # step 2 of 100 splits in two; step 0 too, 67 still not
+    for bad, message in (
+        (["--minibatch-size", "8", "--max-device-batch", "64"], "give --minibatch-size .* one of them"),
+        (["--max-device-batch", "0"], "--max-device-batch must be a positive integer, got 0"),
+        (["--minibatch-size", "8", "--noise-every", "2"], "--noise-every splits steps"),
+    ):
+        assert main(["trace", "check", str(trace), "--dataset-size", "1000", *bad]) == 2
+        assert re.search(message, capsys.readouterr().err)
 
 
 def test_trace_plot_writes_a_png(tmp_path):
