@@ -490,6 +490,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         super().__init__(optimizer, sampler, sampler.controller.base_batch, log_steps, warmup_steps=warmup_steps,
                          broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler)
         self.clock = clock
+        self._xla = engine(self.device) == "xla"  # one process of torch_xla still reduces through XLA
         self.history: list[tuple[int, int, float, float]] = []
         dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
         self.norms = MicroBatchNorms(self.param_groups, dtype)  # this update's micro-batch gradients' norms
@@ -571,11 +572,12 @@ class AdaptiveOptimizer(TraceOptimizer):
         cycle = now - self._last if timed else 0.0
         seconds = [cycle, cycle - self._accumulating if timed else 0.0, float(timed)]
         self._last, self._micro_stamp, self._accumulating = now, None, 0.0
-        if replicas > 1 or engine(self.device) == "xla":
+        if replicas > 1 or self._xla:
             summed = self.engine.reduce([*parts, *seconds])
             parts, seconds = summed[:-3], [summed[-3] / replicas, summed[-2] / replicas, summed[-1] / replicas]
         timed = seconds[2] == 1 and seconds[1] > 0
-        samples = [micro if j < plan.counts(r)[step] else 0 for r in range(replicas) for j in range(slots)]
+        dealt = [int(plan.counts(r)[step]) for r in range(replicas)]
+        samples = [micro if j < dealt[r] else 0 for r in range(replicas) for j in range(slots)]
         noise = None
         if sum(1 for s in samples if s) >= 2:  # one part alone cannot tell noise from signal
             grads = [p.grad for p in self.params if p.grad is not None]
