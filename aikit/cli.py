@@ -73,7 +73,8 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
         if value is not None:
             positive_int(value, f"--{name.replace('_', '-')}")
     minibatch = args.minibatch_size or 1
-    checked_settings(args.dataset_size, args.replicas, minibatch)  # refused as CustomSampler does
+    checked_settings(args.dataset_size, args.replicas, args.max_device_batch or minibatch,
+                     bound=args.max_device_batch is not None)  # refused as CustomSampler does
     problems = schedule_problems(trace, args.dataset_size, args.replicas, minibatch, args.balanced, **grown)
     if not problems:
         schedule = Schedule(trace, args.dataset_size, args.replicas, minibatch, balanced=args.balanced, **grown)

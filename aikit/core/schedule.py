@@ -143,13 +143,13 @@ def schedule_problems(
 ) -> list[str]:
     """Every reason ``trace`` cannot be scheduled with these settings (empty when it can)."""
     if max_device_batch is not None:
-        least = split_minimums(0, len(trace), min_micro_batches, noise_every)
-        if noise_every and not trace.is_finite:  # a repeated row may fall on any step
-            least = np.full(len(trace), max(min_micro_batches, 2))
-            problems = even_split_problems(trace.sizes, max_device_batch, num_replicas, min_micro_batches)
+        if noise_every and not trace.is_finite:  # a repeated row may fall on any step: it must split both ways
+            minimums = [min_micro_batches, max(min_micro_batches, 2)]
         else:
-            problems = []
-        problems = problems or even_split_problems(trace.sizes, max_device_batch, num_replicas, least)
+            minimums = [split_minimums(0, len(trace), min_micro_batches, noise_every)]
+        problems = []
+        for least in minimums:
+            problems = problems or even_split_problems(trace.sizes, max_device_batch, num_replicas, least)
     else:
         unit = minibatch_size * (num_replicas if balanced else 1)
         what = "minibatch_size x num_replicas" if balanced else "minibatch_size"
@@ -162,12 +162,16 @@ def schedule_problems(
     return problems
 
 
-def checked_settings(dataset_size: object, num_replicas: object, minibatch_size: object) -> tuple[int, int, int]:
+def checked_settings(dataset_size: object, num_replicas: object, minibatch_size: object,
+                     bound: bool = False) -> tuple[int, int, int]:
     """The data set size, replica count and micro-batch as ints a schedule can use, or an aikit
-    error naming the one that is not."""
+    error naming the one that is not. ``bound``: ``minibatch_size`` is ``max_device_batch``, the
+    most one device holds, which may exceed the data set (it is not a size the schedule cuts)."""
     size = at_most(positive_int(dataset_size, "dataset_size"), MAX_DATASET_SIZE, "dataset_size",
                    "each epoch shuffles a permutation of the whole data set in memory")
     replicas = at_most(positive_int(num_replicas, "num_replicas"), MAX_REPLICAS, "num_replicas")
+    if bound:
+        return size, replicas, positive_int(minibatch_size, "max_device_batch")
     minibatch = at_most(positive_int(minibatch_size, "minibatch_size"), size, "minibatch_size",
                         f"a micro-batch cannot hold more than the data set's {size} samples")
     return size, replicas, minibatch
@@ -213,19 +217,16 @@ class Schedule:
         noise_every: int | None = None,
     ):
         self.trace = load_trace(trace)
-        self.max_device_batch = max_device_batch
+        grows = max_device_batch is not None  # each step split evenly: its micro-batch is a function of its batch
+        self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
+            dataset_size, num_replicas, max_device_batch if grows else minibatch_size, bound=grows)
+        self.max_device_batch = self.minibatch_size if grows else None
         self.min_micro_batches, self.noise_every = 1, None
-        if max_device_batch is not None:  # each step split evenly: its micro-batch is a function of its batch
+        if grows:
             self.min_micro_batches = positive_int(min_micro_batches, "min_micro_batches")
             self.noise_every = None if noise_every is None else positive_int(noise_every, "noise_every")
         elif noise_every is not None:
             raise InvalidValue("noise_every splits steps that max_device_batch would run whole: give max_device_batch")
-        if max_device_batch is not None:  # a bound, not a size: it may exceed the data set
-            self.max_device_batch = minibatch_size = positive_int(max_device_batch, "max_device_batch")
-        self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
-            dataset_size, num_replicas, 1 if max_device_batch is not None else minibatch_size)
-        if max_device_batch is not None:
-            self.minibatch_size = self.max_device_batch
         self.seed = seed_value(seed)
         self.shuffle = flag(shuffle, "shuffle")
         self.balanced = flag(balanced, "balanced")

@@ -75,10 +75,8 @@ class _Controller(GoodputController):
     def plan(self, batch: int) -> Plan:
         if not self.grows:
             return super().plan(batch)
-        micro = int(even_micro_batches([batch], self.max_device_batch, self.devices)[0])
-        if not micro:
-            raise InvalidValue(even_split_problems([batch], self.max_device_batch, self.devices)[0])
-        return Plan(batch, self.max_device_batch, self.devices, self.devices, batch // (micro * self.devices), "error")
+        _, steps = self.plans(np.array([batch], dtype=np.int64))
+        return Plan(batch, self.max_device_batch, self.devices, self.devices, int(steps[0]), "error")
 
     def plans(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not self.grows:
@@ -135,9 +133,7 @@ class AdaptiveSchedule:
     def __init__(self, dataset_size: int, controller: _Controller, micro_batch: int, num_replicas: int,
                  seed: int, shuffle: bool, lookahead: int) -> None:
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
-            dataset_size, num_replicas, 1 if controller.grows else micro_batch)
-        if controller.grows:
-            self.minibatch_size = micro_batch  # the most per device: a bound, which may exceed the data set
+            dataset_size, num_replicas, micro_batch, bound=controller.grows)  # with grows: the most per device
         self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
         self.controller = controller
         self.lookahead = _count(lookahead, "lookahead")
@@ -327,9 +323,8 @@ class AdaptiveSampler(CustomSampler):
                                "grows with the global batch), one of them")
         grows = max_device_batch is not None
         noise_every = positive_int(noise_every, "noise_every") if grows else None
-        size, num_replicas, micro_batch = checked_settings(size, num_replicas, 1 if grows else micro_batch)
-        if grows:  # a bound, not a size: it may exceed the data set
-            micro_batch = positive_int(max_device_batch, "max_device_batch")
+        per_device = max_device_batch if grows else micro_batch  # with grows a bound, which may exceed the data set
+        size, num_replicas, micro_batch = checked_settings(size, num_replicas, per_device, bound=grows)
         unit = micro_batch * num_replicas
         bounds = (("base_batch", base_batch), ("max_batch", max_batch), ("min_batch", min_batch))
         for what, value in bounds:
