@@ -6,9 +6,6 @@ from both replicas' micro-batch norms equals the one computed in one process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +19,6 @@ from aikit.core.trace import Trace
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 
 @pytest.fixture(scope="module", params=["gloo", "horovod"])
@@ -32,13 +27,7 @@ def ranks(request, torchrun, tmp_path_factory):
     if request.param == "gloo":
         torchrun(HERE / "adaptive_worker.py", out)
     else:
-        request.getfixturevalue("require_horovod")
-        command = [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-                   str(HERE / "adaptive_worker.py"), str(out), "horovod"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}"}
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
-        if done.returncode:
-            pytest.fail(f"horovodrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        request.getfixturevalue("horovodrun")(HERE / "adaptive_worker.py", out, "horovod")
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
