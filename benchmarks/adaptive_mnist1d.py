@@ -11,8 +11,10 @@ the clock paused, so wall times count training only. Each of ``--seeds`` repeats
   ``--lrs`` (its tuned LR is the grid point that reaches the target first), through
   ``CustomSampler(max_device_batch=...)`` + ``ConstantOptimizer`` (the engine of the adaptive run).
 * **Adaptive**: ``AdaptiveSampler(base_batch=--base, max_batch=--max-batch,
-  max_device_batch=--max-device)`` and ``AdaptiveOptimizer`` (AdaScale's gain), from the tuned LR
-  of the base batch (default: the grid's smallest): a user who starts small and lets aikit grow it.
+  max_device_batch=--max-device)`` and ``AdaptiveOptimizer``, one run per LR rule of ``--rules``
+  (default AdaScale's gain), from the tuned LR of the base batch (default: the grid's smallest): a
+  user who starts small and lets aikit grow it. ``--also-from`` adds runs from other batches of
+  the grid, each from its own tuned LR (the first rule): how much the start matters.
 * **AdaptDL 0.2.11** side by side where it imports (``--adaptdl-path``: folders holding adaptdl
   and its dependencies, outside the shared environment, joined with ``os.pathsep``),
   ``AdaptiveDataLoader.autoscale_batch_size`` with accumulation and ``local_bsz_bounds`` up to
@@ -23,9 +25,10 @@ updates and wall seconds to the target and final test accuracy for each run; the
 over seeds of best-fixed / adaptive (> 1: adaptive is better), the adaptive machinery's overhead
 at the base batch, and the predicted time to target on 8 devices from the throughput model the
 first seed's adaptive run fitted (assumptions printed: see ``eight_devices``). ``--plot`` draws
-that run's batch, noise scale and LR. About 7 minutes::
+that run's batch, noise scale and LR. The run docs/adaptive.md reports, about 10 minutes::
 
-    nice -n 10 python benchmarks/adaptive_mnist1d.py --epochs 30 --plot docs/adaptive_mnist1d.png
+    nice -n 10 python benchmarks/adaptive_mnist1d.py --epochs 30 --rules adascale sqrt linear \
+        --also-from 64 128 --timing-repeats 5 --plot docs/adaptive_mnist1d.png
 """
 
 from __future__ import annotations
@@ -119,13 +122,15 @@ def fixed_run(data, batch: int, lr: float, args, seed: int) -> dict:
     return train(data, model, sampler, optimizer, args.epochs, args.eval_every, Clock())
 
 
-def adaptive_run(data, lr: float, args, seed: int) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
+def adaptive_run(data, lr: float, args, seed: int, rule: str = "adascale", base: int | None = None
+                 ) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
     torch.manual_seed(seed)
     model, clock = ConvBase(), Clock()
-    sampler = AdaptiveSampler(len(data[0]), base_batch=args.base, max_batch=args.max_batch,
+    sampler = AdaptiveSampler(len(data[0]), base_batch=base or args.base, max_batch=args.max_batch,
                               max_device_batch=args.max_device, seed=seed, noise_every=getattr(args, "noise_every", 4),
                               min_estimates=getattr(args, "min_estimates", None))
-    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), sampler, clock=clock)
+    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), sampler, rule,
+                                  clock=clock)
     return train(data, model, sampler, optimizer, args.epochs, args.eval_every, clock), sampler, optimizer
 
 
@@ -245,26 +250,29 @@ def one_seed(data, args, seed: int) -> dict:
     tuned = {b: min((to_target(run, target)[1], -run["curve"][-1][3], lr) for (bb, lr), run in fixed.items()
                     if bb == b)[2] for b in args.batches}  # first to the target, else the best final accuracy
     base_lr = tuned[args.base]
-    adaptive, sampler, optimizer = adaptive_run(data, base_lr, args, seed)
+    starts = [(args.base, rule) for rule in args.rules] + [(base, args.rules[0]) for base in args.also_from]
+    adaptive = {f"{rule} from {base}": adaptive_run(data, tuned[base], args, seed, rule, base) for base, rule in starts}
+    _, sampler, optimizer = adaptive[f"{args.rules[0]} from {args.base}"]
     adl, why = adaptdl_run(base_lr, args, seed)
 
     print(f"\nseed {seed}: target validation accuracy {target:.3f} (best fixed final {best_final:.3f} - "
           f"{args.below} points)")
-    print(f"{'run':28s} {'updates':>8s} {'seconds':>8s} {'final test':>10s}")
+    print(f"{'run':36s} {'updates':>8s} {'seconds':>8s} {'final test':>10s}")
     rows = {f"fixed {b} (lr {tuned[b]:.3f})": fixed[b, tuned[b]] for b in args.batches}
-    rows[f"aikit adaptive (from {args.base})"] = adaptive
+    rows.update({f"aikit adaptive, {label}": run for label, (run, _, _) in adaptive.items()})
     if adl is not None:
         rows["AdaptDL 0.2.11"] = adl
     for name, run in rows.items():
         updates, seconds = to_target(run, target)
-        print(f"{name:28s} {updates:8.0f} {seconds:8.1f} {run['test']:10.3f}")
+        print(f"{name:36s} {updates:8.0f} {seconds:8.1f} {run['test']:10.3f}")
     if adl is None:
         print(f"AdaptDL 0.2.11 not run: {why}")
     batches = sampler.controller.batches
     print(f"adaptive batches: {batches[0]} .. {max(batches)}, {len(sampler.controller.changes)} changes, "
           f"{len(batches)} updates in all", flush=True)
     best = min((r for n, r in rows.items() if n.startswith("fixed")), key=lambda r: to_target(r, target)[1])
-    return {"target": target, "rows": rows, "best": best, "adaptive": adaptive, "adaptdl": adl, "tuned": tuned,
+    return {"target": target, "rows": rows, "best": best, "adaptdl": adl, "tuned": tuned,
+            **{f"aikit adaptive, {label}": run for label, (run, _, _) in adaptive.items()},
             "fixed": fixed, "sampler": sampler, "optimizer": optimizer, "base_lr": base_lr}
 
 
@@ -276,7 +284,11 @@ def main() -> None:
                                                  "(default: the smallest of --batches)")
     parser.add_argument("--max-device", type=int, default=1024, help="most samples one device holds per micro-batch")
     parser.add_argument("--max-batch", type=int, default=1024)
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.063, 0.126], help="LR at batch 100")
+    parser.add_argument("--rules", nargs="+", default=["adascale"], choices=["adascale", "sqrt", "linear"],
+                        help="the adaptive runs' LR rules, one run each (the first is timed, plotted and predicted)")
+    parser.add_argument("--also-from", type=int, nargs="*", default=[],
+                        help="more batches of --batches for adaptive runs to start from, each with its tuned LR")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.063, 0.089, 0.126], help="LR at batch 100")
     parser.add_argument("--eval-every", type=int, default=700, help="samples between validations")
     parser.add_argument("--below", type=float, default=2.0, help="target: best fixed final accuracy less these points")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -289,8 +301,10 @@ def main() -> None:
     parser.add_argument("--json", help="write every curve here")
     args = parser.parse_args()
     args.base = min(args.batches) if args.base is None else args.base
-    if args.base not in args.batches:
-        parser.error(f"--base {args.base} must be one of --batches: the adaptive run starts from its tuned LR")
+    for base in (args.base, *args.also_from):
+        if base not in args.batches:
+            parser.error(f"--base/--also-from {base} must be one of --batches: an adaptive run starts from its "
+                         "tuned LR")
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", UserWarning)
     data = mnist1d()
@@ -299,15 +313,16 @@ def main() -> None:
     # medians over the seeds: best fixed / adaptive (> 1: adaptive better); a run that never reached the target
     # counts as infinitely slow
     print(f"\nover seeds {args.seeds}, best fixed of the grid / aikit adaptive (> 1: adaptive better), medians:")
-    for who in ("adaptive", "adaptdl"):
+    labels = [f"aikit adaptive, {rule} from {args.base}" for rule in args.rules]
+    for who in (*labels, *(f"aikit adaptive, {args.rules[0]} from {base}" for base in args.also_from), "adaptdl"):
         runs = [(r["best"], r[who], r["target"]) for r in seeds.values() if r[who] is not None]
         if not runs:
             continue
         ratios = [[b / a if a < math.inf else 0.0 for b, a in zip(to_target(best, t), to_target(run, t), strict=True)]
                   for best, run, t in runs]
         reached = sum(to_target(run, t)[0] < math.inf for _, run, t in runs)
-        name = "aikit adaptive" if who == "adaptive" else "AdaptDL 0.2.11"
-        print(f"  {name:16s} updates {statistics.median(r[0] for r in ratios):.2f}, wall time "
+        name = who if who != "adaptdl" else "AdaptDL 0.2.11"
+        print(f"  {name:34s} updates {statistics.median(r[0] for r in ratios):.2f}, wall time "
               f"{statistics.median(r[1] for r in ratios):.2f}, final test accuracy "
               f"{statistics.median(b['test'] / run['test'] for b, run, _ in runs):.3f}; target reached in "
               f"{reached} of {len(runs)} seeds")
@@ -322,7 +337,7 @@ def main() -> None:
         for repeat in range(args.timing_repeats):
             for name in ("fixed", "adaptive"):
                 run = (fixed_run(data, args.base, base_lr, timing, repeat) if name == "fixed"
-                       else adaptive_run(data, base_lr, timing, repeat)[0])
+                       else adaptive_run(data, base_lr, timing, repeat, args.rules[0])[0])
                 samples, _, seconds, _ = run["curve"][-1]
                 per_sample[name].append(seconds / samples)
         ratio = statistics.median(per_sample["adaptive"]) / statistics.median(per_sample["fixed"])
