@@ -134,3 +134,31 @@ def test_replay_refuses_optimizers_that_scale_from_one_fixed_micro_batch():
         LinearRuleMomentumOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), sampler, 16)
     with pytest.raises(ValueError, match=r"give minibatch_size .* or max_device_batch .*not both"):
         CustomSampler(64, [16, 32], minibatch_size=8, max_device_batch=16)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_epoch_views_grown_update_by_update_equal_the_views_built_at_once(replicas):
+    """The views an adaptive run reads after every update are appended to, not rebuilt (an epoch
+    of tens of thousands of updates would cost its length each update): they must hold exactly
+    what a schedule loaded from the run's state builds in one go, and refuse writes."""
+    settings = dict(base_batch=8, max_batch=64, max_device_batch=16, num_replicas=replicas, rank=0, seed=1)
+    sampler = AdaptiveSampler(1000, **settings)
+    schedule, seen = sampler.schedule, []
+    for done in range(1, 300):
+        if done % 37 == 0:  # the controller changes its batch now and then, mid-epoch
+            schedule.controller.batch = [24, 64, 48, 8][done // 37 % 4]  # batches it can propose
+        schedule.extend(done)
+        for epoch in range(max(0, len(schedule.starts) - 2), len(schedule.starts)):
+            view = schedule.epoch(epoch)
+            seen.append((epoch, view.batch_sizes.copy(), view.micro_sizes.copy()))
+    assert len(schedule.starts) >= 4 and len(set(schedule.sizes)) >= 4  # several epochs and batches
+    with pytest.raises(ValueError, match="read-only"):
+        schedule.epoch(0).batch_sizes[0] = 2
+
+    fresh = AdaptiveSampler(1000, **settings)
+    fresh.schedule.load(*fresh.schedule.checked(schedule.state_dict()))
+    for epoch, sizes, micro in seen:
+        whole = fresh.schedule.epoch(epoch)
+        assert sizes.tolist() == whole.batch_sizes[: len(sizes)].tolist()
+        assert micro.tolist() == whole.micro_sizes[: len(micro)].tolist()
+        assert (sizes % (replicas * micro) == 0).all()  # each an even split over the replicas

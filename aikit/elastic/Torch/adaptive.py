@@ -120,6 +120,40 @@ class _Controller(GoodputController):
         return super().propose()
 
 
+class _Columns:
+    """One epoch's batch and micro-batch of every update decided so far, as read-only arrays that
+    grow by appending: an epoch view rebuilt after each update costs the new updates, not the
+    epoch (its updates can number tens of thousands)."""
+
+    def __init__(self, micro_sizes: Callable[[np.ndarray, int], np.ndarray] | None) -> None:
+        self.micro_sizes = micro_sizes  # (sizes, first update) -> their micro-batches; None: fixed
+        self.sizes = np.zeros(16, dtype=np.int64)
+        self.micro = np.zeros(16, dtype=np.int64) if micro_sizes else None
+        self.filled = 0
+
+    def extended(self, sizes: list[int], first: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Updates ``first..end-1`` of ``sizes`` (an append-only list), appending the new ones."""
+        count = end - first
+        if count > len(self.sizes):  # grow geometrically; views handed out keep the old arrays
+            capacity = max(count, 2 * len(self.sizes))
+            self.sizes = np.concatenate([self.sizes, np.zeros(capacity - len(self.sizes), dtype=np.int64)])
+            if self.micro is not None:
+                self.micro = np.concatenate([self.micro, np.zeros(capacity - len(self.micro), dtype=np.int64)])
+        if count > self.filled:
+            new = np.asarray(sizes[first + self.filled:end], dtype=np.int64)
+            self.sizes[self.filled:count] = new
+            if self.micro is not None:
+                self.micro[self.filled:count] = self.micro_sizes(new, first + self.filled)
+            self.filled = count
+        return _read_only(self.sizes[:count]), None if self.micro is None else _read_only(self.micro[:count])
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 class AdaptiveSchedule:
     """The global batch of every update, decided while training, cut into epochs.
 
@@ -140,6 +174,8 @@ class AdaptiveSchedule:
         self.sizes: list[int] = []  # the global batch of every update decided so far
         self.starts = [0]  # the first update of every epoch begun so far
         self._views: dict[int, tuple[int, EpochSchedule]] = {}
+        self._columns: dict[int, _Columns] = {}
+        self._open_samples = 0  # samples the updates of the last epoch begun take so far
         self.extend(0)
 
     @property
@@ -169,10 +205,12 @@ class AdaptiveSchedule:
     def extend(self, done: int) -> None:
         """Decide the batches up to update ``done + lookahead`` (updates ``0..done-1`` are trained)."""
         while len(self.sizes) <= done + self.lookahead:
-            left, update = self.dataset_size - sum(self.sizes[self.starts[-1]:]), len(self.sizes)
+            left, update = self.dataset_size - self._open_samples, len(self.sizes)
             self.sizes.append(min(self.controller.batch, self._fitting(left, update)))
+            self._open_samples += self.sizes[-1]
             if not self._fitting(left - self.sizes[-1], update + 1):
                 self.starts.append(len(self.sizes))  # the epoch is full: the next update opens the next one
+                self._open_samples = 0
 
     def epoch(self, epoch: int) -> EpochSchedule:
         """The updates of ``epoch`` decided so far (``complete`` once its last one is)."""
@@ -188,11 +226,14 @@ class AdaptiveSchedule:
             order = cached[1].order if cached else (
                 np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size) if self.shuffle
                 else np.arange(self.dataset_size))
-            sizes = np.asarray(self.sizes[first:end], dtype=np.int64)
+            columns = self._columns.get(epoch) or _Columns(self.micro_sizes if self.controller.grows else None)
+            sizes, micro = columns.extended(self.sizes, first, end)
             view = EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas,
-                                 epoch + 1 < len(self.starts), self.micro_sizes(sizes, first))
+                                 epoch + 1 < len(self.starts), micro)
             self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
-            self._views[epoch] = cached = (end, view)
+            self._columns = {e: c for e, c in self._columns.items() if e >= epoch - 1}
+            cached = (end, view)
+            self._views[epoch], self._columns[epoch] = cached, columns
         return cached[1]
 
     def settings(self) -> dict:
@@ -235,7 +276,8 @@ class AdaptiveSchedule:
         return sizes, starts, controller
 
     def load(self, sizes: list[int], starts: list[int], controller: _Controller) -> None:
-        self.sizes, self.starts, self.controller, self._views = sizes, starts, controller, {}
+        self.sizes, self.starts, self.controller, self._views, self._columns = sizes, starts, controller, {}, {}
+        self._open_samples = sum(sizes[starts[-1]:])
 
     def position_problem(self, sizes: list[int], starts: list[int], epoch: int, step: int, micro: int,
                          rank: int) -> str | None:
