@@ -8,7 +8,7 @@ epochs' worth of samples; the validation accuracy is measured every ``--eval-eve
 the clock paused, so wall times count training only. Each of ``--seeds`` repeats it all.
 
 * **Fixed grid**: global batches ``--batches``, each with LRs ``g * sqrt(B / 100)`` for ``g`` in
-  ``--lrs`` (its tuned LR is the grid point that reaches the target first), through
+  ``--lrs`` (its tuned LR is the grid point that reaches the target in the fewest updates), through
   ``CustomSampler(max_device_batch=...)`` + ``ConstantOptimizer`` (the engine of the adaptive run).
 * **Adaptive**: ``AdaptiveSampler(base_batch=--base, max_batch=--max-batch,
   max_device_batch=--max-device)`` and ``AdaptiveOptimizer``, one run per LR rule of ``--rules``
@@ -247,8 +247,10 @@ def one_seed(data, args, seed: int) -> dict:
             fixed[batch, lr] = fixed_run(data, batch, lr, args, seed)
     best_final = max(run["curve"][-1][3] for run in fixed.values())
     target = best_final - args.below / 100
-    tuned = {b: min((to_target(run, target)[1], -run["curve"][-1][3], lr) for (bb, lr), run in fixed.items()
-                    if bb == b)[2] for b in args.batches}  # first to the target, else the best final accuracy
+    # a batch's tuned LR: the fewest updates to the target (exact, where its seconds are noisy and each update of
+    # one batch costs the same at any LR), else the best final accuracy
+    tuned = {b: min((to_target(run, target)[0], -run["curve"][-1][3], lr) for (bb, lr), run in fixed.items()
+                    if bb == b)[2] for b in args.batches}
     base_lr = tuned[args.base]
     starts = [(args.base, rule) for rule in args.rules] + [(base, args.rules[0]) for base in args.also_from]
     adaptive = {f"{rule} from {base}": adaptive_run(data, tuned[base], args, seed, rule, base) for base, rule in starts}
