@@ -134,18 +134,23 @@ class _Columns:
     def extended(self, sizes: list[int], first: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Updates ``first..end-1`` of ``sizes`` (an append-only list), appending the new ones."""
         count = end - first
-        if count > len(self.sizes):  # grow geometrically; views handed out keep the old arrays
-            capacity = max(count, 2 * len(self.sizes))
-            self.sizes = np.concatenate([self.sizes, np.zeros(capacity - len(self.sizes), dtype=np.int64)])
-            if self.micro is not None:
-                self.micro = np.concatenate([self.micro, np.zeros(capacity - len(self.micro), dtype=np.int64)])
         if count > self.filled:
             new = np.asarray(sizes[first + self.filled:end], dtype=np.int64)
-            self.sizes[self.filled:count] = new
+            self.sizes = _appended(self.sizes, self.filled, new)
             if self.micro is not None:
-                self.micro[self.filled:count] = self.micro_sizes(new, first + self.filled)
+                self.micro = _appended(self.micro, self.filled, self.micro_sizes(new, first + self.filled))
             self.filled = count
         return _read_only(self.sizes[:count]), None if self.micro is None else _read_only(self.micro[:count])
+
+
+def _appended(buffer: np.ndarray, filled: int, new: np.ndarray) -> np.ndarray:
+    """``new`` written after the first ``filled`` entries of ``buffer``, which doubles when full
+    (views handed out keep the old array, whose entries they cover never change)."""
+    if filled + len(new) > len(buffer):
+        buffer = np.concatenate([buffer, np.zeros(max(filled + len(new), 2 * len(buffer)) - len(buffer),
+                                                  dtype=buffer.dtype)])
+    buffer[filled:filled + len(new)] = new
+    return buffer
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -173,8 +178,7 @@ class AdaptiveSchedule:
         self.lookahead = _count(lookahead, "lookahead")
         self.sizes: list[int] = []  # the global batch of every update decided so far
         self.starts = [0]  # the first update of every epoch begun so far
-        self._views: dict[int, tuple[int, EpochSchedule]] = {}
-        self._columns: dict[int, _Columns] = {}
+        self._views: dict[int, tuple[int, EpochSchedule, _Columns]] = {}  # epoch: (end, view, its arrays)
         self._open_samples = 0  # samples the updates of the last epoch begun take so far
         self.extend(0)
 
@@ -226,14 +230,12 @@ class AdaptiveSchedule:
             order = cached[1].order if cached else (
                 np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size) if self.shuffle
                 else np.arange(self.dataset_size))
-            columns = self._columns.get(epoch) or _Columns(self.micro_sizes if self.controller.grows else None)
+            columns = cached[2] if cached else _Columns(self.micro_sizes if self.controller.grows else None)
             sizes, micro = columns.extended(self.sizes, first, end)
             view = EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas,
                                  epoch + 1 < len(self.starts), micro)
             self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
-            self._columns = {e: c for e, c in self._columns.items() if e >= epoch - 1}
-            cached = (end, view)
-            self._views[epoch], self._columns[epoch] = cached, columns
+            self._views[epoch] = cached = (end, view, columns)
         return cached[1]
 
     def settings(self) -> dict:
@@ -276,7 +278,7 @@ class AdaptiveSchedule:
         return sizes, starts, controller
 
     def load(self, sizes: list[int], starts: list[int], controller: _Controller) -> None:
-        self.sizes, self.starts, self.controller, self._views, self._columns = sizes, starts, controller, {}, {}
+        self.sizes, self.starts, self.controller, self._views = sizes, starts, controller, {}
         self._open_samples = sum(sizes[starts[-1]:])
 
     def position_problem(self, sizes: list[int], starts: list[int], epoch: int, step: int, micro: int,
