@@ -17,9 +17,9 @@ import aikit
 from aikit.core import plan as plan_module
 from aikit.core import trace as trace_module
 from aikit.core.errors import AikitError, InvalidValue
-from aikit.core.plan import positive_int
 from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import TraceExhaustedError, load_trace
+from aikit.core.validate import positive_int
 from aikit.optional import require
 
 

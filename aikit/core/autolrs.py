@@ -33,7 +33,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from aikit.core.lr_range import LossTracker, lr_sequence, suggest
-from aikit.core.plan import positive_int
+from aikit.core.validate import checked_float, checked_int, positive_float, positive_int
 
 log = logging.getLogger("aikit.autolrs")
 
@@ -317,12 +317,6 @@ class Record:
     phase: str  # "warmup", "range", "trial", "train", "anneal" or "done"
 
 
-def _positive_float(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def _standard_error(losses: Sequence[float]) -> float:
     """The noise of a trial's mean loss: the per-step noise from successive differences (robust
     to the trend, by the median absolute difference) over the square root of the count."""
@@ -393,8 +387,8 @@ class Controller:
         if (min_lr is None) != (max_lr is None):
             raise ValueError(f"give both min_lr and max_lr or neither (for a range test), got min_lr={min_lr!r} "
                              f"and max_lr={max_lr!r}")
-        self.min_lr = None if min_lr is None else _positive_float(min_lr, "min_lr")
-        self.max_lr = None if max_lr is None else _positive_float(max_lr, "max_lr")
+        self.min_lr = None if min_lr is None else positive_float(min_lr, "min_lr")
+        self.max_lr = None if max_lr is None else positive_float(max_lr, "max_lr")
         if self.min_lr is not None and self.min_lr >= self.max_lr:
             raise ValueError(f"min_lr must be below max_lr, got min_lr={min_lr!r} and max_lr={max_lr!r}")
         self.total_steps = None if total_steps is None else positive_int(total_steps, "total_steps")
@@ -404,8 +398,8 @@ class Controller:
         self.trial_ratio = positive_int((5 if budget else 10) if trial_ratio is None else trial_ratio, "trial_ratio")
         self.keep_winner, self.warm_start = bool(keep_winner), bool(warm_start)
         anneal = (0.5 if budget else 0.0) if anneal is None else anneal
-        if isinstance(anneal, bool) or not isinstance(anneal, (int, float)) or not 0.0 <= anneal < 1.0:
-            raise ValueError(f"anneal must be a fraction in [0, 1) of total_steps, got {anneal!r}")
+        anneal = checked_float(anneal, "anneal", "a fraction in [0, 1) of total_steps",
+                               lambda fraction: 0 <= fraction < 1)
         if anneal and self.total_steps is None:
             raise ValueError(f"anneal={anneal!r} is a fraction of total_steps: give total_steps too")
         self.anneal = float(anneal)
@@ -422,24 +416,18 @@ class Controller:
         self.val_points = positive_int(val_points, "val_points")
         if self.val_points < 3:
             raise ValueError(f"val_points must be >= 3 for the forecast, got {val_points}")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-        if warmup_steps and not (isinstance(warmup_lr, (int, float)) and warmup_lr > 0 and math.isfinite(warmup_lr)):
-            raise ValueError(f"warmup_lr must be a finite number > 0 when warmup_steps > 0, got {warmup_lr!r}")
-        self.warmup_steps, self.warmup_lr = warmup_steps, float(warmup_lr)
+        self.warmup_steps = checked_int(warmup_steps, "warmup_steps", 0, None, "an integer >= 0")
+        self.warmup_lr = float(warmup_lr) if not self.warmup_steps else checked_float(
+            warmup_lr, "warmup_lr", "a finite number > 0 when warmup_steps > 0", lambda lr: 0 < lr < math.inf)
         self.range_steps = positive_int(range_steps, "range_steps")
         if self.min_lr is None and self.range_steps < 10:
             raise ValueError(f"range_steps must be >= 10 for a range test, got {range_steps}")
         self.kappa = float(kappa)
-        if isinstance(design, bool) or not isinstance(design, int) or not 0 <= design <= len(DESIGN):
-            raise ValueError(f"design must be an integer from 0 to {len(DESIGN)}, got {design!r}")
-        self.design = design
-        if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not (tie >= 0 and math.isfinite(tie)):
-            raise ValueError(f"tie must be a finite number >= 0 (standard errors), got {tie!r}")
-        self.tie = float(tie)
-        if isinstance(diverge, bool) or not isinstance(diverge, (int, float)) or not diverge > 1:
-            raise ValueError(f"diverge must be a number > 1 (a multiple of the checkpoint's loss), got {diverge!r}")
-        self.diverge = float(diverge)
+        self.design = checked_int(design, "design", 0, len(DESIGN), f"an integer from 0 to {len(DESIGN)}")
+        self.tie = checked_float(tie, "tie", "a finite number >= 0 (standard errors)",
+                                 lambda errors: 0 <= errors < math.inf)
+        self.diverge = checked_float(diverge, "diverge", "a number > 1 (a multiple of the checkpoint's loss)",
+                                     lambda factor: factor > 1)
         self.exploit = bool(exploit)
         self.seed = seed
         self.rng = np.random.default_rng(seed)

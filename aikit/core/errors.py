@@ -10,8 +10,6 @@ types were checked keeps working.
 
 from __future__ import annotations
 
-import operator
-
 
 class AikitError(Exception):
     """Base of every error aikit raises on purpose."""
@@ -36,18 +34,3 @@ class CheckpointError(InvalidValue):
 class CommitError(AikitError, OSError):
     """A commit that could not be written (disk full, read-only, ...); nothing was changed by it."""
 
-
-def checked_int(value: object, name: str, low: int, high: int | None, wanted: str) -> int:
-    """``value`` as an int in ``low..high`` (no upper bound when ``high`` is None), or an aikit
-    error saying ``{name} must be {wanted}``: :class:`InvalidType` for a bool, a float or any
-    non-integer, :class:`InvalidValue` for an integer out of range. Every integer argument aikit
-    reads goes through here."""
-    if isinstance(value, bool):
-        raise InvalidType(f"{name} must be {wanted}, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise InvalidType(f"{name} must be {wanted}, got {value!r:.100}") from None
-    if number < low or (high is not None and number > high):
-        raise InvalidValue(f"{name} must be {wanted}, got {number}")
-    return number

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aikit.core.errors import InvalidValue, checked_int
+from aikit.core.errors import InvalidValue
+from aikit.core.validate import non_negative_int
 
 REDUCTIONS = ("mean", "sum")
 
@@ -54,16 +55,11 @@ def reduction_name(value: object) -> str:
     return value
 
 
-def sample_count(value: object, name: str) -> int:
-    """``value`` as a non-negative int, or an aikit error (a ValueError) naming it."""
-    return checked_int(value, name, 0, None, "a non-negative integer")
-
-
 def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1) -> float:
     """Weight of a micro-batch of ``samples`` in an update over ``window_samples`` samples, when
     the reduction over replicas averages over ``averaging_replicas`` (1 when it sums)."""
-    samples = sample_count(samples, "samples")
-    window = sample_count(window_samples, "window_samples")
+    samples = non_negative_int(samples, "samples")
+    window = non_negative_int(window_samples, "window_samples")
     if window == 0:
         raise ValueError("window_samples must be positive: an update needs at least one sample")
     if samples > window:
@@ -75,7 +71,7 @@ def equal_weight(micro_steps: int, reduction: str = "mean", replicas: int = 1, a
     """Weight of each of ``micro_steps`` equal micro-batches on each of ``replicas`` replicas, when
     the reduction over replicas averages over ``averaging_replicas`` (1 when it sums): their mean
     over the window, or for ``reduction="sum"`` their sum."""
-    steps = sample_count(micro_steps, "micro_steps")
+    steps = non_negative_int(micro_steps, "micro_steps")
     if steps == 0:
         raise ValueError("an update needs at least one micro-step")
     return averaging_replicas / accumulated_divisor(steps, reduction, replicas)
@@ -93,7 +89,7 @@ def accumulated_divisor(micro_steps: Any, reduction: str, replicas: int = 1) -> 
 def common_size(window_samples: int, micro_batches: int) -> int:
     """The micro-batch size most of a window of ``window_samples`` split into ``micro_batches``
     shares: a plan's ragged split gives ``G // k`` or one more samples to each."""
-    window, parts = sample_count(window_samples, "window_samples"), sample_count(micro_batches, "micro_batches")
+    window, parts = non_negative_int(window_samples, "window_samples"), non_negative_int(micro_batches, "micro_batches")
     if window == 0 or parts == 0:
         raise ValueError("a window needs samples and micro-batches")
     base, extra = divmod(window, parts)
@@ -103,14 +99,14 @@ def common_size(window_samples: int, micro_batches: int) -> int:
 def relative_weight(samples: int, unit_samples: int) -> float | None:
     """Factor that turns a micro-batch of ``unit_samples`` samples' weight into one of
     ``samples``; None when it is 1 (nothing to multiply)."""
-    factor = sample_count(samples, "samples") / unit_samples
+    factor = non_negative_int(samples, "samples") / unit_samples
     return None if factor == 1 else factor
 
 
 def short_window_factor(planned_samples: int, seen_samples: int) -> float:
     """Correction for weights computed against a window of ``planned_samples`` when the window
     held ``seen_samples`` (an epoch's last, short update): planned / seen."""
-    planned, seen = sample_count(planned_samples, "planned_samples"), sample_count(seen_samples, "seen_samples")
+    planned, seen = non_negative_int(planned_samples, "planned_samples"), non_negative_int(seen_samples, "seen_samples")
     if seen == 0:
         raise ValueError("an update with no samples has no mean gradient: skip it instead")
     if seen > planned:

@@ -31,7 +31,8 @@ from scipy.optimize import nnls
 
 from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, gains
-from aikit.core.plan import make_plan, positive_int
+from aikit.core.plan import make_plan
+from aikit.core.validate import checked_float, positive_int
 
 __all__ = ["GoodputController", "ThroughputModel"]
 
@@ -57,9 +58,8 @@ class ThroughputModel:
     def observe(self, micro_batch: int, steps: int, seconds: float) -> None:
         """One update of ``steps`` micro-steps of ``micro_batch`` samples per device took ``seconds``."""
         key = (positive_int(micro_batch, "micro_batch"), positive_int(steps, "steps"))
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (0 < seconds < math.inf):
-            raise ValueError(f"seconds must be a positive finite duration, got {seconds!r}")
-        self._times[key].append(float(seconds))
+        seconds = checked_float(seconds, "seconds", "a positive finite duration", lambda time: 0 < time < math.inf)
+        self._times[key].append(seconds)
         self._fit = None
 
     @property
@@ -152,10 +152,10 @@ class GoodputController:
                 f"need min_batch <= base_batch <= max_batch, got {self.min_batch}, {self.base_batch}, "
                 f"{self.max_batch}: the run starts at base_batch and moves within the bounds"
             )
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < math.inf:
-            raise ValueError(f"threshold must be a non-negative fraction (0.05 for 5 %), got {threshold!r}")
-        if isinstance(max_change, bool) or not isinstance(max_change, (int, float)) or not 1 < max_change <= math.inf:
-            raise ValueError(f"max_change must be a factor above 1 (2.0: at most double or halve), got {max_change!r}")
+        threshold = checked_float(threshold, "threshold", "a non-negative fraction (0.05 for 5 %)",
+                                  lambda fraction: 0 <= fraction < math.inf)
+        max_change = checked_float(max_change, "max_change", "a factor above 1 (2.0: at most double or halve)",
+                                   lambda factor: 1 < factor <= math.inf)
         make_plan(self.base_batch, self.max_device_batch, self.devices, policy=policy)  # the policy can run it
         self.threshold, self.policy, self.max_change = float(threshold), policy, float(max_change)
         self.throughput = ThroughputModel()

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aikit.core.ga import sample_count
-from aikit.core.plan import positive_int
+from aikit.core.validate import checked_float, non_negative_int, positive_int
 
 __all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "estimate_from_totals", "gain", "gains"]
 
@@ -72,7 +71,7 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
         )
     parts = []
     for j, (norm, samples) in enumerate(zip(part_sq_norms, part_samples, strict=True)):
-        samples = sample_count(samples, f"part_samples[{j}]")
+        samples = non_negative_int(samples, f"part_samples[{j}]")
         if not (math.isfinite(norm) and norm >= 0):
             raise ValueError(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
         if samples:
@@ -88,7 +87,7 @@ def estimate_from_totals(weighted_sq_norms: float, parts: int, samples: int, mea
         raise ValueError(f"weighted_sq_norms must be a finite sum of squared norms (>= 0), got {weighted_sq_norms!r}")
     if not (math.isfinite(mean_sq_norm) and mean_sq_norm >= 0):
         raise ValueError(f"mean_sq_norm must be a finite squared norm (>= 0), got {mean_sq_norm!r}")
-    parts, samples = sample_count(parts, "parts"), sample_count(samples, "samples")
+    parts, samples = non_negative_int(parts, "parts"), non_negative_int(samples, "samples")
     if parts < 2:
         raise ValueError(
             f"estimating gradient noise needs at least two parts with samples, got {parts}: "
@@ -131,9 +130,7 @@ class NoiseTracker:
     """
 
     def __init__(self, decay: float = 0.95) -> None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
-            raise ValueError(f"decay must be a number in [0, 1), got {decay!r}")
-        self.decay = float(decay)
+        self.decay = checked_float(decay, "decay", "a number in [0, 1)", lambda number: 0 <= number < 1)
         self.updates = 0
         self._grad_sq = 0.0
         self._trace = 0.0

@@ -20,15 +20,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from aikit.core.errors import InvalidValue
+from aikit.core.validate import checked_float, checked_int
+
 STEP_MODES = ("exp", "linear")
 
 
 def _number(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
+    number = checked_float(value, name, "a number", lambda _: True)
+    if not math.isfinite(number):
+        raise InvalidValue(f"{name} must be finite, got {value!r}")
+    return number
 
 
 def step_mode_name(step_mode: str) -> str:
@@ -45,11 +47,8 @@ def lr_sequence(start_lr: float, end_lr: float, num_iter: int, step_mode: str = 
     Computed in Python floats with torch-lr-finder's formula, so histories match it bit for bit.
     """
     mode = step_mode_name(step_mode)
-    if isinstance(num_iter, bool) or not isinstance(num_iter, (int, np.integer)) or num_iter < 2:
-        raise ValueError(
-            f"num_iter must be an integer larger than 1 (the test needs a start and an end LR), "
-            f"got {num_iter!r}"
-        )
+    num_iter = checked_int(num_iter, "num_iter", 2, None,
+                           "an integer larger than 1 (the test needs a start and an end LR)")
     start, end = _number(start_lr, "start_lr"), _number(end_lr, "end_lr")
     if mode == "exp" and (start <= 0 or end <= 0):
         raise ValueError(
@@ -78,13 +77,10 @@ class LossTracker:
         smooth_f = _number(smooth_f, "smooth_f")
         if not 0 <= smooth_f < 1:
             raise ValueError(f"smooth_f must lie in [0, 1), got {smooth_f!r}; 0 turns smoothing off")
-        if isinstance(diverge_th, bool) or not isinstance(diverge_th, (int, float)) or not diverge_th >= 1:
-            raise ValueError(
-                f"diverge_th must be a number >= 1 (the test stops once loss > diverge_th * best), "
-                f"got {diverge_th!r}; pass float('inf') never to stop on divergence"
-            )
         self.smooth_f = smooth_f
-        self.diverge_th = diverge_th
+        self.diverge_th = checked_float(diverge_th, "diverge_th", "a number >= 1 (the test stops once loss > "
+                                        "diverge_th * best)", lambda factor: factor >= 1,
+                                        fix="pass float('inf') never to stop on divergence")
         self.best: float | None = None
         self.last: float | None = None
         self.stop_reason: str | None = None

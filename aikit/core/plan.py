@@ -32,20 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aikit.core.errors import InvalidValue, checked_int
+from aikit.core.errors import InvalidValue
 from aikit.core.ga import sample_weight
+from aikit.core.validate import index_in, positive_int
 
 POLICIES = ("ragged", "fewer_devices", "error")
-
-
-def positive_int(value: object, name: str) -> int:
-    """Return ``value`` as an int, or raise an aikit error naming it (bools and floats refused)."""
-    return checked_int(value, name, 1, None, "a positive integer")
-
-
-def index_in(value: object, name: str, count: int) -> int:
-    """``value`` as an int in ``0..count-1`` (a rank), or an aikit error naming it."""
-    return checked_int(value, name, 0, count - 1, f"an integer in 0..{count - 1}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from aikit.core.gradient_noise import NoiseEstimate, gain
-from aikit.core.plan import positive_int
+from aikit.core.validate import positive_int
 
 RULES = ("linear", "sqrt", "constant")
 ADAPTIVE_RULES = ("adascale", *RULES)

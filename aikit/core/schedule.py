@@ -26,14 +26,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from numbers import Integral
 
 import numpy as np
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import sample_weight
-from aikit.core.plan import even_micro_batches, even_split_problems, positive_int
+from aikit.core.plan import even_micro_batches, even_split_problems
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
+from aikit.core.validate import non_negative_int, positive_int
 
 MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
 MAX_REPLICAS = 2**31 - 1
@@ -185,11 +185,7 @@ def at_most(value: int, limit: int, name: str, why: str = "") -> int:
 
 def seed_value(seed: object) -> int:
     """A seed as the exact non-negative int it is (``1.7`` refused, not truncated to 1)."""
-    if isinstance(seed, bool) or not isinstance(seed, Integral):
-        raise InvalidType(f"seed must be a non-negative integer, got {seed!r:.60}")
-    if seed < 0:
-        raise InvalidValue(f"seed must be a non-negative integer, got {seed}")
-    return int(seed)
+    return non_negative_int(seed, "seed")
 
 
 def flag(value: object, name: str) -> bool:
@@ -274,11 +270,7 @@ class Schedule:
 
     def epoch_bounds(self, epoch: int) -> tuple[int, int, bool]:
         """``(first, end, complete)``: the trace steps ``first..end-1`` that make up ``epoch``."""
-        if isinstance(epoch, bool) or not isinstance(epoch, Integral):
-            raise InvalidType(f"epoch must be a non-negative integer, got {epoch!r:.60}")
-        if epoch < 0:
-            raise InvalidValue(f"epoch must be a non-negative integer, got {epoch}")
-        epoch = int(epoch)
+        epoch = non_negative_int(epoch, "epoch")
         self._find_epochs(epoch + 1)
         if epoch + 1 < len(self._starts):
             return self._starts[epoch], self._starts[epoch + 1], True

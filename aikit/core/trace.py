@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from aikit.core.errors import AikitError, InvalidType, InvalidValue, TraceFileError
-from aikit.core.plan import positive_int
+from aikit.core.validate import positive_int
 
 EXHAUSTION_POLICIES = ("error", "stop", "repeat_last", "cycle")
 MAX_BATCH_SIZE = np.iinfo(np.int64).max  # sizes are int64 from here on

@@ -7,9 +7,9 @@ Framework-free (matplotlib is imported only by ``plot``); the arithmetic is
 from __future__ import annotations
 
 import os
-from numbers import Real
 
 from aikit.core import lr_range
+from aikit.core.validate import checked_float
 from aikit.optional import require
 
 
@@ -48,8 +48,8 @@ class RangeTestResults:
         "steepest"). ``plt.show()`` runs only when this call created the figure. Under data
         parallelism only the master draws its own figure; other ranks get ``None`` for ``ax``.
         """
-        if show_lr is not None and (isinstance(show_lr, bool) or not isinstance(show_lr, Real)):
-            raise ValueError(f"show_lr must be float, got {show_lr!r}")
+        if show_lr is not None:
+            checked_float(show_lr, "show_lr", "float")  # torch-lr-finder's words
         lrs = lr_range.trim(self.history["lr"], skip_start, skip_end)
         losses = lr_range.trim(self.history["loss"], skip_start, skip_end)
         suggestion = None

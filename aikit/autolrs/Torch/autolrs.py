@@ -20,6 +20,7 @@ import torch
 
 from aikit.autolrs.plot import plot_progress
 from aikit.core.autolrs import Action, Controller, read_schedule, replay_lr, write_schedule
+from aikit.core.validate import positive_int
 from aikit.elastic.Torch import collectives, random_state
 
 log = logging.getLogger("aikit.autolrs")
@@ -62,10 +63,8 @@ class AutoLRS:
         if listening_host is not None or listening_port is not None:
             log.info("AutoLRS runs in-process: listening_host=%r and listening_port=%r are not used",
                      listening_host, listening_port)
-        if isinstance(summary_steps, bool) or not isinstance(summary_steps, int) or summary_steps < 1:
-            raise ValueError(f"summary_steps must be a positive integer, got {summary_steps!r}")
         self.model, self.optimizer, self.val_fn = model, optimizer, val_fn
-        self.summary_steps = summary_steps
+        self.summary_steps = positive_int(summary_steps, "summary_steps")
         self.controller = Controller(min_lr, max_lr, **options)
         self.device = next(model.parameters()).device
         self.replicas, self.rank = collectives.world(self.device)

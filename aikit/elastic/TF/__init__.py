@@ -17,7 +17,8 @@ import tensorflow as tf
 
 import aikit.elastic
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.plan import POLICIES, Plan, make_plan, positive_int
+from aikit.core.plan import POLICIES, Plan, make_plan
+from aikit.core.validate import positive_int
 from aikit.elastic.TF import strategies
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 

@@ -12,7 +12,8 @@ import sys
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
 from aikit.core.errors import InvalidValue
-from aikit.core.plan import Plan, make_plan, nearest_even_batches, positive_int
+from aikit.core.plan import Plan, make_plan, nearest_even_batches
+from aikit.core.validate import positive_int
 from aikit.elastic import PUBLIC, publish
 from aikit.elastic.Torch import distributed, spmd
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler

@@ -45,10 +45,11 @@ import torch
 from aikit.core.errors import InvalidValue
 from aikit.core.goodput import GoodputController
 from aikit.core.gradient_noise import NoiseEstimate, estimate
-from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, positive_int
+from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch
 from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value, split_minimums
 from aikit.core.trace import Trace
+from aikit.core.validate import non_negative_int, positive_int
 from aikit.elastic.Torch import distributed
 from aikit.elastic.Torch.collectives import engine, mark_step
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
@@ -175,7 +176,7 @@ class AdaptiveSchedule:
             dataset_size, num_replicas, micro_batch, bound=controller.grows)  # with grows: the most per device
         self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
         self.controller = controller
-        self.lookahead = _count(lookahead, "lookahead")
+        self.lookahead = non_negative_int(lookahead, "lookahead")
         self.sizes: list[int] = []  # the global batch of every update decided so far
         self.starts = [0]  # the first update of every epoch begun so far
         self._views: dict[int, tuple[int, EpochSchedule, _Columns]] = {}  # epoch: (end, view, its arrays)
@@ -218,7 +219,7 @@ class AdaptiveSchedule:
 
     def epoch(self, epoch: int) -> EpochSchedule:
         """The updates of ``epoch`` decided so far (``complete`` once its last one is)."""
-        epoch = _count(epoch, "epoch")
+        epoch = non_negative_int(epoch, "epoch")
         if epoch >= len(self.starts):
             raise InvalidValue(
                 f"epoch {epoch} of the adaptive run has not begun: it starts once the last update of epoch "
@@ -395,7 +396,7 @@ class AdaptiveSampler(CustomSampler):
         controller.grows = grows
         controller.noise_every = noise_every
         controller.min_estimates = round(1 / (1 - controller.noise.decay)) if min_estimates is None else \
-            _count(min_estimates, "min_estimates")
+            non_negative_int(min_estimates, "min_estimates")
         self.schedule = AdaptiveSchedule(size, controller, micro_batch, num_replicas, seed, shuffle, lookahead)
         self.interval = positive_int(interval, "interval")
         self.devices = 1
@@ -427,7 +428,7 @@ class AdaptiveSampler(CustomSampler):
     @lookahead.setter
     def lookahead(self, value: int) -> None:
         """Only grows (the batches already decided stay): decide further ahead from now on."""
-        value = _count(value, "lookahead")
+        value = non_negative_int(value, "lookahead")
         if value < self.schedule.lookahead:
             raise InvalidValue(f"lookahead can only grow ({self.schedule.lookahead} now, {value} asked): "
                                "the updates already decided stay decided")
@@ -697,9 +698,3 @@ class AdaptiveOptimizer(TraceOptimizer):
 
     def __repr__(self) -> str:
         return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, base_batch={self.ref_batchsize})"
-
-
-def _count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InvalidValue(f"{name} must be a non-negative integer, got {value!r:.60}")
-    return int(value)

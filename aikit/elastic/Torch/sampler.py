@@ -19,9 +19,9 @@ import torch
 from torch.utils.data import Sampler
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.plan import index_in
 from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation
 from aikit.core.trace import Trace, load_trace, multiple_problems
+from aikit.core.validate import index_in
 from aikit.elastic.Torch import distributed, spmd
 
 _latest: CustomSampler | None = None

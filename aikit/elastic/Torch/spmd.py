@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 from aikit.core.errors import InvalidValue
-from aikit.core.plan import positive_int
 from aikit.core.trace import Trace, multiple_problems
+from aikit.core.validate import positive_int
 
 DATA_AXIS = "data"
 

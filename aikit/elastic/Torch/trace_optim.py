@@ -33,9 +33,9 @@ import torch
 
 from aikit.core import gradient_noise
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, estimate_from_totals
-from aikit.core.plan import positive_int
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
+from aikit.core.validate import checked_float, positive_int
 from aikit.elastic.Torch.collectives import broadcast_, engine, mark_step, world
 from aikit.elastic.Torch.sampler import CustomSampler, latest_sampler
 from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
@@ -394,9 +394,8 @@ class LinearRuleMomentumOptimizer(TraceOptimizer):
             raise ValueError("LinearRuleMomentumOptimizer has no warmup: its LR is the micro-batch's at every step; "
                              "use LinearRuleOptimizer(warmup_steps=...)")
         super().__init__(optimizer, sampler, ref_batchsize, log_steps, **options)
-        if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
-        self.weight_decay = float(weight_decay)
+        self.weight_decay = checked_float(weight_decay, "weight_decay", "a number >= 0",
+                                          lambda decay: 0 <= decay < math.inf)
         own = sorted({group.get("weight_decay", 0) for group in self.param_groups} - {0, self.weight_decay})
         if own:
             warnings.warn(f"LinearRuleMomentumOptimizer replaces the wrapped optimizer's weight_decay {own} by "

@@ -28,7 +28,7 @@ import tensorflow as tf
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import reduction_name
 from aikit.core.gradient_noise import NoiseEstimate, estimate_from_totals
-from aikit.core.plan import positive_int
+from aikit.core.validate import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.optimizers import Optimizer
 

@@ -37,7 +37,7 @@ import inspect
 import tensorflow as tf
 
 from aikit.core.ga import accumulated_divisor, reduction_name
-from aikit.core.plan import positive_int
+from aikit.core.validate import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import warnings
 import weakref
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from aikit.core.validate import checked_float
 
 
 class _Wrapped:
@@ -401,9 +404,8 @@ class Buckets:
 
 def bucket_bytes(cap_mb: float) -> int:
     """``bucket_cap_mb`` in bytes, or the error that names it."""
-    if isinstance(cap_mb, bool) or not isinstance(cap_mb, (int, float)) or not cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be a positive number of megabytes (DDP's default is 25) or None, "
-                         f"got {cap_mb!r}")
+    cap_mb = checked_float(cap_mb, "bucket_cap_mb", "a positive number of megabytes (DDP's default is 25) or None",
+                           lambda megabytes: 0 < megabytes < math.inf)
     return max(int(cap_mb * 1024 * 1024), 1)
 
 

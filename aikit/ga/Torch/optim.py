@@ -46,11 +46,10 @@ from aikit.core.ga import (
     equal_weight,
     reduction_name,
     relative_weight,
-    sample_count,
     sample_weight,
     short_window_factor,
 )
-from aikit.core.plan import positive_int
+from aikit.core.validate import non_negative_int, positive_int
 from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer, bucket_bytes
 
 _STATE_KEYS = {"optimizer", "ga"}
@@ -185,7 +184,7 @@ class Optimizer(WrappingOptimizer):
                 "reduce=False with DDP"
             )
         if samples is not None:
-            samples = sample_count(samples, "samples")
+            samples = non_negative_int(samples, "samples")
             if self.reduction == "sum":
                 raise InvalidValue(
                     f"accumulate(samples={samples}) weighs a mean loss's micro-batch by its share of the global "
@@ -487,7 +486,7 @@ def _from_runai(state_dict: Any) -> Any:
     runai = state.get("runai") if isinstance(state, dict) else None
     if not (hasattr(runai, "steps") and hasattr(runai, "step")):
         return state_dict
-    steps, step = positive_int(runai.steps, "Run:AI's runai.steps"), sample_count(runai.step, "Run:AI's runai.step")
+    steps, step = positive_int(runai.steps, "Run:AI's runai.steps"), non_negative_int(runai.step, "Run:AI's runai.step")
     if step % steps:
         raise ValueError(
             f"Run:AI's AIkit's state_dict was saved {step % steps} micro-steps into an update of steps={steps}, "

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from aikit.core import lr_range
 from aikit.core.errors import InvalidValue
-from aikit.core.plan import positive_int
+from aikit.core.validate import positive_int
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.lr_finder.results import RangeTestResults
 

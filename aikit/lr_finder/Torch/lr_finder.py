@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from aikit.core import lr_range
 from aikit.core.errors import InvalidValue
-from aikit.core.plan import positive_int
+from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
 

@@ -1,0 +1,75 @@
+"""Checking the numbers users pass: one helper per kind, each raising the named errors of
+:mod:`aikit.core.errors` with the argument's name, what it must be, and the value it got.
+
+A bool is refused wherever a number is wanted (``True`` is an ``int`` to Python, never a batch
+size to a user), and so is a string that looks like a number (``"0.5"``): the caller gets an
+:class:`~aikit.core.errors.InvalidType`, not a silent conversion.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from numbers import Real
+
+from aikit.core.errors import InvalidType, InvalidValue
+
+
+def checked_int(value: object, name: str, low: int, high: int | None, wanted: str, fix: str = "") -> int:
+    """``value`` as an int in ``low..high`` (no upper bound when ``high`` is None), or an aikit
+    error saying ``{name} must be {wanted}, got {value}`` (and ``; {fix}`` when given):
+    :class:`InvalidType` for a bool, a float or any non-integer, :class:`InvalidValue` for an
+    integer out of range. Every integer argument aikit reads goes through here."""
+    fix = f"; {fix}" if fix else ""
+    if isinstance(value, bool):
+        raise InvalidType(f"{name} must be {wanted}, got {value!r}{fix}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise InvalidType(f"{name} must be {wanted}, got {value!r:.100}{fix}") from None
+    if number < low or (high is not None and number > high):
+        raise InvalidValue(f"{name} must be {wanted}, got {number}{fix}")
+    return number
+
+
+def positive_int(value: object, name: str) -> int:
+    """``value`` as an int >= 1, or an aikit error naming it (bools and floats refused)."""
+    return checked_int(value, name, 1, None, "a positive integer")
+
+
+def non_negative_int(value: object, name: str) -> int:
+    """``value`` as an int >= 0 (a count, a seed, an epoch), or an aikit error naming it."""
+    return checked_int(value, name, 0, None, "a non-negative integer")
+
+
+def index_in(value: object, name: str, count: int) -> int:
+    """``value`` as an int in ``0..count-1`` (a rank), or an aikit error naming it."""
+    return checked_int(value, name, 0, count - 1, f"an integer in 0..{count - 1}")
+
+
+def checked_float(value: object, name: str, wanted: str, valid: Callable[[float], bool] = math.isfinite,
+                  fix: str = "") -> float:
+    """``value`` as a float for which ``valid`` holds (by default: finite), or an aikit error
+    saying ``{name} must be {wanted}, got {value}`` (and ``; {fix}`` when given):
+    :class:`InvalidType` for a bool, a string or any non-real, :class:`InvalidValue` for a real
+    number ``valid`` rejects (NaN included)."""
+    fix = f"; {fix}" if fix else ""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InvalidType(f"{name} must be {wanted}, got {value!r:.100}{fix}")
+    number = float(value)
+    if not valid(number):
+        raise InvalidValue(f"{name} must be {wanted}, got {value!r}{fix}")
+    return number
+
+
+def positive_float(value: object, name: str) -> float:
+    """``value`` as a finite float > 0 (an LR, a duration), or an aikit error naming it."""
+    return checked_float(value, name, "a finite number > 0", lambda number: 0 < number < math.inf)
+
+
+def checked_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, or an :class:`InvalidValue` listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidValue(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r:.100}")
+    return value
