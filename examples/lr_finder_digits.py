@@ -58,8 +58,8 @@ def torch_range_test(args) -> dict[str, float]:
 
 
 def keras_range_test(args) -> dict[str, float]:
-    from aikit.ga.TF.keras_backend import keras_on_tensorflow
     from aikit.lr_finder.TF import LRFinder
+    from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
     keras = keras_on_tensorflow()
     x, y, _, _ = digits()

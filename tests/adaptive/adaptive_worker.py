@@ -17,7 +17,8 @@ from adaptive_common import Clock, dataset, make_model, train
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace"))
 from replica_worker import start
 
-from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler, collectives
+from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler
+from aikit.runtime.Torch import collectives
 
 MICRO, BASE, MAX, EPOCHS = 4, 16, 64, 2  # two micro-steps per replica at the base batch
 

@@ -135,8 +135,8 @@ def train(case: Case, engine: str = "horovod") -> dict:
     import aikit.elastic.Torch
     from aikit.core.windows import micro_batch_slices
     from aikit.elastic.Torch import distributed
-    from aikit.elastic.Torch.collectives import broadcast_
     from aikit.ga.Torch.optim import Optimizer
+    from aikit.runtime.Torch.collectives import broadcast_
 
     rank = distributed.rank()
     plan = aikit.elastic.Torch.init(case.G, case.M)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aikit.core.lr_range import lr_sequence, read_history
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
+from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
 import tensorflow as tf  # noqa: E402

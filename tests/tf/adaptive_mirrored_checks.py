@@ -20,9 +20,9 @@ from tf_common import data, keras, max_difference, mlp
 
 from aikit.core.trace import load_trace
 from aikit.elastic.TF import fit_adaptive, fit_trace
-from aikit.elastic.TF.trace import train_micro_step
 from aikit.ga.TF.noise import NoiseOptimizer
 from aikit.ga.TF.optimizers import Optimizer
+from aikit.runtime.TF.training import train_micro_step
 
 keras.config.set_floatx("float64")
 keras.config.set_dtype_policy("float64")

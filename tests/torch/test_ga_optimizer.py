@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aikit.ga.Torch.engine import assign_buckets
 from aikit.ga.Torch.optim import Optimizer
+from aikit.runtime.Torch.buckets import assign_buckets
 
 OPTIMIZERS = {
     "sgd_momentum_wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
@@ -359,9 +359,9 @@ def test_an_update_with_the_wrong_number_of_samples_is_refused():
 
 
 def test_samples_without_a_global_batch_is_refused(monkeypatch):
-    import aikit.elastic
+    import aikit.runtime.published
 
-    monkeypatch.setattr(aikit.elastic, "_latest", None)
+    monkeypatch.setattr(aikit.runtime.published, "_latest", None)
     net = model()
     opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
     with pytest.raises(ValueError, match=r"no global batch is known: pass Optimizer\(..., global_batch_size=G\)"), \

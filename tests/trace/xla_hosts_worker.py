@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from trace_common import MINIBATCH, dataset, make_model, random_trace
 
-from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer, collectives, distributed
+from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer
+from aikit.runtime.Torch import collectives, distributed
 
 EPOCHS = 3
 

@@ -21,7 +21,7 @@ import torch
 from aikit.autolrs.plot import plot_progress
 from aikit.core.autolrs import Action, Controller, read_schedule, replay_lr, write_schedule
 from aikit.core.validate import positive_int
-from aikit.elastic.Torch import collectives, random_state
+from aikit.runtime.Torch import collectives, random_state
 
 log = logging.getLogger("aikit.autolrs")
 SLOTS = ("stage", "trial")

@@ -19,14 +19,17 @@ import aikit.elastic
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.plan import POLICIES, Plan, make_plan
 from aikit.core.validate import positive_int
-from aikit.elastic.TF import strategies
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
+from aikit.runtime.moved import keep_old_paths
+from aikit.runtime.published import publish
+from aikit.runtime.TF import strategies
+from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras_on_tensorflow()
+keep_old_paths(sys.modules[__name__], strategies)  # aikit.elastic.TF.strategies: its old path
 
 from aikit.elastic.TF import model  # noqa: E402  (needs Keras on TF first)
 from aikit.elastic.TF.adaptive import fit_adaptive  # noqa: E402
-from aikit.elastic.TF.model import Model  # noqa: E402
+from aikit.elastic.TF.model import Model, current_plan  # noqa: E402
 from aikit.elastic.TF.trace import fit_trace  # noqa: E402
 
 models = model
@@ -53,9 +56,10 @@ def init(
     """Plan an update of ``global_batch_size`` samples with at most ``max_gpu_batch_size`` per device.
 
     ``gpus`` defaults to the replicas of ``strategy`` (or of the strategy found, see
-    :mod:`aikit.elastic.TF.strategies`). Keras feeds equal micro-batches, so a global batch
-    that does not split evenly either uses fewer devices (``policy="fewer_devices"``, the
-    default) or is refused with the nearest batches that do split (``policy="error"``).
+    :mod:`aikit.runtime.TF.strategies`, also ``aikit.elastic.TF.strategies``). Keras feeds
+    equal micro-batches, so a global batch that does not split evenly either uses fewer devices
+    (``policy="fewer_devices"``, the default) or is refused with the nearest batches that do
+    split (``policy="error"``).
     """
     g = positive_int(global_batch_size, "global_batch_size")
     m = positive_int(max_gpu_batch_size, "max_gpu_batch_size")
@@ -104,8 +108,7 @@ def init(
         )
 
     module = sys.modules[__name__]
-    aikit.elastic.publish(new_plan, module)
-    module.strategy = chosen
+    publish(new_plan, module, strategy=chosen)
     for target in (module, aikit.elastic):  # Run:AI's AIkit's runai.elastic.hvd: only under Horovod
         if hvd is None:
             target.__dict__.pop("hvd", None)
@@ -114,16 +117,6 @@ def init(
     if verbose and new_plan.master:
         print(new_plan.summary(), f"\n  strategy: {type(chosen).__name__}", sep="")
     return new_plan
-
-
-def current_plan() -> Plan:
-    """The plan of the last :func:`init`, or an error saying to call it."""
-    if plan is None:
-        raise RuntimeError(
-            "aikit.elastic.TF.init(global_batch_size, max_gpu_batch_size) must be called before "
-            "wrapping or compiling a model"
-        )
-    return plan
 
 
 __all__ = ["Model", "current_plan", "fit_adaptive", "fit_trace", "init", "model", "models", "strategies"]

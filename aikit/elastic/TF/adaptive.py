@@ -34,9 +34,9 @@ from aikit.core.goodput import GoodputController
 from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
-from aikit.elastic.TF.trace import compiled_for, train_micro_step
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.noise import NoiseOptimizer
+from aikit.runtime.TF.keras_backend import keras_on_tensorflow
+from aikit.runtime.TF.training import compiled_for, train_micro_step
 
 keras = keras_on_tensorflow()
 log = logging.getLogger("aikit.adaptive")

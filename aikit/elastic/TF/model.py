@@ -15,11 +15,24 @@ from typing import Any
 
 import tensorflow as tf
 
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.plan import Plan
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.optimizers import Optimizer
+from aikit.runtime.published import published
+from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
+
+
+def current_plan() -> Plan:
+    """The plan of the last :func:`aikit.elastic.TF.init`, or an error saying to call it."""
+    plan = published(__package__)  # what aikit.elastic.TF.init published
+    if plan is None:
+        raise RuntimeError(
+            "aikit.elastic.TF.init(global_batch_size, max_gpu_batch_size) must be called before "
+            "wrapping or compiling a model"
+        )
+    return plan
 
 
 def created_in(model: keras.Model, strategy: tf.distribute.Strategy) -> bool:
@@ -36,7 +49,7 @@ def on_strategy(model: keras.Model, strategy: tf.distribute.Strategy) -> keras.M
             copy = keras.models.clone_model(model)
             copy.set_weights(model.get_weights())
     except Exception as error:
-        raise ValueError(
+        raise InvalidValue(
             f"the model's variables were created outside the plan's {type(strategy).__name__} and "
             f"it cannot be cloned into it ({error}): build the model inside "
             "`with aikit.elastic.TF.strategy.scope():`"
@@ -55,14 +68,12 @@ class Model:
 
     def __init__(self, model: keras.Model, plan: Plan | None = None,
                  strategy: tf.distribute.Strategy | None = None):
-        from aikit.elastic import TF
-
         if isinstance(model, Model):
             model = model.model
         if not isinstance(model, keras.Model):
-            raise TypeError(f"Model wraps a keras.Model, got {type(model).__name__}")
-        self.plan = plan or TF.current_plan()
-        self.strategy = strategy or TF.strategy or tf.distribute.get_strategy()
+            raise InvalidType(f"Model wraps a keras.Model, got {type(model).__name__}")
+        self.plan = plan or current_plan()
+        self.strategy = strategy or published(__package__, "strategy") or tf.distribute.get_strategy()
         self.model = on_strategy(model, self.strategy)
 
     @property
@@ -87,7 +98,7 @@ class Model:
 
     def _batch_size(self, batch_size: int | None, x: Any) -> int | None:
         if batch_size is not None and batch_size != self.plan.batch_size:
-            raise ValueError(
+            raise InvalidValue(
                 f"batch_size={batch_size} is not the plan's per-device micro-batch {self.plan.batch_size}: "
                 "pass batch_size=aikit.elastic.TF.batch_size or leave it out (change the batch with "
                 "aikit.elastic.TF.init)"

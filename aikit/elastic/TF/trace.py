@@ -19,47 +19,8 @@ import numpy as np
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.optimizers import Optimizer
-
-keras = keras_on_tensorflow()
-
-
-def train_micro_step(keras_model: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[np.ndarray]) -> float:
-    """One micro-step in which replica ``r`` trains on samples ``rows[r]``; returns the loss.
-
-    Under a ``tf.distribute`` strategy each replica is handed its own rows as distributed values:
-    ``train_on_batch`` given plain arrays would hand every replica the whole batch (each then
-    computing the same gradient, the work done once per replica)."""
-    if len(rows) == 1:
-        return float(np.ravel(keras_model.train_on_batch(x[rows[0]], y[rows[0]]))[0])
-    strategy = keras_model.distribute_strategy
-    # what train_on_batch does first, from one replica's arrays: Keras' symbolic build of the
-    # compiled loss and metrics needs shapes, which distributed values do not have
-    keras_model._maybe_symbolic_build(data_batch=(x[rows[0]], y[rows[0]], None))
-
-    def distributed(array: np.ndarray):
-        parts = [array[r] for r in rows]
-        return strategy.experimental_distribute_values_from_function(
-            lambda context: parts[context.replica_id_in_sync_group])
-
-    return float(np.ravel(keras_model.train_on_batch(distributed(x), distributed(y)))[0])
-
-
-def compiled_for(model: Any, optimizer_class: type, user: str, needs: str) -> tuple[Any, Any]:
-    """The Keras model behind ``model`` (aikit's ``Model`` wrapper or a Keras model) and its
-    optimizer, refused unless it is an ``optimizer_class`` (``needs`` says how to compile it)
-    with no update left half accumulated: ``user`` would start its plan in the middle of one."""
-    keras_model = getattr(model, "model", model)
-    optimizer = keras_model.optimizer
-    if not isinstance(optimizer, optimizer_class):
-        raise TypeError(f"{user} needs the model compiled with {needs}, got optimizer {type(optimizer).__name__}")
-    if optimizer.accumulated:
-        raise ValueError(
-            f"the optimizer holds {optimizer.accumulated} accumulated micro-step(s) of an unfinished update: "
-            f"finish it (or start from a fresh optimizer) before {user}"
-        )
-    return keras_model, optimizer
+from aikit.runtime.TF.training import compiled_for, train_micro_step
 
 
 def fit_trace(

@@ -1,8 +1,10 @@
 """Elastic PyTorch training: ``init(global_batch_size, max_gpu_batch_size)`` plans the run.
 
-The device count comes from where the script runs (see :mod:`aikit.elastic.Torch.distributed`)
-or from ``gpus=``; the core plan decides GA steps and micro-batches, and this module then has
-``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and ``plan``.
+The device count comes from where the script runs (see :mod:`aikit.runtime.Torch.distributed`,
+also importable as ``aikit.elastic.Torch.distributed``, as :mod:`aikit.runtime.Torch.spmd` is as
+``aikit.elastic.Torch.spmd``) or from ``gpus=``; the core plan decides GA steps and
+micro-batches, and this module then has ``steps``, ``batch_size``, ``global_batch_size``,
+``gpus``, ``master`` and ``plan``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optim
 from aikit.core.errors import InvalidValue
 from aikit.core.plan import Plan, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
-from aikit.elastic import PUBLIC, publish
-from aikit.elastic.Torch import distributed, spmd
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
@@ -28,6 +28,11 @@ from aikit.elastic.Torch.trace_optim import (
     RootRuleOptimizer,
     TraceOptimizer,
 )
+from aikit.runtime.moved import keep_old_paths
+from aikit.runtime.published import PUBLIC, publish
+from aikit.runtime.Torch import distributed, spmd
+
+keep_old_paths(sys.modules[__name__], distributed, spmd)  # aikit.elastic.Torch.distributed, .spmd: their old paths
 
 __all__ = [
     "AdaScaleOptimizer",
@@ -53,17 +58,17 @@ def init(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = Non
     ``max_gpu_batch_size`` per device, and publish the plan on this module. Under torch_xla's
     SPMD the devices are the mesh's data axis and the split must be even (one shard shape);
     each GA step then feeds ``batch_size x gpus`` samples, sharded by
-    :func:`aikit.elastic.Torch.spmd.shard`."""
+    :func:`aikit.runtime.Torch.spmd.shard`."""
     processes = distributed.world_size()
     devices = distributed.device_count() if gpus is None else positive_int(gpus, "gpus")
     if processes > 1 and devices != processes:
-        raise ValueError(
+        raise InvalidValue(
             f"gpus={devices} but this run has {processes} processes ({distributed.engine()}): "
             f"every process is one device, so leave gpus=None or launch {devices} processes"
         )
     plan = make_plan(global_batch_size, max_gpu_batch_size, devices, policy=policy, rank=distributed.rank())
     if processes > 1 and plan.gpus != processes:
-        raise ValueError(
+        raise InvalidValue(
             f"the plan uses {plan.gpus} of the {processes} processes (policy {policy!r}, "
             f"global_batch_size {plan.global_batch_size}), but every process of a "
             f"{distributed.engine()} run must train: launch {plan.gpus} processes or use policy 'ragged'"

@@ -12,9 +12,9 @@ How it stays exact:
 
 * **Gradient noise, cheaply.** A gradient hook on every parameter takes each micro-batch's
   squared gradient norm as autograd produces it, before it is added into ``.grad``
-  (:class:`~aikit.ga.Torch.noise.MicroBatchNorms`, as for ``AdaScaleOptimizer``); the
+  (:class:`~aikit.runtime.Torch.noise.MicroBatchNorms`, as for ``AdaScaleOptimizer``); the
   replicas' norms and their step times travel in the update's one all-reduce, appended to the
-  gradients (:meth:`aikit.ga.Torch.engine.Accumulator.reduce`), and
+  gradients (:meth:`aikit.runtime.Torch.accumulator.Accumulator.reduce`), and
   :func:`aikit.core.gradient_noise.estimate` turns them into ``|G|²`` and ``tr(Σ)``.
 * **Every replica decides the same.** The controller sees only all-reduced numbers, so every
   replica proposes the same batch at the same update.
@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aikit.core.autolrs import write_schedule
 from aikit.core.errors import InvalidValue
 from aikit.core.goodput import GoodputController
 from aikit.core.gradient_noise import NoiseEstimate, estimate
@@ -50,11 +51,11 @@ from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import EpochSchedule, checked_settings, flag, seed_value, split_minimums
 from aikit.core.trace import Trace
 from aikit.core.validate import non_negative_int, positive_int
-from aikit.elastic.Torch import distributed
-from aikit.elastic.Torch.collectives import engine, mark_step
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
-from aikit.ga.Torch.noise import MicroBatchNorms
+from aikit.runtime.Torch import distributed
+from aikit.runtime.Torch.collectives import engine, mark_step
+from aikit.runtime.Torch.noise import MicroBatchNorms
 
 __all__ = ["AdaptiveOptimizer", "AdaptiveSampler"]
 
@@ -669,8 +670,6 @@ class AdaptiveOptimizer(TraceOptimizer):
         """Write the LR of every update as a ``step,lr`` CSV (exact floats): with the sampler's
         trace, ``ConstantOptimizer`` and ``UpdateScheduler(ReplaySchedule(optimizer, path))``
         replay even an AdaScale run bit for bit (for optimizers whose groups share one LR)."""
-        from aikit.core.autolrs import write_schedule
-
         if len(self.history) != len(self.controller.batches):
             raise ValueError(
                 f"this optimizer saw {len(self.history)} of the run's {len(self.controller.batches)} updates (it was "

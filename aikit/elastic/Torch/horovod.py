@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from aikit.elastic.Torch.collectives import broadcast_
 from aikit.ga.Torch.optim import Optimizer
+from aikit.runtime.Torch.collectives import broadcast_
 
 try:
     import horovod.torch as hvd

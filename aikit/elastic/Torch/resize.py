@@ -37,11 +37,12 @@ import numpy as np
 import torch
 
 from aikit.core.errors import CheckpointError
-from aikit.elastic.Torch import checkpoint, distributed, random_state
+from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
-from aikit.ga.Torch.optim import check_groups
+from aikit.runtime.Torch import distributed, random_state
+from aikit.runtime.Torch.state_checks import check_groups
 
 FORMAT = 1
 

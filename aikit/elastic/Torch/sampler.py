@@ -22,7 +22,7 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation
 from aikit.core.trace import Trace, load_trace, multiple_problems
 from aikit.core.validate import index_in
-from aikit.elastic.Torch import distributed, spmd
+from aikit.runtime.Torch import distributed, spmd
 
 _latest: CustomSampler | None = None
 
@@ -62,7 +62,7 @@ class CustomSampler(Sampler[list[int]]):
     ``verbose`` prints eth-easl's two lines about the trace (None: as the original, only when
     ``rank=0`` is given; True: on rank 0). Under torch_xla's SPMD the process is one replica and
     each micro-batch holds ``minibatch_size`` samples for every device of the mesh (see
-    :mod:`aikit.elastic.Torch.spmd`).
+    :mod:`aikit.runtime.Torch.spmd`).
 
     ``minibatch_size`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits
     each step evenly over the replicas in the fewest micro-batches of at most that many samples,

@@ -2,7 +2,7 @@
 
 Call ``step()`` once per micro-batch the :class:`~aikit.elastic.Torch.sampler.CustomSampler`
 yields. Until this replica's last micro-batch of a global step, ``step()`` only lets autograd
-accumulate. On the last one the GA engine (:mod:`aikit.ga.Torch.engine`) sums the gradients
+accumulate. On the last one the GA engine (:mod:`aikit.runtime.Torch.accumulator`) sums the gradients
 over the replicas in one all-reduce, weighs them by ``minibatch_size / B`` (each micro-batch
 gradient is a mean over its samples, so the sum over all replicas becomes the mean over the
 step's ``B`` samples: :meth:`aikit.core.schedule.EpochSchedule.weight`), unscales (AMP), clips,
@@ -36,11 +36,12 @@ from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, estimate_from
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
 from aikit.core.validate import checked_float, positive_int
-from aikit.elastic.Torch.collectives import broadcast_, engine, mark_step, world
 from aikit.elastic.Torch.sampler import CustomSampler, latest_sampler
-from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer
-from aikit.ga.Torch.noise import MicroBatchNorms
-from aikit.ga.Torch.optim import check_groups, check_pending
+from aikit.runtime.Torch.accumulator import Accumulator
+from aikit.runtime.Torch.collectives import broadcast_, engine, mark_step, world
+from aikit.runtime.Torch.noise import MicroBatchNorms
+from aikit.runtime.Torch.state_checks import check_groups, check_pending
+from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 _TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated"}
 LOG_FORMATS = ("eth-easl", "aikit")

@@ -29,8 +29,8 @@ from aikit.core.errors import InvalidValue
 from aikit.core.ga import reduction_name
 from aikit.core.gradient_noise import NoiseEstimate, estimate_from_totals
 from aikit.core.validate import positive_int
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.optimizers import Optimizer
+from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
 ops = keras.ops

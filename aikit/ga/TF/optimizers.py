@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from aikit.core.ga import accumulated_divisor, reduction_name
 from aikit.core.validate import positive_int
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
+from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
 ops = keras.ops

@@ -22,13 +22,15 @@ with the samples they held (Horovod, or torchrun without DDP; see
 (:meth:`Optimizer.flush`), is then the mean over the samples it actually saw, and the world size
 is read at every update, so an elastic resize scales right. The micro-steps before the last
 communicate nothing; during the last one's backward, buckets of final gradients start their
-all-reduce while the backward goes on (``aikit.ga.Torch.engine.Buckets``, as DDP and
+all-reduce while the backward goes on (:class:`aikit.runtime.Torch.buckets.Buckets`, as DDP and
 Horovod overlap theirs), and ``step()`` waits for them before weighing, unscaling and clipping.
 
 Run:AI's prebuilt GA optimizers are here too, one per optimizer class ``torch.optim`` ships
 (found at import, named as torch names them), in the original's argument order:
 ``SGD(steps, params, lr=0.1, momentum=0.9)`` is ``Optimizer(torch.optim.SGD(params, lr=0.1,
-momentum=0.9), steps)``, a subclass of :class:`Optimizer`, which takes the wrapper's keywords too.
+momentum=0.9), steps)``, a subclass of :class:`Optimizer`, which takes the wrapper's keywords too
+(made by :mod:`aikit.ga.Torch.runai`, with the conversion of Run:AI's checkpoints).
+:class:`UpdateScheduler` (:mod:`aikit.ga.Torch.scheduler`) is importable from here too.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 
 import torch
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import (
     common_size,
     equal_weight,
@@ -50,7 +52,15 @@ from aikit.core.ga import (
     short_window_factor,
 )
 from aikit.core.validate import non_negative_int, positive_int
-from aikit.ga.Torch.engine import Accumulator, WrappingOptimizer, bucket_bytes
+from aikit.ga.Torch.runai import from_runai, prebuilt_classes
+from aikit.ga.Torch.scheduler import UpdateScheduler  # noqa: F401  (its public path: aikit.ga.Torch.optim)
+from aikit.runtime.published import latest_plan
+from aikit.runtime.Torch.accumulator import Accumulator
+from aikit.runtime.Torch.buckets import bucket_bytes
+from aikit.runtime.Torch.distributed import world_size
+from aikit.runtime.Torch.gradient_sync import sync_skipper
+from aikit.runtime.Torch.state_checks import check_groups, check_pending
+from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 _STATE_KEYS = {"optimizer", "ga"}
 _GA_KEYS = {"steps", "position", "micro_steps", "reduction", "samples", "weighted", "unit", "pending_grads"}
@@ -96,7 +106,7 @@ class Optimizer(WrappingOptimizer):
         bucket_cap_mb: float | None = 25.0,
     ) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
-            raise TypeError(
+            raise InvalidType(
                 "optimizer is a horovod DistributedOptimizer, which all-reduces from backward hooks while "
                 "this wrapper averages and clips the same gradients: wrap the plain torch optimizer with "
                 "aikit.elastic.Torch.horovod.DistributedOptimizer(optimizer, steps) instead"
@@ -104,7 +114,7 @@ class Optimizer(WrappingOptimizer):
         reduction = reduction_name(reduction)
         super().__init__(optimizer)
         if _closure_required(optimizer):
-            raise TypeError(
+            raise InvalidType(
                 f"{type(optimizer).__name__}.step(closure) needs a closure, which it evaluates many times per "
                 "update (L-BFGS's line search), but gradient accumulation evaluates each micro-step's closure "
                 "once: train it without GA, on the whole batch"
@@ -146,7 +156,7 @@ class Optimizer(WrappingOptimizer):
     def steps(self, steps: int) -> None:
         steps = positive_int(steps, "steps")
         if self.position:
-            raise ValueError(
+            raise InvalidValue(
                 f"steps can change only between updates, but {self.position} of {self._steps} "
                 f"micro-steps are accumulated: set steps={steps} when optimizer.position == 0"
             )
@@ -172,13 +182,14 @@ class Optimizer(WrappingOptimizer):
     def accumulate(self, model: torch.nn.Module | None = None, samples: int | None = None) -> Iterator[None]:
         """Run one micro-step's forward and backward inside this context.
 
-        Under DDP it skips the all-reduce (``model.no_sync()``) on every micro-step but the last
-        of an update. With ``samples`` the micro-batch's gradient is weighted by its share of
-        the global batch, which makes ragged and per-rank-uneven micro-batches exact.
+        Under DDP it skips the all-reduce (``model.no_sync()``, see
+        :mod:`aikit.runtime.Torch.gradient_sync`) on every micro-step but the last of an
+        update. With ``samples`` the micro-batch's gradient is weighted by its share of the
+        global batch, which makes ragged and per-rank-uneven micro-batches exact.
         """
-        no_sync = getattr(model, "no_sync", None)
-        if self.reduce and no_sync is not None:
-            raise ValueError(
+        skip_sync = sync_skipper(model)
+        if self.reduce and skip_sync is not None:
+            raise InvalidValue(
                 "this optimizer sums gradients over the replicas itself (reduce=True), but the model is "
                 "wrapped in DistributedDataParallel, which all-reduces them too: pass the plain model, or use "
                 "reduce=False with DDP"
@@ -192,12 +203,12 @@ class Optimizer(WrappingOptimizer):
                     "loss already counts its samples: leave out samples=, or use reduction='mean' with a mean loss"
                 )
             if self._unit is None:
-                self._unit = common_size(self._global_batch_size(samples), self._steps * _world_size())
-            ddp_reduces = no_sync is not None and not self.reduce and self.sync_gradients
+                self._unit = common_size(self._global_batch_size(samples), self._steps * world_size())
+            ddp_reduces = skip_sync is not None and not self.reduce and self.sync_gradients
             self.engine.weigh_next(relative_weight(samples, self._unit), fold=not ddp_reduces)
         sync = self.sync_gradients or self.reduce
         try:
-            with contextlib.nullcontext() if sync or no_sync is None else no_sync():
+            with contextlib.nullcontext() if sync or skip_sync is None else skip_sync():
                 yield
         finally:
             if samples is not None:
@@ -229,8 +240,8 @@ class Optimizer(WrappingOptimizer):
         True if it updated. Every replica must call it at the same point."""
         if self.position == 0:
             return False
-        if not self.reduce and _world_size() > 1:
-            raise ValueError(
+        if not self.reduce and world_size() > 1:
+            raise InvalidValue(
                 "flush() needs the gradients summed at the update, but under DDP the micro-steps of a short "
                 "window were never all-reduced: use Optimizer(..., reduce=True) with the plain model, or feed "
                 "whole windows"
@@ -246,11 +257,11 @@ class Optimizer(WrappingOptimizer):
         if weighted not in (0, steps):
             self.engine.discard()
             self.optimizer.zero_grad()
-            raise ValueError(
+            raise InvalidValue(
                 f"only {weighted} of the {steps} micro-steps of this update declared samples= in "
                 "accumulate(): declare them in every micro-step or in none"
             )
-        world = _world_size()  # read at every update: an elastic resize changes it
+        world = world_size()  # read at every update: an elastic resize changes it
         if self.reduce and world > 1:
             (samples,) = self.engine.reduce([float(samples)])
             samples = round(samples)
@@ -264,7 +275,7 @@ class Optimizer(WrappingOptimizer):
                                                                    and not short and samples != total):
                 self.engine.discard()
                 self.optimizer.zero_grad()
-                raise ValueError(
+                raise InvalidValue(
                     f"the {steps} micro-batches of this update held {samples} samples, but "
                     f"global_batch_size is {total}: feed exactly that many per update, or call "
                     "optimizer.flush() after an epoch's last, shorter window"
@@ -309,7 +320,7 @@ class Optimizer(WrappingOptimizer):
         self._run_load_hooks(state_dict, self._load)
 
     def _load(self, state_dict: dict[str, Any]) -> None:
-        state_dict = _from_runai(state_dict)
+        state_dict = from_runai(state_dict)
         self.check_state(state_dict)
         ga = state_dict["ga"]
         position, params = ga["position"], self._params()
@@ -324,27 +335,27 @@ class Optimizer(WrappingOptimizer):
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
         """Every reason ``state_dict`` cannot be loaded, before anything is changed."""
-        state_dict = _from_runai(state_dict)
+        state_dict = from_runai(state_dict)
         if not isinstance(state_dict, dict) or set(state_dict) != _STATE_KEYS:
             if isinstance(state_dict, dict) and "param_groups" in state_dict:
-                raise ValueError(
+                raise InvalidValue(
                     "this is a torch optimizer's state_dict, not an aikit GA Optimizer's: load it "
                     "with optimizer.optimizer.load_state_dict(...)"
                 )
             keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise ValueError(f"GA Optimizer state_dict needs keys {sorted(_STATE_KEYS)}, got {keys}")
+            raise InvalidValue(f"GA Optimizer state_dict needs keys {sorted(_STATE_KEYS)}, got {keys}")
         ga = state_dict["ga"]
         if set(ga) != _GA_KEYS:
-            raise ValueError(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {sorted(ga)}")
+            raise InvalidValue(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {sorted(ga)}")
         position = ga["position"]
         if ga["reduction"] != self.reduction:
-            raise ValueError(
+            raise InvalidValue(
                 f"the checkpoint was saved by an optimizer with reduction={ga['reduction']!r}, this one has "
                 f"reduction={self.reduction!r}: build it with reduction={ga['reduction']!r} (the reduction goes "
                 "with the loss the run uses)"
             )
         if position and ga["steps"] != self._steps:
-            raise ValueError(
+            raise InvalidValue(
                 f"the checkpoint was saved {position} micro-steps into an update of steps={ga['steps']}, "
                 f"but this optimizer has steps={self._steps}: resume with steps={ga['steps']}, or save "
                 "between updates (optimizer.position == 0) to change steps"
@@ -394,109 +405,14 @@ class Optimizer(WrappingOptimizer):
     def _global_batch_size(self, samples: int) -> int:
         if self.global_batch_size is not None:
             return self.global_batch_size
-        import aikit.elastic
-
-        plan = aikit.elastic._latest
+        plan = latest_plan()
         if plan is None:
-            raise ValueError(
+            raise InvalidValue(
                 f"accumulate(samples={samples}) weighs the micro-batch by samples / global batch, but "
                 "no global batch is known: pass Optimizer(..., global_batch_size=G) or call "
                 "aikit.elastic.Torch.init(G, max_gpu_batch_size) first"
             )
         return plan.global_batch_size
-
-
-class UpdateScheduler:
-    """An LR scheduler that advances once per real update of the aikit optimizer it schedules.
-
-    ``UpdateScheduler(torch.optim.lr_scheduler.StepLR(optimizer, 30))``: the training loop then
-    calls ``scheduler.step()`` after every ``optimizer.step()``, as for a plain optimizer, and
-    the steps between updates (and an update AMP skipped) do nothing, as with Accelerate's
-    prepared scheduler. Everything else is the wrapped scheduler's.
-    """
-
-    def __init__(self, scheduler: Any) -> None:
-        optimizer = getattr(scheduler, "optimizer", None)
-        if not hasattr(optimizer, "applied"):
-            raise TypeError(
-                f"UpdateScheduler schedules an aikit optimizer (GA or trace), but {type(scheduler).__name__} "
-                f"was built on {type(optimizer).__name__}: build it on the aikit optimizer"
-            )
-        self.scheduler = scheduler
-        self._seen = optimizer.applied
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """Advance the scheduler once per update applied since the last call: none between
-        updates, several where a trace optimizer's idle replica made several in one call."""
-        applied = self.scheduler.optimizer.applied
-        for _ in range(applied - self._seen):
-            self.scheduler.step(*args, **kwargs)
-        self._seen = applied
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "scheduler":
-            raise AttributeError(name)
-        return getattr(self.scheduler, name)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state_dict)
-
-
-def check_groups(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """Refuse a torch optimizer state that does not fit ``optimizer``'s groups (torch checks
-    this too, but only once it is loading)."""
-    if not isinstance(saved, dict) or "param_groups" not in saved:
-        raise ValueError("the checkpoint's optimizer entry is not a torch optimizer state_dict")
-    have = [len(g["params"]) for g in optimizer.param_groups]
-    got = [len(g["params"]) for g in saved["param_groups"]]
-    if have != got:
-        raise ValueError(
-            f"the checkpoint's optimizer has parameter groups of sizes {got}, this one {have}: build the "
-            "optimizer over the same parameters as the run that saved it"
-        )
-
-
-def check_pending(params: list[torch.Tensor], pending: list[Any]) -> None:
-    """Refuse pending gradients that do not fit ``params``."""
-    if len(pending) != len(params):
-        raise ValueError(f"the checkpoint holds {len(pending)} pending gradients for {len(params)} parameters")
-    for index, (p, grad) in enumerate(zip(params, pending, strict=True)):
-        if grad is not None and tuple(grad.shape) != tuple(p.shape):
-            raise ValueError(
-                f"the checkpoint's pending gradient {index} has shape {tuple(grad.shape)}, its parameter "
-                f"{tuple(p.shape)}: resume with the model that saved it"
-            )
-
-
-def _world_size() -> int:
-    from aikit.elastic.Torch import distributed
-
-    return distributed.world_size()
-
-
-
-def _from_runai(state_dict: Any) -> Any:
-    """Run:AI's AIkit's GA state_dict (a torch optimizer's, its ``State(steps, step)`` counter in
-    ``state['runai']``) as this wrapper's; anything else as it is. Run:AI's summed the micro-batch
-    gradients and did not save them, so it converts only between updates."""
-    state = state_dict.get("state") if isinstance(state_dict, dict) else None
-    runai = state.get("runai") if isinstance(state, dict) else None
-    if not (hasattr(runai, "steps") and hasattr(runai, "step")):
-        return state_dict
-    steps, step = positive_int(runai.steps, "Run:AI's runai.steps"), non_negative_int(runai.step, "Run:AI's runai.step")
-    if step % steps:
-        raise ValueError(
-            f"Run:AI's AIkit's state_dict was saved {step % steps} micro-steps into an update of steps={steps}, "
-            "and Run:AI's AIkit does not save the gradients accumulated so far: resume from one saved between "
-            "updates (runai.step a multiple of runai.steps)"
-        )
-    inner = {**state_dict, "state": {key: value for key, value in state.items() if key != "runai"}}
-    ga = {"steps": steps, "position": 0, "micro_steps": step, "reduction": "sum", "samples": 0, "weighted": 0,
-          "unit": None, "pending_grads": []}
-    return {"optimizer": inner, "ga": ga}
 
 
 def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
@@ -508,32 +424,5 @@ def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
     return closure is not None and closure.default is closure.empty
 
 
-def _prebuilt(inner: type[torch.optim.Optimizer]) -> type[Optimizer]:
-    """Run:AI's prebuilt GA form of ``inner``: ``Name(steps, *args, **kwargs)`` builds
-    ``inner(*args, **kwargs)`` and wraps it; the wrapper's own keywords are taken out first."""
-    wrapper_keywords = [name for name, p in inspect.signature(Optimizer.__init__).parameters.items()
-                        if p.kind is p.KEYWORD_ONLY]
-
-    def __init__(self, steps: int, *args: Any, **kwargs: Any) -> None:
-        options = {name: kwargs.pop(name) for name in wrapper_keywords if name in kwargs}
-        Optimizer.__init__(self, inner(*args, **kwargs), steps, **options)
-
-    name = inner.__name__
-    __init__.__qualname__ = f"{name}.__init__"
-    doc = (f"GA over ``torch.optim.{name}``: ``{name}(steps, params, ...)`` is "
-           f"``Optimizer(torch.optim.{name}(params, ...), steps)``; the wrapper's keywords "
-           f"({', '.join(wrapper_keywords)}) go to :class:`Optimizer`, the others to ``torch.optim.{name}``.")
-    return type(name, (Optimizer,), {"__init__": __init__, "__doc__": doc, "__module__": __name__,
-                                     "__qualname__": name, "inner_class": inner})
-
-
-def _torch_optimizer_classes() -> list[type[torch.optim.Optimizer]]:
-    """Every optimizer class torch.optim exports, its abstract base aside (that name is this
-    module's wrapper)."""
-    exported = getattr(torch.optim, "__all__", dir(torch.optim))
-    return [cls for cls in (getattr(torch.optim, name, None) for name in exported)
-            if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer]
-
-
-PREBUILT = {cls.__name__: _prebuilt(cls) for cls in _torch_optimizer_classes()}
+PREBUILT = prebuilt_classes(Optimizer, __name__)  # Run:AI's Adam(steps, params, ...) and the rest
 globals().update(PREBUILT)

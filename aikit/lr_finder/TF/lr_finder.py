@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 from aikit.core import lr_range
 from aikit.core.errors import InvalidValue
 from aikit.core.validate import positive_int
-from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.lr_finder.results import RangeTestResults
+from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
 

@@ -26,6 +26,7 @@ from aikit.core.errors import InvalidValue
 from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
+from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 # The names torch_lr_finder.lr_finder has, for users who import from the module.
 __all__ = ["DataLoaderIter", "LRFinder", "StateCacher", "TrainDataLoaderIter", "ValDataLoaderIter"]
@@ -64,8 +65,6 @@ class LRFinder(RangeTestResults):
         amp_config: dict | None = None,
         grad_scaler: torch.amp.GradScaler | None = None,
     ):
-        from aikit.ga.Torch.engine import WrappingOptimizer
-
         if isinstance(optimizer, WrappingOptimizer):
             steps = getattr(optimizer, "steps", None)
             raise TypeError(

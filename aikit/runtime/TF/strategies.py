@@ -14,6 +14,8 @@ import sys
 
 import tensorflow as tf
 
+from aikit.core.errors import InvalidValue
+
 
 def find_tpu() -> tf.distribute.cluster_resolver.TPUClusterResolver | None:
     """A connected TPU cluster resolver, or None where no TPU can be found."""
@@ -34,7 +36,7 @@ def workers_in_tf_config() -> int:
     try:
         cluster = json.loads(raw).get("cluster", {})
     except (json.JSONDecodeError, AttributeError):
-        raise ValueError(f"TF_CONFIG is not a JSON object with a 'cluster' entry: {raw[:200]!r}") from None
+        raise InvalidValue(f"TF_CONFIG is not a JSON object with a 'cluster' entry: {raw[:200]!r}") from None
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
 
 
@@ -81,7 +83,7 @@ def mirrored_on(strategy: tf.distribute.Strategy, devices: int) -> tf.distribute
     if isinstance(strategy, tf.distribute.MirroredStrategy) and devices < strategy.num_replicas_in_sync:
         chosen = list(strategy.extended.worker_devices)[:devices]
         return tf.distribute.MirroredStrategy(chosen) if devices > 1 else tf.distribute.OneDeviceStrategy(chosen[0])
-    raise ValueError(
+    raise InvalidValue(
         f"the plan uses {devices} devices but the {type(strategy).__name__} has "
         f"{strategy.num_replicas_in_sync} replicas and cannot be narrowed: pass gpus="
         f"{strategy.num_replicas_in_sync}, a global batch that splits over all of them, or a strategy "

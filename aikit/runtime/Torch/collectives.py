@@ -1,7 +1,7 @@
-"""The collectives trace-driven training needs, over whichever engine is running.
+"""The collectives aikit's adapters need (sum and broadcast in place), over whichever engine is running.
 
 The engine is torch_xla when the tensors live on an XLA device; otherwise the one
-:mod:`aikit.elastic.Torch.distributed` detects: ``torch.distributed`` (gloo on CPU, NCCL on
+:mod:`aikit.runtime.Torch.distributed` detects: ``torch.distributed`` (gloo on CPU, NCCL on
 GPU), Horovod when the program initialised it, or a single process with nothing to do.
 No engine is imported here unless it is in use.
 
@@ -28,21 +28,21 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from aikit.elastic.Torch import distributed
+from aikit.runtime.Torch import distributed
 
 HOST_TIMEOUT = timedelta(minutes=30)  # torch.distributed's default for gloo
 
 
 def engine(device: torch.device | str | None = None) -> str:
     """The engine collectives on ``device`` go through: "xla" for tensors on an XLA device, else
-    :func:`aikit.elastic.Torch.distributed.engine`."""
+    :func:`aikit.runtime.Torch.distributed.engine`."""
     if device is not None and torch.device(device).type == "xla":
         return "xla"
     return distributed.engine()
 
 
 def world(device: torch.device | str | None = None) -> tuple[int, int]:
-    """(replicas, this replica's rank), as :mod:`aikit.elastic.Torch.distributed` detects them
+    """(replicas, this replica's rank), as :mod:`aikit.runtime.Torch.distributed` detects them
     (``device`` is accepted for callers that have one; the world does not depend on it)."""
     return distributed.world_size(), distributed.rank()
 

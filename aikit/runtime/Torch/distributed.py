@@ -1,7 +1,8 @@
 """Where this process trains: the engine, the number of replicas, this replica's rank, and
 the devices one replica spans.
 
-Every PyTorch adapter asks here, so detection lives in one place. The order matters: an
+Every PyTorch adapter asks here, so detection lives in one place; users read it as
+``aikit.elastic.Torch.distributed`` (the same module). The order matters: an
 initialised ``torch.distributed`` group wins, then an initialised Horovod (only when the user
 imported ``horovod.torch``; aikit never imports it), then torch_xla (only when the user
 imported it), then torchrun's environment variables (a script may call ``init()`` before
@@ -12,11 +13,11 @@ torch_xla has two data-parallel worlds:
 * **Replicas** (eth-easl's multi-host scheme): every host runs its own XLA world of
   ``torch_xla.runtime.world_size()`` local replicas, and ``MY_HOST_WORLD_SIZE`` hosts
   (``MY_HOST_ORDINAL`` is this one) are joined over gloo (see
-  :mod:`aikit.elastic.Torch.collectives`). Replicas: hosts x local; rank: host x local +
+  :mod:`aikit.runtime.Torch.collectives`). Replicas: hosts x local; rank: host x local +
   local ordinal.
 * **SPMD** (``torch_xla.runtime.use_spmd()``): one process is one replica whose every
   micro-batch is sharded over the ``"data"`` axis of the device mesh
-  (:mod:`aikit.elastic.Torch.spmd`); :func:`spmd_devices` says how many devices that axis has.
+  (:mod:`aikit.runtime.Torch.spmd`); :func:`spmd_devices` says how many devices that axis has.
 """
 
 from __future__ import annotations
@@ -53,12 +54,12 @@ def _env_int(name: str, default: int) -> int:
     try:
         number = int(value)
     except ValueError:
-        raise ValueError(
+        raise InvalidValue(
             f"environment variable {name}={value!r} is not an integer; torchrun sets it, "
             "so unset it or launch with torchrun"
         ) from None
     if number < 0:
-        raise ValueError(f"environment variable {name}={value!r} must not be negative")
+        raise InvalidValue(f"environment variable {name}={value!r} must not be negative")
     return number
 
 
@@ -86,7 +87,7 @@ def hosts() -> tuple[int, int]:
 
 def spmd_devices() -> int:
     """Devices an SPMD process shards each micro-batch over: the ``"data"`` axis of the global
-    mesh (:func:`aikit.elastic.Torch.spmd.data_mesh` sets it), else every device; 1 outside
+    mesh (:func:`aikit.runtime.Torch.spmd.data_mesh` sets it), else every device; 1 outside
     SPMD."""
     xr = _xla_runtime()
     if xr is None or not xr.is_spmd():
@@ -141,7 +142,7 @@ def world_size() -> int:
         return _xla_world()[0]
     size = _env_int("WORLD_SIZE", 1)
     if size < 1:
-        raise ValueError("environment variable WORLD_SIZE='0' must be at least 1")
+        raise InvalidValue("environment variable WORLD_SIZE='0' must be at least 1")
     return size
 
 

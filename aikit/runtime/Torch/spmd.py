@@ -4,7 +4,7 @@ In torch_xla's SPMD mode (``torch_xla.runtime.use_spmd()``) one process runs one
 every device of a mesh. A batch sharded along its first dimension on the mesh's ``"data"`` axis
 is split over those devices, the parameters stay replicated, and the XLA partitioner inserts
 the gradient all-reduce. So aikit treats an SPMD process as *one replica*
-(:func:`aikit.elastic.Torch.distributed.spmd_devices` detects the devices): ``CustomSampler``
+(:func:`aikit.runtime.Torch.distributed.spmd_devices` detects the devices): ``CustomSampler``
 yields global micro-batches of ``minibatch_size x devices`` samples (``minibatch_size`` stays
 per device, as in eth-easl's scheme), the trace optimizer and the GA wrapper make
 single-replica updates, and :func:`shard` (or :func:`loader`) puts each global micro-batch on
@@ -16,6 +16,8 @@ without samples in its last micro-step. Such traces are refused (by ``CustomSamp
 the nearest valid sizes) rather than padded: padding needs dummy samples, which BatchNorm in
 training mode would average into its statistics, and masking them out of every layer is not
 something a wrapper can do for an arbitrary model.
+
+Its public path is ``aikit.elastic.Torch.spmd`` (the same module)::
 
     import torch_xla
     import torch_xla.runtime as xr

@@ -1,0 +1,182 @@
+"""The arithmetic of gradient accumulation in torch: gradients gather in ``.grad``, then one update.
+
+:class:`Accumulator` owns what every aikit torch optimizer applies, with weights from
+:mod:`aikit.core.ga`: per micro-batch weights relative to a unit (a gradient hook only for the
+micro-batches whose size differs), then at the update one multiply, the optional sum over
+replicas (idle replicas add zeros; a parameter no replica touched keeps no gradient), AMP
+unscaling, clipping and the wrapped optimizer's ``step()``. Its
+:class:`~aikit.runtime.Torch.buckets.Buckets` start that sum while the update's last backward
+still runs, as DDP and Horovod do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from aikit.core.errors import InvalidValue
+from aikit.core.validate import checked_float
+from aikit.runtime.Torch import collectives
+from aikit.runtime.Torch.buckets import Buckets
+from aikit.runtime.Torch.grads import mul_, or_zeros
+
+
+class Accumulator:
+    """Weighted gradient accumulation in ``.grad`` and the one update of ``optimizer``.
+
+    ``max_grad_norm`` clips the update's gradient (after AMP unscaling); ``scaler`` is a
+    ``torch.amp.GradScaler`` that the update unscales, steps and updates once.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,
+                 scaler: Any = None, overlap: Callable[[], bool] | None = None,
+                 bucket_cap_mb: float = 25.0) -> None:
+        if max_grad_norm is not None:
+            checked_float(max_grad_norm, "max_grad_norm", "a positive number or None", lambda norm: norm > 0)
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        self.scaler = scaler
+        self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
+        self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
+        self._handles: list[Any] = []  # weighing hooks, registered once a micro-batch needs them
+        # the sum over replicas started from the last backward (overlap(): "this backward ends the update")
+        self.buckets = None if overlap is None else Buckets(self.params(), bucket_cap_mb, overlap, self._carried)
+
+    def _carried(self) -> float:
+        return self.carried
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+    # --- per micro-batch -----------------------------------------------------------------------
+    def weigh_next(self, factor: float | None, *, fold: bool = True) -> None:
+        """Weigh the next backward's gradients by ``factor`` relative to the unit (None: 1).
+
+        ``fold``: fold the factor into what ``.grad`` already holds instead: ``.grad`` keeps
+        the sum divided by the running factor, rescaled in place only when the factor changes
+        (a ragged plan: about once per update), and the update multiplies by it once. Not for
+        the backward in which DDP all-reduces (each rank would carry its own factor): there a
+        gradient hook weighs each incoming gradient, as for an empty micro-batch (weight 0,
+        whose NaN mean-loss gradient must be dropped, not scaled)."""
+        if fold and factor != 0:
+            factor = 1.0 if factor is None else factor
+            if factor != self.carried:
+                self._rescale(self.carried / factor)
+                self.carried = factor
+            self.factor = None
+            return
+        if factor != 0 and self.carried != 1:
+            self._rescale(self.carried)
+            self.carried = 1.0
+        self.factor = factor
+        if factor is not None and not self._handles:
+            self.hook(self.params())
+
+    def _rescale(self, factor: float) -> None:
+        grads = [p.grad for p in self.params() if p.grad is not None]
+        if grads:
+            with torch.no_grad():
+                mul_(grads, factor)
+
+    def pending(self) -> list[torch.Tensor | None]:
+        """Copies of the accumulated gradients, the folded factor applied (for checkpoints)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return [None if p.grad is None else p.grad.detach() * self.carried if self.carried != 1
+                else p.grad.detach().clone() for p in params]
+
+    def hook(self, params: list[torch.Tensor]) -> None:
+        # A tensor hook runs before the gradient is added to .grad and before DDP's reducer
+        # reads .grad, so each micro-batch enters the sum with its own weight. Registered only
+        # once a micro-batch of another size needs them: even splits run no Python per parameter.
+        self._handles += [p.register_hook(self._weigh) for p in params if p.requires_grad]
+
+    def _weigh(self, grad: torch.Tensor) -> torch.Tensor | None:
+        if self.factor is None:
+            return None
+        # an empty micro-batch (a replica that sits a step out) has a NaN mean-loss gradient:
+        # it contributes exactly nothing, yet its backward still joins DDP's all-reduce
+        return torch.zeros_like(grad) if self.factor == 0 else grad * self.factor
+
+    # --- the update ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def reduce(self, counts: list[float] = ()) -> list[float]:
+        """Sum every gradient, and ``counts``, over the replicas: in the buckets the last backward
+        started (:class:`Buckets`, where there are), else in one grouped all-reduce.
+
+        A replica with no gradient for a parameter adds zeros; a parameter no replica touched
+        keeps no gradient, as in one process (except on XLA, where telling would need a read
+        from the device: it gets a zero gradient). Returns the summed ``counts``.
+        """
+        params = self.params()
+        if not params:
+            return list(counts)
+        if any(p.grad is not None and p.grad.is_sparse for p in params):
+            self.discard()
+            raise InvalidValue(
+                "a sparse gradient (nn.Embedding(sparse=True) or similar) cannot be summed over replicas at "
+                "the update: use dense gradients, or DDP with aikit's GA Optimizer"
+            )
+        device = params[0].device
+        dtype = params[0].dtype if params[0].dtype in (torch.float32, torch.float64) else torch.float32
+        if self.buckets is not None and collectives.can_start_all_reduce(device):
+            summed = self.buckets.finish(counts, dtype)
+            self.carried = 1.0
+            return summed
+        if self.carried != 1:  # each replica folded its own factor: unfold it before summing
+            self._rescale(self.carried)
+            self.carried = 1.0
+        grads = or_zeros(params)
+        if collectives.engine(device) == "xla":
+            # every replica must run the same program around an XLA collective: cut the graph
+            # here, so a replica that had no micro-batch and one that did run the same graph
+            collectives.mark_step(device)
+            extra = torch.tensor(list(counts), dtype=dtype, device=device)
+            collectives.all_reduce_sum_([*grads, extra] if counts else grads)
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = grad
+            return extra.tolist() if counts else []
+        flags = torch.tensor([*(float(p.grad is not None) for p in params), *counts], dtype=dtype, device=device)
+        collectives.all_reduce_sum_([*grads, flags])
+        summed = flags.tolist()
+        for p, grad, used in zip(params, grads, summed, strict=False):
+            p.grad = grad if used else None
+        return summed[len(params):]
+
+    def discard(self) -> None:
+        """Forget the sums started from the last backward (a load or a failed update replaces
+        the gradients they were started from); local, nothing is waited for."""
+        if self.buckets is not None:
+            self.buckets.reset()
+
+    def step(self, scale: float) -> bool:
+        """Multiply the accumulated gradients by ``scale``, unscale (AMP), clip, update, clear.
+
+        Returns False when AMP skipped the update for an inf/NaN gradient."""
+        self.discard()  # an update without the sum over replicas (one replica) started none
+        params = self.params()
+        grads = [p.grad for p in params if p.grad is not None]
+        scale, self.carried = scale * self.carried, 1.0
+        if scale != 1 and grads:
+            mul_(grads, scale)
+        if self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's
+        if self.max_grad_norm is not None:
+            if any(g.is_sparse for g in grads):
+                self.optimizer.zero_grad()
+                raise InvalidValue(
+                    f"max_grad_norm={self.max_grad_norm} cannot clip sparse gradients (nn.Embedding(sparse=True) "
+                    "or similar): use dense gradients, or max_grad_norm=None and clip the dense parameters yourself"
+                )
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        if self.scaler is None:
+            self.optimizer.step()
+            stepped = True
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped
+        self.optimizer.zero_grad()
+        return stepped

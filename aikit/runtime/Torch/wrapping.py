@@ -1,0 +1,93 @@
+"""The base of every aikit optimizer that wraps a torch optimizer: one set of groups and state.
+
+:class:`WrappingOptimizer` is a real ``torch.optim.Optimizer`` whose ``param_groups``, ``state``
+and ``defaults`` *are* the wrapped optimizer's (LR schedulers and checkpoints see the one copy),
+whose state-dict hooks run, and whose step hooks run around the real update. The GA
+:class:`~aikit.ga.Torch.optim.Optimizer` (and its reduce-at-update form for Horovod and torchrun
+without DDP) and the trace optimizers build on it, with an
+:class:`~aikit.runtime.Torch.accumulator.Accumulator` doing the arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from aikit.core.errors import InvalidType
+
+
+class _Wrapped:
+    """An attribute of the wrapped optimizer, read and written through the wrapper."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        inner = obj.__dict__.get("optimizer")
+        return obj.__dict__[f"_base_{self.name}"] if inner is None else getattr(inner, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        inner = obj.__dict__.get("optimizer")
+        if inner is None:  # torch.optim.Optimizer.__init__, before the wrapped optimizer is set
+            obj.__dict__[f"_base_{self.name}"] = value
+        else:
+            setattr(inner, self.name, value)
+
+
+class WrappingOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` whose groups, state and defaults are ``optimizer``'s."""
+
+    kind = "optimizer wrapper"  # what the errors call it
+    param_groups = _Wrapped()
+    state = _Wrapped()
+    defaults = _Wrapped()
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidType(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, WrappingOptimizer):
+            raise InvalidType(
+                f"optimizer is already an aikit {optimizer.kind} ({type(optimizer).__name__}), which accumulates "
+                f"and updates by itself: give this {self.kind} the plain torch optimizer"
+            )
+        # the base class sets up its hook registries (and validates the groups, here copies of them)
+        super().__init__([dict(group) for group in optimizer.param_groups], optimizer.defaults)
+        for name in ("param_groups", "state", "defaults"):
+            self.__dict__.pop(f"_base_{name}")
+        self.__dict__["optimizer"] = optimizer
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if "optimizer" not in self.__dict__:
+            return super().add_param_group(param_group)  # the base __init__'s own copies
+        self.optimizer.add_param_group(param_group)
+
+    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Step hooks run around the real update (the wrapped optimizer's ``step``)."""
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
+        return self.optimizer.register_step_post_hook(hook)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _run_state_dict_hooks(self, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``build()`` between the hooks registered with ``register_state_dict_pre/post_hook``."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        state = build()
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            state = hook(self, state) or state
+        return state
+
+    def _run_load_hooks(self, state: dict[str, Any], load: Callable[[dict[str, Any]], None]) -> None:
+        """``load(state)`` between the hooks registered with ``register_load_state_dict_pre/post_hook``."""
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state = hook(self, state) or state
+        load(state)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)

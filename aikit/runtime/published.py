@@ -1,0 +1,46 @@
+"""The plan the last ``init()`` published, kept below every layer that reads it.
+
+``aikit.elastic.Torch.init`` and ``aikit.elastic.TF.init`` plan a run and publish the plan's
+attributes on their module, as Run:AI's AIkit Elastic does (``aikit.elastic.Torch.steps``, ...).
+The record lives here, under both ``aikit.elastic`` and ``aikit.ga``, so the GA wrappers read
+the global batch and the Keras ``Model`` its plan and strategy without reaching into the
+package that planned them. Framework-free: importing this module loads no framework.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from aikit.core.plan import Plan
+
+PUBLIC = ("steps", "batch_size", "global_batch_size", "gpus", "master")
+
+_latest: Plan | None = None
+_publishers: dict[str, types.ModuleType] = {}  # the packages whose init() published, by name
+
+
+def publish(plan: Plan, module: types.ModuleType, **extras: Any) -> None:
+    """Set ``plan``, its :data:`PUBLIC` attributes and ``extras`` (Keras' ``strategy``) on
+    ``module``, the package whose ``init`` planned it, and remember the plan as the latest of
+    either framework."""
+    global _latest
+    _latest = plan
+    _publishers[module.__name__] = module
+    module.plan = plan
+    for name in PUBLIC:
+        setattr(module, name, getattr(plan, name))
+    for name, value in extras.items():
+        setattr(module, name, value)
+
+
+def latest_plan() -> Plan | None:
+    """The plan of the last ``init()`` of either framework; None before one."""
+    return _latest
+
+
+def published(module: str, name: str = "plan") -> Any:
+    """What the package named ``module`` publishes as ``name`` (its ``"plan"``, or an extra such as
+    ``"strategy"``), read from the package as its users read it; None before its first ``init()``."""
+    publisher = _publishers.get(module)
+    return None if publisher is None else getattr(publisher, name, None)

@@ -1,0 +1,209 @@
+"""aikit's layers point down: every import of every module, read from the source (nothing runs).
+
+core < runtime < ga < elastic, lr_finder, autolrs < integrations; the command line and the
+stand-alone helpers (data set, plots) sit on top. A package imports its own layer's package
+and the layers below, never a higher layer nor a sibling of its own layer; ``aikit.core`` (and
+the framework-free corners of the runtime) import no framework; no function or class body
+imports aikit (an import hidden there to dodge a cycle is a cycle). The same holds at run
+time: importing an adapter loads no package above it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = {
+    "aikit": 0,  # the package itself (its __version__) and the one place optional dependencies load
+    "aikit.optional": 0,
+    "aikit.core": 1,
+    "aikit.runtime": 2,
+    "aikit.ga": 3,
+    "aikit.elastic": 4,
+    "aikit.lr_finder": 4,
+    "aikit.autolrs": 4,
+    "aikit.integrations": 5,
+    "aikit.cli": 6,
+    "aikit.datasets": 6,
+    "aikit.plot_adaptive": 6,
+}
+APART = {"aikit.elastic", "aikit.lr_finder", "aikit.autolrs"}  # one layer, and none imports another
+FRAMEWORKS = {"torch", "torch_xla", "tensorflow", "keras", "horovod", "jax", "lightning", "transformers"}
+# modules that load no framework: the core, the package inits above the adapters, and what
+# every layer may import without one
+FRAMEWORK_FREE = {"aikit", "aikit.optional", "aikit.core", "aikit.runtime", "aikit.runtime.published",
+                  "aikit.runtime.moved", "aikit.ga", "aikit.elastic", "aikit.lr_finder", "aikit.autolrs",
+                  "aikit.integrations"}
+
+
+def framework_free(module: str) -> bool:
+    return module in FRAMEWORK_FREE or module.startswith("aikit.core.")
+
+
+def package(module: str) -> str | None:
+    """The layered package ``module`` belongs to (``aikit.elastic.Torch.sampler`` ->
+    ``aikit.elastic``), or None for a module no layer holds."""
+    parts = module.split(".")
+    name = ".".join(parts[:2])
+    if parts[0] != "aikit":
+        return None
+    return name if name in LAYERS else ("aikit" if module == "aikit" else None)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(tree: ast.Module, module: str, is_package: bool) -> list[tuple[ast.stmt, str, bool]]:
+    """Every import statement of ``tree``: (node, module imported, whether it is at module level,
+    i.e. not inside a function or class body)."""
+    found: list[tuple[ast.stmt, str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                found.extend((child, alias.name, top) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: from the package this module is in
+                    anchor = module.split(".")[: len(module.split(".")) - child.level + is_package]
+                    base = ".".join([*anchor, base] if base else anchor)
+                found.append((child, base, top))
+            visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                        ast.Lambda)))
+
+    visit(tree, True)
+    return found
+
+
+def violations(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """Every layering rule ``sources`` break: module name -> (source text, is a package ``__init__``)."""
+    found = []
+    for module, (text, is_package) in sorted(sources.items()):
+        own = package(module)
+        if own is None:
+            found.append(f"{module}: in no layer: add its package to LAYERS in tests/test_layers.py")
+            continue
+        for node, target, top in imports(ast.parse(text), module, is_package):
+            where = f"{module}:{node.lineno}"
+            root = target.split(".")[0]
+            if root in FRAMEWORKS and framework_free(module):
+                found.append(f"{where}: imports {target}, but {module} must load no framework")
+            if root != "aikit":
+                continue
+            if not top:
+                found.append(f"{where}: imports {target} inside a function or class: import it at the top "
+                             "(if that makes a cycle, the code is in the wrong layer)")
+            theirs = package(target)
+            if theirs is None or theirs == own:
+                continue
+            if LAYERS[theirs] > LAYERS[own]:
+                found.append(f"{where}: imports {target}, a higher layer ({theirs} > {own})")
+            elif own in APART and theirs in APART:
+                found.append(f"{where}: imports {target}, a sibling of {own} in the same layer")
+    return found
+
+
+def aikit_sources() -> dict[str, tuple[str, bool]]:
+    return {module_name(path): (path.read_text(), path.name == "__init__.py")
+            for path in sorted((ROOT / "aikit").rglob("*.py"))}
+
+
+def test_every_import_of_aikit_points_down():
+    sources = aikit_sources()
+    assert len(sources) > 50
+    assert violations(sources) == []
+
+
+@pytest.mark.parametrize(("module", "source", "complaint"), [
+    ("aikit.runtime.Torch.planted", "from aikit.elastic.Torch import sampler\n", "a higher layer"),
+    ("aikit.ga.Torch.planted", "import aikit.elastic\n", "a higher layer"),
+    ("aikit.runtime.Torch.planted", "from aikit.ga.Torch.optim import Optimizer\n", "a higher layer"),
+    ("aikit.core.planted", "from aikit.runtime.published import latest_plan\n", "a higher layer"),
+    ("aikit.autolrs.Torch.planted", "from aikit.elastic.Torch import CustomSampler\n", "a sibling"),
+    ("aikit.lr_finder.Torch.planted", "from aikit.autolrs import plot\n", "a sibling"),
+    ("aikit.ga.Torch.planted", "def f():\n    from aikit.runtime.Torch import collectives\n", "inside a function"),
+    ("aikit.ga.Torch.planted", "class C:\n    import aikit.core.ga\n", "inside a function or class"),
+    ("aikit.core.planted", "import torch\n", "must load no framework"),
+    ("aikit.runtime.published", "from tensorflow import keras\n", "must load no framework"),
+    ("aikit.runtime.Torch.planted", "from ...ga.Torch import optim\n", "a higher layer"),
+    ("aikit.newpackage.planted", "import aikit.core\n", "in no layer"),
+])
+def test_an_upward_sideways_or_hidden_import_is_named(module, source, complaint):
+    """Each rule, broken once: the checker names the module and the rule."""
+    (found,) = violations({module: (source, False)})
+    assert found.startswith(module) and complaint in found
+
+
+def test_downward_and_own_package_imports_pass():
+    sources = {
+        "aikit.ga.Torch.fine": ("from aikit.runtime.Torch import collectives\nfrom aikit.ga.Torch.runai import x\n"
+                                "import aikit.core.ga\nimport torch\n", False),
+        "aikit.integrations.fine": ("import aikit.autolrs.Torch\nimport aikit.elastic.Torch\n", False),
+        "aikit.elastic.Torch": ("from . import sampler\nimport aikit.ga.Torch\n", True),
+        "aikit.cli": ("import aikit\nfrom aikit.core import plan\n", False),
+    }
+    assert violations(sources) == []
+
+
+def loaded_after(statement: str) -> list[str]:
+    code = f"import sys\n{statement}\nprint(' '.join(sorted(m for m in sys.modules if m.startswith('aikit'))))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize(("module", "above"), [
+    ("aikit.autolrs.Torch", ("aikit.elastic", "aikit.ga", "aikit.lr_finder")),
+    ("aikit.lr_finder.Torch", ("aikit.elastic", "aikit.ga", "aikit.autolrs")),
+    ("aikit.ga.Torch", ("aikit.elastic", "aikit.lr_finder", "aikit.autolrs")),
+])
+def test_importing_an_adapter_loads_nothing_above_it(module, above):
+    """``import aikit.autolrs.Torch`` loads AutoLRS, the core and the runtime it uses: not the
+    elastic or GA packages (it once loaded 16 of their modules through elastic's __init__)."""
+    loaded = loaded_after(f"import {module}")
+    assert module in loaded
+    assert [name for name in loaded if name.startswith(above)] == []
+
+
+def test_the_runtime_package_loads_no_module_of_aikit_by_itself():
+    loaded = loaded_after("import aikit.runtime.Torch")
+    assert loaded == ["aikit", "aikit.optional", "aikit.runtime", "aikit.runtime.Torch"]
+
+
+@pytest.mark.parametrize("statement", [
+    "from aikit.elastic.Torch.distributed import world_size; import aikit.runtime.Torch.distributed as new; "
+    "assert world_size is new.world_size",
+    "import aikit.elastic.Torch.spmd, aikit.runtime.Torch.spmd; "
+    "assert aikit.elastic.Torch.spmd is aikit.runtime.Torch.spmd",
+    "from aikit.elastic.Torch import distributed, spmd; import aikit.runtime.Torch.distributed as d; "
+    "assert distributed is d and spmd.__name__ == 'aikit.runtime.Torch.spmd'",
+])
+def test_moved_modules_keep_their_old_public_paths(statement):
+    """``aikit.elastic.Torch.distributed`` and ``.spmd`` are paths users write: the very modules
+    of ``aikit.runtime.Torch``, importable from a fresh interpreter (no copy of either exists)."""
+    loaded = loaded_after(statement)
+    assert not (ROOT / "aikit/elastic/Torch/distributed.py").exists()
+    assert not (ROOT / "aikit/elastic/Torch/spmd.py").exists()
+    assert "aikit.elastic.Torch.distributed" in loaded and "aikit.elastic.Torch.spmd" in loaded
+
+
+@pytest.mark.slow
+def test_the_keras_strategies_keep_their_old_public_path():
+    loaded = loaded_after("import aikit.elastic.TF.strategies as old, aikit.runtime.TF.strategies as new; "
+                          "assert old is new")
+    assert "aikit.elastic.TF.strategies" in loaded
+
+
+def test_every_mutant_of_the_mutation_audit_still_applies():
+    """scripts/mutation_audit.py plants bugs by text in named files: after code moves, each patch
+    must still find its text exactly once, or the audit silently tests less."""
+    done = subprocess.run([sys.executable, "scripts/mutation_audit.py", "--check"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert (done.returncode, done.stdout) == (0, "")
