@@ -65,8 +65,8 @@ class AutoLRS:
     the command line comes from the range test. ``summary_steps`` logs checkpoint, restore and
     evaluate decisions at steps that are a multiple of it.
 
-    The constructor sets the first step's LR (and takes the first checkpoint) without any
-    collective; build it alike on every replica (same options, seed and optimizer LR): the
+    The constructor sets the first step's LR (and, without a warmup, takes the first
+    checkpoint) without any collective; build it alike on every replica (same options, seed and optimizer LR): the
     first ``on_train_batch_end`` refuses replicas that began differently from rank 0.
     """
 
@@ -89,7 +89,7 @@ class AutoLRS:
         self._training = _TorchTraining(model, optimizer, val_fn, self.device, self.replicas, self.rank)
         self._driver = Driver(self.controller, self._training, self.summary_steps)
         self._driver.begin(float(optimizer.param_groups[0]["lr"]), alone=True)
-        self._began_alike = self.replicas == 1  # checked at the first step, with its collectives
+        self._first_step_checked = self.replicas == 1  # the replicas' first decisions: at the first step
 
     @property
     def action(self) -> Action:
@@ -108,9 +108,9 @@ class AutoLRS:
 
     def on_train_batch_end(self, loss: torch.Tensor | float) -> None:
         """Report the loss of the step just taken and prepare the next step."""
-        began = None if self._began_alike else pack(self._driver.action, self._driver.kept)
-        loss = self._training.replica_mean(loss, began)
-        self._began_alike = True
+        first_decision = None if self._first_step_checked else pack(self._driver.action, self._driver.kept)
+        loss = self._training.replica_mean(loss, first_decision)
+        self._first_step_checked = True
         self._driver.step(loss)
 
     def plot(self, path=None):
@@ -142,23 +142,23 @@ class _TorchTraining:
         self.model, self.optimizer, self.val_fn = model, optimizer, val_fn
         self.device, self.replicas, self.rank = device, replicas, rank
 
-    def replica_mean(self, loss: torch.Tensor | float, began: list | None = None) -> float:
-        """The loss averaged over the replicas. With ``began`` (the first decision, which each
-        replica made alone) also rank 0's first decision is broadcast, and every replica learns
-        in the same all-reduce whether any began otherwise, and then refuses to go on."""
+    def replica_mean(self, loss: torch.Tensor | float, first_decision: list | None = None) -> float:
+        """The loss averaged over the replicas. With ``first_decision`` (packed; each replica
+        made it alone) rank 0's is broadcast first, and the loss's all-reduce also counts the
+        replicas whose own differs: if any does, every replica refuses to go on."""
         if self.replicas == 1:
             return float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         total = torch.as_tensor(loss).detach().reshape(1).to(self.device, torch.float64)
-        if began is not None:
-            chief = torch.tensor(began, dtype=torch.float64, device=self.device)
+        if first_decision is not None:
+            chief = torch.tensor(first_decision, dtype=torch.float64, device=self.device)
             mine = chief.clone()
             collectives.broadcast_([chief])
             total = torch.cat([total, (chief != mine).any().to(torch.float64).reshape(1)])
         collectives.all_reduce_sum_([total])
-        if began is not None and total[1].item() > 0:
+        if first_decision is not None and total[1].item() > 0:
             raise InvalidValue(
                 f"AutoLRS began differently on {int(total[1].item())} of {self.replicas} replicas than on rank 0 "
-                f"(lr, kept and flags here: {began}): its constructor decides the first step alone on every "
+                f"(lr, kept and flags here: {first_decision}): its constructor decides the first step alone on every "
                 "replica, so build it with the same options, seed and optimizer LR on each"
             )
         return total[0].item() / self.replicas
