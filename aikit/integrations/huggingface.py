@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 
 import aikit.autolrs.Torch
 import aikit.elastic.Torch
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import nearest_even_batches
 
 __all__ = ["AutoLRSCallback", "plan_arguments"]
@@ -43,7 +44,8 @@ def plan_arguments(global_batch_size: int, max_gpu_batch_size: int, gpus: int | 
 
 class AutoLRSCallback(TrainerCallback):
     """:class:`aikit.autolrs.Torch.AutoLRS` for the ``Trainer``: ``val_fn()`` returns the
-    validation loss; ``min_lr``, ``max_lr`` and the options are AutoLRS's.
+    validation loss; ``min_lr``, ``max_lr`` and the options are AutoLRS's. The same name as the
+    Lightning callback (:class:`aikit.integrations.lightning.AutoLRSCallback`).
 
     Callbacks are not handed the loss, so the callback reads it where the Trainer does: a
     forward hook keeps the ``loss`` the model returns on every training micro-batch, and after
@@ -74,7 +76,7 @@ class AutoLRSCallback(TrainerCallback):
             return  # val_fn's passes, or evaluation
         loss = output["loss"] if isinstance(output, dict) else output[0] if isinstance(output, tuple) else None
         if loss is None:
-            raise ValueError(
+            raise InvalidValue(
                 f"AutoLRSCallback reads the loss the model returns, but {type(module).__name__} returned "
                 f"{type(output).__name__} without one: return the loss first or as 'loss'"
             )

@@ -7,7 +7,8 @@ gives, so a ``LightningModule`` trains as the same loop written by hand would:
   becomes ``trainer.accumulate_grad_batches`` and the module's ``batch_size``;
 * :class:`TraceBatchSize`: the global batch follows a trace (a
   :class:`~aikit.elastic.Torch.CustomSampler` feeds the loader, a trace optimizer scales the LR);
-* :class:`AutoLRS`: :class:`aikit.autolrs.Torch.AutoLRS` after every optimizer step.
+* :class:`AutoLRSCallback` (also importable as ``AutoLRS``, its first name): :class:`aikit.autolrs.Torch.AutoLRS`
+  after every optimizer step.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_set
 
 import aikit.autolrs.Torch
 import aikit.elastic.Torch
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import Plan, nearest_even_batches
 from aikit.elastic.Torch import ConstantOptimizer, CustomSampler, LinearRuleOptimizer, RootRuleOptimizer
 
-__all__ = ["AutoLRS", "ElasticPlan", "TraceBatchSize"]
+__all__ = ["AutoLRS", "AutoLRSCallback", "ElasticPlan", "TraceBatchSize"]
 
 TRACE_OPTIMIZERS = {"linear": LinearRuleOptimizer, "sqrt": RootRuleOptimizer, "constant": ConstantOptimizer}
 
@@ -149,9 +151,11 @@ class TraceBatchSize(Callback):
         self.optimizer.set_epoch(trainer.current_epoch)
 
 
-class AutoLRS(Callback):
+class AutoLRSCallback(Callback):
     """:class:`aikit.autolrs.Torch.AutoLRS` as a callback: ``val_fn()`` returns the validation
-    loss; ``min_lr``, ``max_lr`` and the options are AutoLRS's.
+    loss; ``min_lr``, ``max_lr`` and the options are AutoLRS's. The same name as the Hugging
+    Face callback (:class:`aikit.integrations.huggingface.AutoLRSCallback`); ``AutoLRS``, its
+    first name here, still works.
 
     Created at ``on_train_start`` over the module and its one optimizer (setting the first LR),
     it gets the mean training loss of the micro-batches of every optimizer step, after the
@@ -166,9 +170,9 @@ class AutoLRS(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.lr_scheduler_configs:
-            raise ValueError("AutoLRS sets the learning rate itself: configure no LR scheduler")
+            raise InvalidValue("AutoLRS sets the learning rate itself: configure no LR scheduler")
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"AutoLRS drives one optimizer, the module configured {len(trainer.optimizers)}")
+            raise InvalidValue(f"AutoLRS drives one optimizer, the module configured {len(trainer.optimizers)}")
         if self.autolrs is None:
             self.autolrs = aikit.autolrs.Torch.AutoLRS(
                 pl_module, trainer.optimizers[0], self.val_fn, self.min_lr, self.max_lr, **self.options
@@ -194,3 +198,6 @@ class AutoLRS(Callback):
     def plot(self, path=None):
         """LR and loss over every step (see :meth:`aikit.autolrs.Torch.autolrs.AutoLRS.plot`)."""
         return self.autolrs.plot(path)
+
+
+AutoLRS = AutoLRSCallback  # the callback's first name, kept for the scripts that import it

@@ -19,6 +19,7 @@ from aikit.core.autolrs import (
     stage_length,
     write_schedule,
 )
+from aikit.core.errors import InvalidValue
 
 
 def curve(t, a, b, c):
@@ -100,9 +101,9 @@ def test_nan_or_inf_trial_forecasts_worst():
 
 
 def test_forecast_refuses_too_few_points_and_a_past_horizon():
-    with pytest.raises(ValueError, match="an exponential fit needs at least 3 losses, got 2"):
+    with pytest.raises(InvalidValue, match="an exponential fit needs at least 3 losses, got 2"):
         fit_exponential([1, 2], [1.0, 0.5])
-    with pytest.raises(ValueError, match="forecast step 5 must lie after the last step 10"):
+    with pytest.raises(InvalidValue, match="forecast step 5 must lie after the last step 10"):
         forecast(np.arange(1.0, 11.0), np.ones(10), 5)
 
 
@@ -240,7 +241,7 @@ def test_warmup_follows_the_original_autolrs_then_starts_the_first_stage():
 )
 def test_bad_settings_get_clear_errors(kwargs, message):
     settings = {"min_lr": 1e-3, "max_lr": 1.0, **kwargs}
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    with pytest.raises(InvalidValue, match=message.replace("(", r"\(")):
         Controller(settings.pop("min_lr"), settings.pop("max_lr"), **settings)
 
 
@@ -458,7 +459,7 @@ def test_a_state_saved_with_other_options_is_refused_and_changes_nothing():
     _, state = run_to(Controller(1e-3, 1.0, tau=30, trials=3), 50, state_at=40)
     other = Controller(1e-3, 1.0, tau=60, trials=3)
     before = other.state_dict()
-    with pytest.raises(ValueError, match=r"saved with other options .*tau=30, 60"):
+    with pytest.raises(InvalidValue, match=r"saved with other options .*tau=30, 60"):
         other.load_state_dict(state)
     assert other.state_dict() == before
 
@@ -470,11 +471,11 @@ def test_schedule_csv_round_trips_and_bad_files_are_refused(tmp_path):
     assert path.read_text().splitlines()[0] == "step,lr"
     assert read_schedule(path) == [0.1, 1 / 3, 0.0]  # bit for bit
     path.write_text("step,lr\n0,0.1\n2,0.2\n")
-    with pytest.raises(ValueError, match="line 3: step 2, expected 1"):
+    with pytest.raises(InvalidValue, match="line 3: step 2, expected 1"):
         read_schedule(path)
     path.write_text("step,lr\n0,nan\n")
-    with pytest.raises(ValueError, match="line 2: lr must be finite and >= 0, got nan"):
+    with pytest.raises(InvalidValue, match="line 2: lr must be finite and >= 0, got nan"):
         read_schedule(path)
     path.write_text("lr\n0.1\n")
-    with pytest.raises(ValueError, match="expected a 'step,lr' header"):
+    with pytest.raises(InvalidValue, match="expected a 'step,lr' header"):
         read_schedule(path)

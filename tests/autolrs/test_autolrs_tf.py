@@ -14,6 +14,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from aikit.autolrs.TF import AutoLRS, ReplaySchedule  # noqa: E402
+from aikit.core.errors import InvalidValue  # noqa: E402
 from aikit.datasets import digits  # noqa: E402
 
 OPTIONS = {"tau": 30, "tau_max": 30, "trials": 3, "val_tau": 10**6, "warmup_steps": 4, "warmup_lr": 0.01,
@@ -93,10 +94,22 @@ def test_the_controller_sees_each_steps_own_loss_not_the_running_mean(data):
     assert np.std(seen) > 0.01  # step losses, not a smoothed mean
 
 
+def test_kept_says_whether_the_model_is_on_the_run_autolrs_keeps(data):
+    x, y, _, _ = data
+    model = mlp(keras.optimizers.SGD(0.1))
+    autolrs = AutoLRS(lambda: 0.0, 1e-4, 1e-1, **OPTIONS)
+    seen = []
+    probe = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append((autolrs.kept, autolrs.controller.phase)))
+    model.fit(x[:32 * 20], y[:32 * 20], batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[autolrs, probe])
+    assert [kept for kept, _ in seen] == [phase not in ("trial", "range") for _, phase in seen]
+    assert {kept for kept, _ in seen} == {True, False}  # warmup and stage: kept; the trials: not
+
+
 def test_a_learning_rate_schedule_is_refused(data):
     x, y, _, _ = data
     model = mlp(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)))
-    with pytest.raises(ValueError, match="AutoLRS sets the learning rate itself"):
+    with pytest.raises(InvalidValue, match="AutoLRS sets the learning rate itself"):
         model.fit(x[:64], y[:64], batch_size=32, verbose=0, callbacks=[AutoLRS(lambda: 0.0, 1e-4, 1e-1)])
 
 

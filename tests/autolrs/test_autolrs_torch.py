@@ -205,6 +205,15 @@ def test_a_preempted_search_resumes_where_it_was(data, tmp_path, preempted_at):
         assert torch.equal(model.state_dict()[name], value), name
 
 
+def test_a_state_saved_before_the_hook_saved_kept_still_resumes(data):
+    model, _, autolrs = run_with_autolrs(data, 57)  # in a trial: kept is False
+    state = autolrs.state_dict()
+    assert state["kept"] is False
+    del state["kept"]  # as the hook saved it before
+    _, _, resumed = run_with_autolrs(data, 57, state, 57, model.state_dict(), autolrs.optimizer.state_dict())
+    assert resumed.controller.history == autolrs.controller.history and resumed.action == autolrs.action
+
+
 def test_the_found_schedule_replays_without_search(data, tmp_path):
     _, _, autolrs = run_with_autolrs(data, 300)
     autolrs.export_schedule(tmp_path / "schedule.csv")

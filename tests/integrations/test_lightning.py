@@ -18,7 +18,7 @@ import lightning.pytorch as pl  # noqa: E402
 
 from aikit.autolrs.Torch import AutoLRS as TorchAutoLRS  # noqa: E402
 from aikit.elastic.Torch import CustomSampler  # noqa: E402
-from aikit.integrations.lightning import AutoLRS, ElasticPlan, TraceBatchSize  # noqa: E402
+from aikit.integrations.lightning import AutoLRS, AutoLRSCallback, ElasticPlan, TraceBatchSize  # noqa: E402
 
 AUTOLRS = {**COMMON_AUTOLRS, "val_tau": 10**6}
 
@@ -133,7 +133,7 @@ def test_autolrs_callback_equals_the_hook_called_by_hand():
         return lambda: float(nn.functional.cross_entropy(model(xv), yv))
 
     module = Module(DataLoader(TensorDataset(x, y), batch_size=8))
-    callback = AutoLRS(validation(module.net), 1e-3, 1.0, **AUTOLRS)
+    callback = AutoLRSCallback(validation(module.net), 1e-3, 1.0, **AUTOLRS)
     # 32 updates of 2 micro-batches: warmup, trials with restores, training
     trainer([callback], max_epochs=4, accumulate_grad_batches=2).fit(module)
 
@@ -144,3 +144,8 @@ def test_autolrs_callback_equals_the_hook_called_by_hand():
     assert_same_search(callback.autolrs, by_hand)
     assert callback.lr == by_hand.lr
     assert_same_weights(module.net, model)
+
+
+def test_the_lightning_callback_has_the_hugging_face_callbacks_name_and_keeps_its_first():
+    assert AutoLRSCallback.__name__ == "AutoLRSCallback"  # as aikit.integrations.huggingface names it
+    assert AutoLRS is AutoLRSCallback  # scripts that import the first name keep working

@@ -1,4 +1,4 @@
-"""The Keras 3 callback over :class:`aikit.core.autolrs.Controller`.
+"""The Keras 3 callback over :class:`aikit.core.autolrs.Driver`.
 
 Keras hands callbacks the *running mean* of the loss over the epoch, which would smear every
 trial's curve; the callback reads the loss tracker's running sums before and after each step
@@ -20,15 +20,13 @@ import keras
 import numpy as np
 
 from aikit.autolrs.plot import plot_progress
-from aikit.core.autolrs import Action, Controller, read_schedule, write_schedule
-
-FIELDS = ("checkpoint", "restore", "evaluate", "keep_trial", "resume_trial")
-SLOTS = ("stage", "trial")
+from aikit.core.autolrs import DECISION_SIZE, Action, Controller, Driver, schedule_lrs, write_schedule
+from aikit.core.errors import InvalidValue
 
 
 class AutoLRS(keras.callbacks.Callback):
     """Searches the LR schedule while ``fit`` trains; see
-    :class:`aikit.core.autolrs.Controller` for the options (``total_steps``, ``tau``,
+    :class:`aikit.core.autolrs.Settings` for the options (``total_steps``, ``tau``,
     ``trials``, ``keep_winner``, ``anneal``, ``warmup_steps``, ``warmup_lr``, ``seed``, ...).
 
     ``val_fn()`` returns the validation loss as a number; it runs only in validation-scored
@@ -43,40 +41,42 @@ class AutoLRS(keras.callbacks.Callback):
         super().__init__()
         self.val_fn = val_fn
         self.controller = Controller(min_lr, max_lr, **options)
-        self.action: Action | None = None
-        self.kept = True  # whether the model now trained is on the run AutoLRS keeps
-        self._slots: dict[str, dict | None] = dict.fromkeys(SLOTS)
+        self._driver = Driver(self.controller, _KerasTraining(self))
         self._sums_before = (0.0, 0.0)
+
+    @property
+    def action(self) -> Action | None:
+        """The latest decision (None before training begins)."""
+        return self._driver.action
 
     @property
     def lr(self) -> float | None:
         """The LR the next step uses (None before training begins)."""
         return None if self.action is None else self.action.lr
 
+    @property
+    def kept(self) -> bool:
+        """Whether the model now trained is on the run AutoLRS keeps (not a trial it may undo)."""
+        return self._driver.kept
+
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
         if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
-            raise ValueError(
+            raise InvalidValue(
                 f"AutoLRS sets the learning rate itself, but the optimizer follows {optimizer._learning_rate!r}: "
                 "compile the model with an optimizer built with a float learning_rate"
             )
         if not optimizer.built:  # its slots must exist before the first checkpoint
             optimizer.build(self.model.trainable_variables)
         if self.action is None:  # a second fit() (or a loaded state) continues where it was
-            current = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-            self._apply(self._decide(lambda: self.controller.begin(current)))
+            self._driver.begin(float(keras.ops.convert_to_numpy(optimizer.learning_rate)))
 
     def on_train_batch_begin(self, batch, logs=None):
         self._sums_before = self._loss_sums()
 
     def on_train_batch_end(self, batch, logs=None):
         total, count = self._loss_sums()
-        loss = (total - self._sums_before[0]) / (count - self._sums_before[1])
-        action = self._decide(lambda: self.controller.step(loss))
-        if action.evaluate:
-            value = float(self.val_fn())
-            action = self._decide(lambda: self.controller.validation(value))
-        self._apply(action)
+        self._driver.step((total - self._sums_before[0]) / (count - self._sums_before[1]))
 
     def plot(self, path=None):
         """LR and loss over every step taken (see :func:`aikit.autolrs.plot.plot_progress`)."""
@@ -89,43 +89,13 @@ class AutoLRS(keras.callbacks.Callback):
     def state_dict(self) -> dict:
         """The search's state and its in-memory checkpoints (NumPy arrays, numbers, lists):
         save it beside the model's weights to resume a preempted search."""
-        return {"controller": self.controller.state_dict(), "kept": self.kept,
-                "action": None if self.action is None else vars(self.action).copy(),
-                "slots": {k: None if v is None else dict(v) for k, v in self._slots.items()}}
+        state = self._driver.state_dict()
+        return {**state, "slots": {k: None if v is None else dict(v) for k, v in state["slots"].items()}}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume a saved search; load the model's and optimizer's weights as usual, then
         ``fit`` again. A state that does not fit this callback's options changes nothing."""
-        action = Action(**state["action"]) if state["action"] is not None else None
-        slots = {k: state["slots"][k] for k in SLOTS}
-        self.controller.load_state_dict(state["controller"])
-        self._slots, self.action, self.kept = slots, action, bool(state["kept"])
-
-    # -- internals --------------------------------------------------------------------------
-
-    def _decide(self, decide: Callable[[], Action]) -> Action:
-        """The chief's decision on every worker (one collective when there are replicas)."""
-        strategy = getattr(self.model, "distribute_strategy", None)
-        if strategy is None or strategy.num_replicas_in_sync == 1:
-            action = decide()
-            self.kept = self.controller.kept
-            return action
-        import tensorflow as tf
-
-        packed = np.zeros(2 + len(FIELDS), dtype=np.float64)
-        if _worker_index(strategy) == 0:
-            action = decide()
-            packed[:] = [action.lr, self.controller.kept, *(getattr(action, f) for f in FIELDS)]
-        chief = tf.constant(packed)
-
-        def contribution():  # the chief's first replica (global replica 0) alone: the sum is exact
-            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-            return chief * tf.cast(first, tf.float64)
-
-        agreed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
-        lr, kept, *flags = agreed.numpy().tolist()
-        self.kept = bool(kept)
-        return Action(lr, **{f: bool(v) for f, v in zip(FIELDS, flags, strict=True)})
+        self._driver.load_state_dict(state)
 
     def _loss_sums(self) -> tuple[float, float]:
         tracker = next((m for m in self.model.metrics if m.name == "loss"), None)
@@ -133,30 +103,52 @@ class AutoLRS(keras.callbacks.Callback):
             raise RuntimeError("AutoLRS needs the model's loss tracker: compile the model with a loss")
         return float(tracker.total.numpy()), float(tracker.count.numpy())
 
-    def _variables(self) -> list:
-        return [*self.model.variables, *self.model.optimizer.variables]
 
-    def _snapshot(self) -> dict:
+class _KerasTraining:
+    """:class:`aikit.core.autolrs.Training` for the callback's model: its variables and Python's
+    and NumPy's random state in memory; under ``tf.distribute`` the chief decides."""
+
+    def __init__(self, callback: AutoLRS):
+        self.callback = callback
+
+    def agree(self, decide: Callable[[], Sequence[float]]) -> Sequence[float]:
+        """The chief's decision on every worker (one collective when there are replicas)."""
+        strategy = getattr(self.callback.model, "distribute_strategy", None)
+        if strategy is None or strategy.num_replicas_in_sync == 1:
+            return decide()
+        import tensorflow as tf
+
+        packed = np.zeros(DECISION_SIZE, dtype=np.float64)
+        if _worker_index(strategy) == 0:
+            packed[:] = decide()
+        chief = tf.constant(packed)
+
+        def contribution():  # the chief's first replica (global replica 0) alone: the sum is exact
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            return chief * tf.cast(first, tf.float64)
+
+        agreed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
+        return agreed.numpy().tolist()
+
+    def validation_loss(self) -> float:
+        return self.callback.val_fn()
+
+    def set_lr(self, lr: float) -> None:
+        self.callback.model.optimizer.learning_rate = lr
+
+    def _variables(self) -> list:
+        model = self.callback.model
+        return [*model.variables, *model.optimizer.variables]
+
+    def snapshot(self) -> dict:
         return {"variables": [np.array(v.numpy(), copy=True) for v in self._variables()],
                 "numpy": np.random.get_state(), "python": random.getstate()}
 
-    def _load(self, snapshot: dict) -> None:
+    def restore(self, snapshot: dict) -> None:
         for variable, value in zip(self._variables(), snapshot["variables"], strict=True):
             variable.assign(value)
         np.random.set_state(snapshot["numpy"])
         random.setstate(snapshot["python"])
-
-    def _apply(self, action: Action) -> None:
-        self.action = action
-        if action.keep_trial:
-            self._slots["trial"] = self._snapshot()
-        if action.restore:
-            self._load(self._slots["stage"])
-        if action.resume_trial:
-            self._load(self._slots["trial"])
-        if action.checkpoint:
-            self._slots["stage"] = self._snapshot()
-        self.model.optimizer.learning_rate = action.lr  # after a restore, so the new LR is in force
 
 
 def _worker_index(strategy) -> int:
@@ -170,10 +162,7 @@ class ReplaySchedule(keras.optimizers.schedules.LearningRateSchedule):
     Past the schedule's end the last LR stays."""
 
     def __init__(self, schedule: str | os.PathLike | Sequence[float]):
-        self.lrs = read_schedule(schedule) if isinstance(schedule, (str, os.PathLike)) else [float(x) for x in
-                                                                                               schedule]
-        if not self.lrs:
-            raise ValueError("the schedule to replay is empty")
+        self.lrs = schedule_lrs(schedule)
 
     def __call__(self, step):
         index = keras.ops.minimum(keras.ops.cast(step, "int32"), len(self.lrs) - 1)

@@ -1,4 +1,4 @@
-"""The PyTorch hook over :class:`aikit.core.autolrs.Controller`.
+"""The PyTorch hook over :class:`aikit.core.autolrs.Driver`.
 
 Call ``on_train_batch_end(loss)`` after every ``optimizer.step()``; the hook checkpoints and
 restores in memory (model, optimizer, RNG) and sets the LR of every param group. Under a
@@ -6,6 +6,10 @@ data-parallel engine (torch.distributed, Horovod, torch_xla) the loss is average
 replicas, rank 0's controller decides, and its decision is broadcast, so every replica sets
 the same LR and restores at the same step. ``val_fn`` runs on every replica (it may reduce
 across them); rank 0's value is used.
+
+The constructor is local: every replica makes the first decision (the LR of the first step)
+alone, from the same options, and the first ``on_train_batch_end`` checks that they all made
+rank 0's before its collectives go on as above.
 """
 
 from __future__ import annotations
@@ -19,16 +23,26 @@ import numpy as np
 import torch
 
 from aikit.autolrs.plot import plot_progress
-from aikit.core.autolrs import Action, Controller, read_schedule, replay_lr, write_schedule
+from aikit.core.autolrs import (
+    DECISION_SIZE,
+    SLOTS,
+    Action,
+    Controller,
+    Driver,
+    pack,
+    replay_lr,
+    schedule_lrs,
+    write_schedule,
+)
+from aikit.core.errors import InvalidValue
 from aikit.core.validate import positive_int
 from aikit.runtime.Torch import collectives, random_state
 
 log = logging.getLogger("aikit.autolrs")
-SLOTS = ("stage", "trial")
 
 
 class AutoLRS:
-    """Searches the LR schedule while training; see :class:`aikit.core.autolrs.Controller` for
+    """Searches the LR schedule while training; see :class:`aikit.core.autolrs.Settings` for
     the options (``total_steps``, ``tau``, ``trials``, ``keep_winner``, ``anneal``,
     ``warmup_steps``, ``warmup_lr``, ``seed``, ...).
 
@@ -50,6 +64,10 @@ class AutoLRS:
     there is no server (host and port are accepted and unused) and the range its server took on
     the command line comes from the range test. ``summary_steps`` logs checkpoint, restore and
     evaluate decisions at steps that are a multiple of it.
+
+    The constructor sets the first step's LR (and, without a warmup, takes the first
+    checkpoint) without any collective; build it alike on every replica (same options, seed and optimizer LR): the
+    first ``on_train_batch_end`` refuses replicas that began differently from rank 0.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, val_fn: Callable[[], float],
@@ -68,29 +86,32 @@ class AutoLRS:
         self.controller = Controller(min_lr, max_lr, **options)
         self.device = next(model.parameters()).device
         self.replicas, self.rank = collectives.world(self.device)
-        self._slots: dict[str, dict | None] = dict.fromkeys(SLOTS)
-        self.action: Action | None = None  # the latest decision, for tests and logs
-        current = float(optimizer.param_groups[0]["lr"])
-        self._apply(self._decide(lambda: self.controller.begin(current)))
+        self._training = _TorchTraining(model, optimizer, val_fn, self.device, self.replicas, self.rank)
+        self._driver = Driver(self.controller, self._training, self.summary_steps)
+        self._driver.begin(float(optimizer.param_groups[0]["lr"]), alone=True)
+        self._first_step_checked = self.replicas == 1  # the replicas' first decisions: at the first step
+
+    @property
+    def action(self) -> Action:
+        """The latest decision (for tests and logs)."""
+        return self._driver.action
 
     @property
     def lr(self) -> float:
         """The LR the next step uses (on every replica)."""
-        return self.action.lr
+        return self._driver.action.lr
 
     @property
     def kept(self) -> bool:
         """Whether the model now in memory is on the run AutoLRS keeps (not a trial it may undo)."""
-        return self._kept
+        return self._driver.kept
 
     def on_train_batch_end(self, loss: torch.Tensor | float) -> None:
         """Report the loss of the step just taken and prepare the next step."""
-        loss = self._replica_mean(loss)
-        action = self._decide(lambda: self.controller.step(loss))
-        if action.evaluate:
-            value = float(self.val_fn())
-            action = self._decide(lambda: self.controller.validation(value))
-        self._apply(action)
+        first_decision = None if self._first_step_checked else pack(self._driver.action, self._driver.kept)
+        loss = self._training.replica_mean(loss, first_decision)
+        self._first_step_checked = True
+        self._driver.step(loss)
 
     def plot(self, path=None):
         """LR and loss over every step taken (see :func:`aikit.autolrs.plot.plot_progress`)."""
@@ -103,71 +124,73 @@ class AutoLRS:
     def state_dict(self) -> dict:
         """The search's state and its in-memory checkpoints (tensors, numbers, strings, lists):
         save it with the model's and optimizer's, ``torch.load(..., weights_only=True)`` reads it."""
-        return {"controller": self.controller.state_dict(), "action": None if self.action is None else
-                vars(self.action).copy(), "slots": {k: _portable(v) for k, v in self._slots.items()}}
+        state = self._driver.state_dict()
+        return {**state, "slots": {slot: _portable(snapshot) for slot, snapshot in state["slots"].items()}}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume a saved search (load the model and optimizer as usual). Nothing is set on the
         optimizer here: the saved state already holds the LR of the next step."""
-        slots = {k: _unportable(state["slots"][k]) for k in SLOTS}
-        action = Action(**state["action"]) if state["action"] is not None else None
-        self.controller.load_state_dict(state["controller"])  # validates; raises before any change
-        self._slots, self.action = slots, action
+        self._driver.load_state_dict({**state, "slots": {slot: _unportable(state["slots"][slot]) for slot in SLOTS}})
 
-    # -- internals --------------------------------------------------------------------------
 
-    def _replica_mean(self, loss: torch.Tensor | float) -> float:
+class _TorchTraining:
+    """:class:`aikit.core.autolrs.Training` for a torch model and optimizer: snapshots in memory,
+    rank 0 decides, and the collectives of :mod:`aikit.elastic.Torch.collectives`."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, val_fn: Callable[[], float],
+                 device: torch.device, replicas: int, rank: int):
+        self.model, self.optimizer, self.val_fn = model, optimizer, val_fn
+        self.device, self.replicas, self.rank = device, replicas, rank
+
+    def replica_mean(self, loss: torch.Tensor | float, first_decision: list | None = None) -> float:
+        """The loss averaged over the replicas. With ``first_decision`` (packed; each replica
+        made it alone) rank 0's is broadcast first, and the loss's all-reduce also counts the
+        replicas whose own differs: if any does, every replica refuses to go on."""
         if self.replicas == 1:
             return float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         total = torch.as_tensor(loss).detach().reshape(1).to(self.device, torch.float64)
+        if first_decision is not None:
+            chief = torch.tensor(first_decision, dtype=torch.float64, device=self.device)
+            mine = chief.clone()
+            collectives.broadcast_([chief])
+            total = torch.cat([total, (chief != mine).any().to(torch.float64).reshape(1)])
         collectives.all_reduce_sum_([total])
-        return total.item() / self.replicas
+        if first_decision is not None and total[1].item() > 0:
+            raise InvalidValue(
+                f"AutoLRS began differently on {int(total[1].item())} of {self.replicas} replicas than on rank 0 "
+                f"(lr, kept and flags here: {first_decision}): its constructor decides the first step alone on every "
+                "replica, so build it with the same options, seed and optimizer LR on each"
+            )
+        return total[0].item() / self.replicas
 
-    def _decide(self, decide: Callable[[], Action]) -> Action:
-        """Rank 0's decision (and whether the model is then on the kept run), on every replica."""
+    def agree(self, decide: Callable[[], Sequence[float]]) -> Sequence[float]:
+        """Rank 0's decision, on every replica."""
         if self.replicas == 1:
-            action = decide()
-            self._kept = self.controller.kept
-            return action
-        fields = ("checkpoint", "restore", "evaluate", "keep_trial", "resume_trial")
-        packed = torch.zeros(2 + len(fields), dtype=torch.float64, device=self.device)
+            return decide()
+        packed = torch.zeros(DECISION_SIZE, dtype=torch.float64, device=self.device)
         if self.rank == 0:
-            action = decide()
-            packed += torch.tensor([action.lr, self.controller.kept, *(getattr(action, f) for f in fields)],
-                                   dtype=torch.float64, device=self.device)
+            packed += torch.tensor(decide(), dtype=torch.float64, device=self.device)
         collectives.broadcast_([packed])
-        lr, kept, *flags = packed.tolist()
-        self._kept = bool(kept)
-        return Action(lr, **{f: bool(v) for f, v in zip(fields, flags, strict=True)})
+        return packed.tolist()
 
-    def _apply(self, action: Action) -> None:
-        self.action = action
-        if self.controller.steps % self.summary_steps == 0:
-            done = [f for f in ("keep_trial", "restore", "resume_trial", "checkpoint") if getattr(action, f)]
-            if done:
-                log.info("[AutoLRS at %d] %s; lr=%.4g", self.controller.steps, ", ".join(done), action.lr)
-        if action.keep_trial:
-            self._slots["trial"] = self._snapshot()
-        if action.restore:
-            self._load(self._slots["stage"])
-        if action.resume_trial:
-            self._load(self._slots["trial"])
-        if action.checkpoint:
-            self._slots["stage"] = self._snapshot()
-        for group in self.optimizer.param_groups:  # after a restore, so the new LR is in force
+    def validation_loss(self) -> float:
+        return self.val_fn()
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
             if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(action.lr)
+                group["lr"].fill_(lr)
             else:
-                group["lr"] = action.lr
+                group["lr"] = lr
 
-    def _snapshot(self) -> dict:
+    def snapshot(self) -> dict:
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "rng": random_state.get_state(),
         }
 
-    def _load(self, snapshot: dict) -> None:
+    def restore(self, snapshot: dict) -> None:
         self.model.load_state_dict(snapshot["model"])
         # A copy: the optimizer updates its loaded state tensors in place.
         self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
@@ -197,10 +220,7 @@ class ReplaySchedule(torch.optim.lr_scheduler.LRScheduler):
 
     def __init__(self, optimizer: torch.optim.Optimizer, schedule: str | os.PathLike | Sequence[float],
                  last_epoch: int = -1):
-        self.lrs = read_schedule(schedule) if isinstance(schedule, (str, os.PathLike)) else [float(x) for x in
-                                                                                               schedule]
-        if not self.lrs:
-            raise ValueError("the schedule to replay is empty")
+        self.lrs = schedule_lrs(schedule)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
