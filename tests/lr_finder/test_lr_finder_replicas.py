@@ -1,5 +1,7 @@
-"""The torch LRFinder under DDP on 2 real gloo processes (torchrun): every rank uses rank 0's
-LRs and records the rank-averaged loss, so every rank stops together; one plot, one CSV."""
+"""The torch LRFinder on 2 real processes, under each engine aikit detects: DDP under torchrun
+(gloo) and Horovod's DistributedOptimizer under horovodrun (gloo). Every rank uses rank 0's
+LRs and records the rank-averaged loss, so every rank stops together; one plot, one CSV; and
+Horovod records what torchrun records."""
 
 from __future__ import annotations
 
@@ -8,15 +10,28 @@ from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).with_name("lr_finder_ddp_worker.py")
+WORKER = Path(__file__).with_name("lr_finder_replicas_worker.py")
+ENGINES = ["torchrun", pytest.param("horovodrun", marks=pytest.mark.horovod)]
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ranks(torchrun, tmp_path_factory) -> tuple[Path, list[dict]]:
-    out = tmp_path_factory.mktemp("lr_finder_ddp")
-    torchrun(WORKER, out)
-    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+def launched() -> dict:
+    """Each engine's run, launched once for the module: ``{launcher: (out, [rank0, rank1])}``."""
+    return {}
+
+
+def launch(launcher: str, request, tmp_path_factory, launched: dict) -> tuple[Path, list[dict]]:
+    if launcher not in launched:
+        out = tmp_path_factory.mktemp(f"lr_finder_{launcher}")
+        request.getfixturevalue(launcher)(WORKER, out, *(["horovod"] if launcher == "horovodrun" else []))
+        launched[launcher] = out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return launched[launcher]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def ranks(request, tmp_path_factory, launched) -> tuple[Path, list[dict]]:
+    return launch(request.param, request, tmp_path_factory, launched)
 
 
 @pytest.mark.parametrize("name", ["train", "val"])
@@ -59,7 +74,7 @@ def test_the_validation_loss_is_the_mean_over_every_ranks_samples(ranks):
         assert r["val"]["history"]["loss"] == pytest.approx(expected, rel=1e-12)
 
 
-def test_ddp_keeps_the_ranks_weights_equal(ranks):
+def test_the_engine_keeps_the_ranks_weights_equal(ranks):
     _, results = ranks
     assert results[0]["train"]["weights"] == results[1]["train"]["weights"]
 
@@ -69,3 +84,16 @@ def test_only_the_master_draws_and_writes_but_every_rank_gets_the_suggestion(ran
     assert [r["train"]["drew"] for r in results] == [True, False]
     assert results[0]["train"]["suggested"] == results[1]["train"]["suggested"]
     assert sorted(p.name for p in out.glob("*.csv")) == ["train_rank0.csv", "val_rank0.csv"]
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("name", ["train", "val"])
+def test_horovod_records_what_torchrun_records(request, tmp_path_factory, launched, name):
+    """The same LRs, losses and weights to the bit: Horovod is detected, not run as two lone
+    processes. (Bit for bit, as DDP's mean of two gradients, a/2 + b/2, and Horovod's, (a + b)/2,
+    round alike: halving is exact in binary floating point.)"""
+    torchrun = launch("torchrun", request, tmp_path_factory, launched)[1]
+    horovod = launch("horovodrun", request, tmp_path_factory, launched)[1]
+    for a, b in zip(torchrun, horovod, strict=True):
+        assert b[name]["history"] == a[name]["history"]
+        assert b[name]["weights"] == a[name]["weights"]
