@@ -1,18 +1,45 @@
 """The torch LRFinder on 2 real processes, under each engine aikit detects: DDP under torchrun
-(gloo) and Horovod's DistributedOptimizer under horovodrun (gloo). Every rank uses rank 0's
-LRs and records the rank-averaged loss, so every rank stops together; one plot, one CSV; and
-Horovod records what torchrun records."""
+(gloo), Horovod's DistributedOptimizer under horovodrun (gloo), and two XLA:CPU hosts in
+eth-easl's scheme (.venv-xla). Every rank uses rank 0's LRs and records the rank-averaged loss,
+so every rank stops together; one plot, one CSV; and Horovod records what torchrun records."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace"))
+from test_xla import xla_python
+from test_xla_replicas import ROOT, free_port, xla_env
+
 WORKER = Path(__file__).with_name("lr_finder_replicas_worker.py")
 ENGINES = ["torchrun", pytest.param("horovodrun", marks=pytest.mark.horovod)]
+XLA = pytest.param("xla_hosts", marks=pytest.mark.xla)
 pytestmark = pytest.mark.slow
+
+
+def xla_hosts(script: Path, out: Path, engine: str) -> None:
+    """Two XLA:CPU hosts of eth-easl's scheme, each a process of .venv-xla's python."""
+    python, port = xla_python(), free_port()
+    runs = [subprocess.Popen([str(python), str(script), str(out), engine], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env=xla_env(CPU_NUM_DEVICES="1", MY_HOST_WORLD_SIZE="2", MY_HOST_ORDINAL=str(host),
+                                         MY_DIST_ROOT=f"127.0.0.1:{port}"))
+            for host in range(2)]
+    try:
+        outputs = [run.communicate(timeout=300)[0] for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    for host, (run, output) in enumerate(zip(runs, outputs, strict=True)):
+        assert run.returncode == 0, f"host {host} exited {run.returncode}:\n{output[-4000:]}"
+
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +51,22 @@ def launched() -> dict:
 def launch(launcher: str, request, tmp_path_factory, launched: dict) -> tuple[Path, list[dict]]:
     if launcher not in launched:
         out = tmp_path_factory.mktemp(f"lr_finder_{launcher}")
-        request.getfixturevalue(launcher)(WORKER, out, *(["horovod"] if launcher == "horovodrun" else []))
+        if launcher == "xla_hosts":
+            xla_hosts(WORKER, out, "xla")
+        else:
+            request.getfixturevalue(launcher)(WORKER, out, *(["horovod"] if launcher == "horovodrun" else []))
         launched[launcher] = out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return launched[launcher]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
 def ranks(request, tmp_path_factory, launched) -> tuple[Path, list[dict]]:
+    """Each launcher's run; the tests that do not plot take XLA's too (``indirect``)."""
     return launch(request.param, request, tmp_path_factory, launched)
 
 
 @pytest.mark.parametrize("name", ["train", "val"])
+@pytest.mark.parametrize("ranks", [*ENGINES, XLA], indirect=True)
 def test_every_rank_steps_through_rank_0s_lrs(ranks, name):
     _, results = ranks
     lrs = [r[name]["history"]["lr"] for r in results]
@@ -44,6 +76,7 @@ def test_every_rank_steps_through_rank_0s_lrs(ranks, name):
     assert results[0][name]["step_lrs"] == results[1][name]["step_lrs"] == lrs[0]
 
 
+@pytest.mark.parametrize("ranks", [*ENGINES, XLA], indirect=True)
 def test_the_training_loss_is_the_mean_over_ranks_of_each_ranks_update_loss(ranks):
     _, results = ranks
     per_rank = []
@@ -58,6 +91,7 @@ def test_the_training_loss_is_the_mean_over_ranks_of_each_ranks_update_loss(rank
     assert results[0]["train"]["history"]["loss"] == results[1]["train"]["history"]["loss"]
 
 
+@pytest.mark.parametrize("ranks", [*ENGINES, XLA], indirect=True)
 def test_the_validation_loss_is_the_mean_over_every_ranks_samples(ranks):
     _, results = ranks
     totals = [[0.0, 0] for _ in range(6)]
@@ -74,6 +108,7 @@ def test_the_validation_loss_is_the_mean_over_every_ranks_samples(ranks):
         assert r["val"]["history"]["loss"] == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("ranks", [*ENGINES, XLA], indirect=True)
 def test_the_engine_keeps_the_ranks_weights_equal(ranks):
     _, results = ranks
     assert results[0]["train"]["weights"] == results[1]["train"]["weights"]
