@@ -193,6 +193,24 @@ def test_start_lr_overrides_every_group_and_a_list_gives_one_per_group():
         finder.range_test(xor_data(), start_lr=[1e-4, 1e-5, 1e-6], num_iter=3)
 
 
+def test_a_subclass_overriding_train_batch_as_for_torch_lr_finder_gets_its_losses_recorded():
+    """torch-lr-finder's ``_train_batch(train_iter, accumulation_steps, non_blocking_transfer)``
+    returns a float; a subclass that overrides it (a custom forward pass) still drives the test."""
+
+    class Custom(LRFinder):
+        def _train_batch(self, train_iter, accumulation_steps, non_blocking_transfer=True):
+            return 2.0 * float(super()._train_batch(train_iter, accumulation_steps, non_blocking_transfer))
+
+    histories = []
+    for finder_class in (LRFinder, Custom):
+        model = xor_model()
+        finder = finder_class(model, torch.optim.SGD(model.parameters(), lr=1e-3), nn.MSELoss())
+        finder.range_test(xor_data(), end_lr=1.0, num_iter=5, smooth_f=0, diverge_th=math.inf)
+        histories.append(finder.history)
+    assert histories[1]["lr"] == histories[0]["lr"]
+    assert histories[1]["loss"] == [2.0 * loss for loss in histories[0]["loss"]]
+
+
 def test_linear_from_start_lr_zero_starts_at_zero():
     model = xor_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)

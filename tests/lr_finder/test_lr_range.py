@@ -199,11 +199,11 @@ def test_a_history_survives_a_csv_round_trip_to_the_bit(tmp_path_factory, rows):
     assert path.read_text().splitlines()[0] == "lr,loss"
 
 
-def test_the_core_and_the_shared_results_import_no_framework():
+def test_the_core_and_the_shared_results_and_cache_import_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, aikit.core.lr_range, aikit.lr_finder.results; "
+    code = ("import sys, aikit.core.lr_range, aikit.lr_finder.results, aikit.lr_finder.state_cache; "
             "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'matplotlib') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -135,7 +135,7 @@ class AutoLRS:
 
 class _TorchTraining:
     """:class:`aikit.core.autolrs.Training` for a torch model and optimizer: snapshots in memory,
-    rank 0 decides, and the collectives of :mod:`aikit.elastic.Torch.collectives`."""
+    rank 0 decides, and the collectives of :mod:`aikit.runtime.Torch.collectives`."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, val_fn: Callable[[], float],
                  device: torch.device, replicas: int, rank: int):

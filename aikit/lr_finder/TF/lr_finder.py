@@ -5,24 +5,23 @@ test needs to set the LR before every update, accumulate micro-batches into one 
 on a diverging loss, and it must leave the model and optimizer as it found them. A model built
 under a ``tf.distribute`` strategy with several replicas (``MirroredStrategy``, ...) trains
 through ``model.fit`` instead, which splits every batch over the replicas and all-reduces, with
-a callback that sets each update's LR and reads its loss. The LR sequence, smoothing, stop rule
-and suggestions are ``aikit.core.lr_range``'s.
+a callback that sets each update's LR and reads its loss. The loop, LR sequence, smoothing,
+stop rule and suggestions are ``aikit.core.lr_range``'s; this module trains one update and
+validates, in TensorFlow.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-import weakref
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
-from tqdm.auto import tqdm
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
+from aikit.lr_finder.state_cache import StateCache
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
@@ -50,17 +49,17 @@ class LRFinder(RangeTestResults):
                  cache_dir: str | None = None):
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if optimizer is None:
-            raise ValueError("the model has no optimizer: compile it with one or pass optimizer=")
+            raise InvalidValue("the model has no optimizer: compile it with one or pass optimizer=")
         if hasattr(optimizer, "inner") and hasattr(optimizer, "accumulated"):  # aikit's GA Optimizer
-            raise TypeError(
+            raise InvalidType(
                 f"the optimizer is aikit's GA Optimizer (steps={optimizer.steps}), which updates once per "
                 f"{optimizer.steps} batches, so the range test's LRs would not match its losses: pass its wrapped "
                 "optimizer, LRFinder(model, optimizer=model.optimizer.inner), and feed batches of the global batch"
             )
         if criterion is None and getattr(model, "loss", None) is None:
-            raise ValueError("the model has no loss: compile it with one or pass criterion=")
+            raise InvalidValue("the model has no loss: compile it with one or pass criterion=")
         if not model.built:
-            raise ValueError(
+            raise InvalidValue(
                 "the model is not built, so its weights cannot be saved for reset(): give it a "
                 "keras.Input or call it on one batch first"
             )
@@ -84,12 +83,12 @@ class LRFinder(RangeTestResults):
         if not optimizer.built:
             with model.distribute_strategy.scope():  # a distributed model's slots are mirrored
                 optimizer.build(model.trainable_variables)
-        self._cache = _StateCache(memory_cache, cache_dir)
-        self._cache.store(model.get_weights() + [v.numpy() for v in optimizer.variables])
+        self._cache = _ArrayCache(memory_cache, cache_dir)
+        self._cache.store("keras", model.get_weights() + [v.numpy() for v in optimizer.variables])
 
     def reset(self) -> None:
         """Restore the model's weights and the optimizer's variables (its LR and state)."""
-        values = self._cache.retrieve()
+        values = self._cache.retrieve("keras")
         weights = len(self.model.get_weights())
         self.model.set_weights(values[:weights])
         for variable, value in zip(self.optimizer.variables, values[weights:], strict=True):
@@ -126,93 +125,85 @@ class LRFinder(RangeTestResults):
         ``accumulation_steps`` must be 1; raise ``batch_size`` instead), with the compiled loss
         and optimizer (no ``criterion``).
         """
-        self.history = {"lr": [], "loss": []}
-        self.best_loss = None
-        start = float(self.optimizer.learning_rate.numpy()) if start_lr is None else start_lr
-        schedule = lr_range.lr_sequence(start, end_lr, num_iter, step_mode)
-        tracker = lr_range.LossTracker(smooth_f, diverge_th)
+        lr_now = float(self.optimizer.learning_rate.numpy())
+        test = lr_range.RangeTest(self, [lr_now if start_lr is None else start_lr], end_lr, num_iter, step_mode,
+                                  smooth_f, diverge_th, validate=val_data is not None, val_average="seen",
+                                  progress_bar=progress_bar)
         accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
         batch_size = positive_int(batch_size, "batch_size")
-        batches = iter(_dataset(train_data, "train_data", batch_size, shuffle).repeat())
+        train = _dataset(train_data, "train_data", batch_size, shuffle).repeat()
         val = None if val_data is None else _dataset(val_data, "val_data", batch_size, shuffle=False)
-
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if replicas > 1:
             self._check_fit_path(replicas, accumulation_steps)
-        lr_before = float(self.optimizer.learning_rate.numpy())
-        # Compiled for this test only: tf.functions of bound methods held by self would make a
-        # reference cycle and keep the finder (and its disk cache) alive after `del`.
-        self._gradients = tf.function(self._gradients_of, reduce_retracing=True)
-        self._apply = tf.function(self._apply_gradients, reduce_retracing=True)
-        self._evaluate = tf.function(self._loss_of_batch, reduce_retracing=True)
-        try:
-            if replicas > 1:
-                self._fit(train_data, batch_size, shuffle, schedule, tracker, val, progress_bar)
-            else:
-                for lr in tqdm(schedule, disable=not progress_bar):
-                    self.optimizer.learning_rate = lr
-                    loss = self._train_batch(batches, accumulation_steps)
-                    if self._record(lr, loss, tracker, val):
-                        break
-        finally:
-            self.optimizer.learning_rate = lr_before
-            del self._gradients, self._apply, self._evaluate
-        print("Learning rate search finished. See the graph with plot()")
-
-    def _record(self, lr: float, loss: float, tracker: lr_range.LossTracker, val) -> bool:
-        """Add one update to the history; True when the test must stop."""
-        if val is not None:
-            loss = self._validate(val)
-        self.history["lr"].append(lr)
-        self.history["loss"].append(tracker.update(loss))
-        self.best_loss = tracker.best
-        if tracker.stop_reason:
-            print(f"Stopping early, {tracker.stop_reason}")
-        return bool(tracker.stop_reason)
+        update = _Update(self.model, self.optimizer, self.criterion, train, val, accumulation_steps)
+        if replicas == 1:
+            test.run(update)
+            return
+        with test.running(update):  # fit owns the loop: one batch per update, split over the replicas
+            self.model.fit(train, epochs=1, steps_per_epoch=test.num_iter, verbose=0,
+                           callbacks=[_RangeTestCallback(test)])
 
     def _check_fit_path(self, replicas: int, accumulation_steps: int) -> None:
         strategy = type(self.model.distribute_strategy).__name__
         where = f"under {strategy} ({replicas} replicas) the test trains through fit"
         if accumulation_steps != 1:
-            raise ValueError(f"{where}, one batch per update: use accumulation_steps=1 and a larger batch_size, "
-                             f"got accumulation_steps={accumulation_steps}")
+            raise InvalidValue(f"{where}, one batch per update: use accumulation_steps=1 and a larger batch_size, "
+                               f"got accumulation_steps={accumulation_steps}")
         if self.criterion is not None:
-            raise ValueError(f"{where} with the compiled loss: compile the model with the criterion instead")
+            raise InvalidValue(f"{where} with the compiled loss: compile the model with the criterion instead")
         if self.optimizer is not self.model.optimizer:
-            raise ValueError(f"{where} with the compiled optimizer: compile the model with the optimizer instead")
+            raise InvalidValue(f"{where} with the compiled optimizer: compile the model with the optimizer instead")
 
-    def _fit(self, train_data, batch_size: int, shuffle: bool, schedule, tracker, val, progress_bar: bool) -> None:
-        """The test through ``model.fit``: one batch per update, split over the replicas."""
-        dataset = _dataset(train_data, "train_data", batch_size, shuffle).repeat()
-        callback = _RangeTestCallback(self, schedule, tracker, val, progress_bar)
-        self.model.fit(dataset, epochs=1, steps_per_epoch=len(schedule), verbose=0, callbacks=[callback])
-        callback.progress.close()
 
-    def _train_batch(self, batches, accumulation_steps: int) -> float:
+class _Update:
+    """One test's :class:`aikit.core.lr_range.Trainer`: the optimizer's LR, one update over
+    ``accumulation_steps`` micro-batches (a ``tf.GradientTape`` of its own), the validation
+    pass. Its tf.functions are its own, so the finder is not in their reference cycle (and
+    its disk cache goes with it after ``del``)."""
+
+    empty_validation = "val_data yields no samples: give a validation set with data, or leave val_data out"
+
+    def __init__(self, model, optimizer, criterion, train: tf.data.Dataset, val: tf.data.Dataset | None,
+                 accumulation_steps: int):
+        self.model, self.optimizer, self.criterion = model, optimizer, criterion
+        self.train, self.val, self.accumulation_steps = train, val, accumulation_steps
+        self._batches = None
+        self._gradients = tf.function(self._gradients_of, reduce_retracing=True)
+        self._apply = tf.function(self._apply_gradients, reduce_retracing=True)
+        self._evaluate = tf.function(self._loss_of_batch, reduce_retracing=True)
+
+    def lrs(self) -> list[float]:
+        return [float(self.optimizer.learning_rate.numpy())]
+
+    def set_lrs(self, lrs: Sequence[float]) -> None:
+        (lr,) = lrs  # a Keras optimizer has one LR
+        self.optimizer.learning_rate = lr
+
+    def train_update(self) -> float:
         """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
+        if self._batches is None:
+            self._batches = iter(self.train)
         total_loss, total_grads = 0.0, None
-        for _ in range(accumulation_steps):
-            batch = next(batches, None)
+        for _ in range(self.accumulation_steps):
+            batch = next(self._batches, None)
             if batch is None:
                 raise InvalidValue("train_data yields no batches: give the range test data to train on")
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            grads, loss = self._gradients(x, y, sample_weight, accumulation_steps)
+            grads, loss = self._gradients(x, y, sample_weight, self.accumulation_steps)
             total_grads = grads if total_grads is None else [a + b for a, b in zip(total_grads, grads, strict=True)]
             total_loss += float(loss)
         self._apply(total_grads)
         return total_loss
 
-    def _validate(self, val) -> float:
-        """Mean loss per sample over the whole validation set."""
+    def evaluate(self) -> tuple[float, int]:
         running_loss, samples = 0.0, 0
-        for batch in val:
+        for batch in self.val:
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
             count = int(tf.shape(tf.nest.flatten(x)[0])[0])
             running_loss += float(self._evaluate(x, y, sample_weight, False)) * count
             samples += count
-        if not samples:
-            raise InvalidValue("val_data yields no samples: give a validation set with data, or leave val_data out")
-        return running_loss / samples
+        return running_loss, samples
 
     def _loss_of_batch(self, x, y, sample_weight, training: bool):
         y_pred = self.model(x, training=training)
@@ -232,27 +223,24 @@ class LRFinder(RangeTestResults):
 
 
 class _RangeTestCallback(keras.callbacks.Callback):
-    """Sets the LR before every ``fit`` step and records the step's own loss after it.
+    """Begins every ``fit`` step as an update of the range test and ends it with the step's own loss.
 
     Keras hands callbacks the running mean over the epoch; the step's loss is read from the
     loss tracker's running sums instead (reduced over the replicas), as AutoLRS's callback does.
     """
 
-    def __init__(self, finder: LRFinder, schedule, tracker, val, progress_bar: bool):
+    def __init__(self, test: lr_range.RangeTest):
         super().__init__()
-        self.finder, self.schedule, self.tracker, self.val = finder, schedule, tracker, val
-        self.progress = tqdm(total=len(schedule), disable=not progress_bar)
+        self.test = test
         self.sums_before = (0.0, 0.0)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.finder.optimizer.learning_rate = self.schedule[batch]
+        self.test.begin_update()
         self.sums_before = self._loss_sums()
 
     def on_train_batch_end(self, batch, logs=None):
         total, count = self._loss_sums()
-        loss = (total - self.sums_before[0]) / (count - self.sums_before[1])
-        self.progress.update()
-        if self.finder._record(self.schedule[batch], loss, self.tracker, self.val):
+        if self.test.end_update((total - self.sums_before[0]) / (count - self.sums_before[1])):
             self.model.stop_training = True
 
     def _loss_sums(self) -> tuple[float, float]:
@@ -279,38 +267,20 @@ def _dataset(data, name: str, batch_size: int, shuffle: bool) -> tf.data.Dataset
         if shuffle:
             dataset = dataset.shuffle(len(data[0]), reshuffle_each_iteration=True)
         return dataset.batch(batch_size)
-    raise ValueError(
+    raise InvalidType(
         f"`{name}` has unsupported type: {type(data)}. Expected a tf.data.Dataset of (x, y) "
         "batches or a tuple (x, y) of arrays."
     )
 
 
-class _StateCache:
-    """A list of arrays kept in memory or in a ``.npz`` file (removed with the cache)."""
+class _ArrayCache(StateCache):
+    """A list of arrays, in memory or as a ``.npz`` file (removed with the cache)."""
 
-    def __init__(self, in_memory: bool, cache_dir: str | None):
-        self.in_memory = in_memory
-        cache_dir = tempfile.gettempdir() if cache_dir is None else cache_dir
-        if not os.path.isdir(cache_dir):
-            raise ValueError(f"Given `cache_dir` is not a valid directory: {cache_dir!r}")
-        self.path = os.path.join(cache_dir, f"state_keras_{id(self)}.npz")
-        self.values: list[np.ndarray] = []
-        if not in_memory:
-            weakref.finalize(self, _remove, self.path)
+    suffix = ".npz"
 
-    def store(self, values: list[np.ndarray]) -> None:
-        if self.in_memory:
-            self.values = [np.array(v, copy=True) for v in values]
-        else:
-            np.savez(self.path, *values)
+    def _write(self, values: list[np.ndarray], path: str) -> None:
+        np.savez(path, *values)
 
-    def retrieve(self) -> list[np.ndarray]:
-        if self.in_memory:
-            return self.values
-        with np.load(self.path) as saved:
+    def _read(self, path: str) -> list[np.ndarray]:
+        with np.load(path) as saved:
             return [saved[f"arr_{i}"] for i in range(len(saved.files))]
-
-
-def _remove(path: str) -> None:
-    if os.path.exists(path):
-        os.remove(path)

@@ -7,7 +7,7 @@ Subclass ``TrainDataLoaderIter`` or ``ValDataLoaderIter`` and override
 
 from __future__ import annotations
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidType, InvalidValue
 
 _EMPTY = object()
 
@@ -26,7 +26,7 @@ class DataLoaderIter:
     def inputs_labels_from_batch(self, batch_data):
         """``(inputs, labels)`` from a tuple or list batch; override this for other batches."""
         if not isinstance(batch_data, (list, tuple)):
-            raise ValueError(
+            raise InvalidType(
                 f"Your batch type is not supported: {type(batch_data)}. Please inherit from "
                 "`TrainDataLoaderIter` or `ValDataLoaderIter` and override the "
                 "`inputs_labels_from_batch` method."

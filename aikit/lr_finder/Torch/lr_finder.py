@@ -2,38 +2,33 @@
 
 Same constructor, ``range_test``, ``history``, ``reset`` and ``plot``, and the same LRs and
 losses bit for bit. On top: mixed precision through ``torch.amp``, a NaN or infinite loss
-stops the test, suggestion methods by name, CSV history, and data parallelism (every rank
-uses rank 0's LRs and records the rank-averaged loss). The LR sequence, smoothing, stop rule
-and suggestions are ``aikit.core.lr_range``'s.
+stops the test, suggestion methods by name, CSV history, and data parallelism under every
+engine aikit detects (torch.distributed, Horovod, XLA replicas: every rank uses rank 0's LRs
+and records the rank-averaged loss). The loop, LR sequence, smoothing, stop rule and
+suggestions are ``aikit.core.lr_range``'s; this module trains one update and validates, in
+torch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import os
-import tempfile
-import weakref
+from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
+from aikit.lr_finder.state_cache import StateCache
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
+from aikit.runtime.Torch import collectives, distributed
+from aikit.runtime.Torch.gradient_sync import sync_skipper
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 # The names torch_lr_finder.lr_finder has, for users who import from the module.
 __all__ = ["DataLoaderIter", "LRFinder", "StateCacher", "TrainDataLoaderIter", "ValDataLoaderIter"]
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class LRFinder(RangeTestResults):
@@ -67,7 +62,7 @@ class LRFinder(RangeTestResults):
     ):
         if isinstance(optimizer, WrappingOptimizer):
             steps = getattr(optimizer, "steps", None)
-            raise TypeError(
+            raise InvalidType(
                 f"optimizer is an aikit {optimizer.kind}, which updates only once per "
                 f"{steps if steps else 'several'} optimizer.step() calls, so the range test's LRs would not "
                 "match its losses: pass the wrapped optimizer, LRFinder(model, optimizer.optimizer, criterion), "
@@ -83,12 +78,12 @@ class LRFinder(RangeTestResults):
         self.cache_dir = cache_dir
 
         if amp_backend not in (None, "torch"):
-            raise ValueError(
+            raise InvalidValue(
                 f"Unknown amp backend: {amp_backend!r}; aikit supports amp_backend='torch' "
                 "(torch.amp autocast + GradScaler) in place of apex"
             )
         if amp_backend == "torch" and grad_scaler is None:
-            raise ValueError(
+            raise InvalidValue(
                 "`grad_scaler` is required when using `torch.amp`: pass "
                 "grad_scaler=torch.amp.GradScaler('cuda') (or 'cpu')"
             )
@@ -141,59 +136,31 @@ class LRFinder(RangeTestResults):
         torch-lr-finder's, the loss summed over the batches (each batch's mean times
         ``len(labels)``) divided by ``len(val_loader.dataset)``; ``val_average="seen"`` divides
         by the samples the loader actually yielded instead (the true per-sample mean when the
-        loader's sampler covers only part of its data set). Under DDP (which torch-lr-finder
-        does not support) the default is ``"seen"``: the sum over every rank's batches divided by
-        the samples all ranks validated on, whatever data set each rank's loader reads.
+        loader's sampler covers only part of its data set). Under data parallelism (DDP, Horovod,
+        XLA replicas; torch-lr-finder has none) every rank climbs through rank 0's LRs and
+        records the mean over ranks; the default is ``"seen"``: the sum over every rank's
+        batches divided by the samples all ranks validated on, whatever each rank's loader reads.
         The test stops after a loss above ``diverge_th`` times the best, or a non-finite one.
         The groups' LRs are put back afterwards; ``reset()`` restores the weights as well.
         """
-        self.history = {"lr": [], "loss": []}
-        self.best_loss = None
+        test = lr_range.RangeTest(self, self._start_lrs(start_lr), end_lr, num_iter, step_mode, smooth_f, diverge_th,
+                                  validate=val_loader is not None, val_average=val_average,
+                                  replicas=_Replicas(self.device), progress_bar=progress_bar)
         self._check_for_scheduler()
-
-        groups = self.optimizer.param_groups
-        starts = self._broadcast(self._start_lrs(start_lr))
-        schedules = [lr_range.lr_sequence(start, end_lr, num_iter, step_mode) for start in starts]
-        tracker = lr_range.LossTracker(smooth_f, diverge_th)
-        accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
-        train_iter = self._wrap(train_loader, "train_loader", DataLoader, TrainDataLoaderIter)
-        if val_average is None:
-            val_average = "seen" if _world_size() > 1 else "dataset"
-        if val_average not in ("dataset", "seen"):
-            raise ValueError(
-                f"val_average must be 'dataset' (torch-lr-finder's: divide by len(val_loader.dataset)) or "
-                f"'seen' (divide by the samples the loader yielded), got {val_average!r}"
-            )
-        val_iter = None
-        if val_loader is not None:
-            val_iter = self._wrap(val_loader, "val_loader", DataLoader, ValDataLoaderIter)
-
+        update = _Update(
+            self,
+            self._wrap(train_loader, "train_loader", DataLoader, TrainDataLoaderIter),
+            None if val_loader is None else self._wrap(val_loader, "val_loader", DataLoader, ValDataLoaderIter),
+            positive_int(accumulation_steps, "accumulation_steps"),
+            non_blocking_transfer,
+        )
         self.model.to(self.device)
-        lrs_before = [group["lr"] for group in groups]
-        try:
-            for iteration in tqdm(range(num_iter), disable=not (progress_bar and self._is_master())):
-                for group, schedule in zip(groups, schedules, strict=True):
-                    group["lr"] = schedule[iteration]
-                loss = self._train_batch(train_iter, accumulation_steps, non_blocking_transfer)
-                if val_iter is not None:
-                    loss = self._validate(val_iter, non_blocking_transfer, val_average)
-                else:
-                    loss = self._rank_mean(loss)
-                self.history["lr"].append(schedules[0][iteration])
-                self.history["loss"].append(tracker.update(loss))
-                self.best_loss = tracker.best
-                if tracker.stop_reason:
-                    self._say(f"Stopping early, {tracker.stop_reason}")
-                    break
-        finally:
-            for group, lr in zip(groups, lrs_before, strict=True):
-                group["lr"] = lr
-        self._say("Learning rate search finished. See the graph with plot()")
+        test.run(update)
 
     # --- one iteration -------------------------------------------------------------------
 
-    def _train_batch(self, train_iter, accumulation_steps: int, non_blocking_transfer: bool = True):
-        """One update over ``accumulation_steps`` micro-batches; returns the mean loss (a tensor)."""
+    def _train_batch(self, train_iter, accumulation_steps: int, non_blocking_transfer: bool = True) -> float:
+        """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
         self.model.train()
         total_loss = None
         self.optimizer.zero_grad()
@@ -211,12 +178,11 @@ class LRFinder(RangeTestResults):
             self.grad_scaler.update()
         else:
             self.optimizer.step()
-        return total_loss
+        return total_loss.item()
 
-    def _validate(self, val_iter, non_blocking_transfer: bool = True, average: str = "dataset") -> float:
-        """The validation loss summed over every rank's batches (batch mean x ``len(labels)``,
-        as torch-lr-finder counts), divided by ``len(val_iter.dataset)`` or, with
-        ``average="seen"``, by the samples the batches held."""
+    def _validation_totals(self, val_iter, non_blocking_transfer: bool = True) -> tuple[float, int]:
+        """This rank's validation loss summed over its batches (each batch's mean times
+        ``len(labels)``, as torch-lr-finder counts) and the samples they held."""
         running_loss, samples = 0.0, 0
         self.model.eval()
         with torch.no_grad():
@@ -225,20 +191,12 @@ class LRFinder(RangeTestResults):
                 loss = self.criterion(self.model(inputs), labels)
                 running_loss += loss.item() * len(labels)
                 samples += len(labels)
-        if _world_size() > 1:
-            totals = torch.tensor([running_loss, samples], dtype=torch.float64, device=self.device)
-            dist.all_reduce(totals)
-            running_loss, samples = totals.tolist()
-        if not samples:
-            raise InvalidValue("val_loader yields no samples: give a validation loader with data, or leave "
-                               "val_loader out")
-        return running_loss / (samples if average == "seen" else len(val_iter.dataset))
+        return running_loss, samples
 
     def _no_sync(self, last: bool):
-        """DDP all-reduces gradients only on the last micro-batch of an update."""
-        if last or not isinstance(self.model, DistributedDataParallel):
-            return contextlib.nullcontext()
-        return self.model.no_sync()
+        """A wrapped model (DDP) syncs gradients only on the last micro-batch of an update."""
+        skip = None if last else sync_skipper(self.model)
+        return contextlib.nullcontext() if skip is None else skip()
 
     def _autocast(self):
         if self.amp_backend != "torch":
@@ -249,7 +207,7 @@ class LRFinder(RangeTestResults):
     def _move_to_device(self, inputs, labels, non_blocking: bool = True):
         return _move(inputs, self.device, non_blocking), _move(labels, self.device, non_blocking)
 
-    # --- setup and data parallelism -------------------------------------------------------
+    # --- setup ----------------------------------------------------------------------------
 
     def _check_for_scheduler(self) -> None:
         for param_group in self.optimizer.param_groups:
@@ -266,34 +224,14 @@ class LRFinder(RangeTestResults):
         if not isinstance(start_lr, (list, tuple)):
             return [start_lr] * len(groups)
         if len(start_lr) != len(groups):
-            raise ValueError(
+            raise InvalidValue(
                 f"Length of `new_lrs` is not equal to the number of parameter groups in the "
                 f"given optimizer: got {len(start_lr)} start LRs for {len(groups)} groups"
             )
         return list(start_lr)
 
-    def _broadcast(self, lrs: list[float]) -> list[float]:
-        """Rank 0's start LRs, so every rank climbs through the same LRs."""
-        if _world_size() == 1:
-            return lrs
-        tensor = torch.tensor(lrs, dtype=torch.float64, device=self.device)
-        dist.broadcast(tensor, src=0)
-        return tensor.tolist()
-
-    def _rank_mean(self, loss: torch.Tensor) -> float:
-        world = _world_size()
-        if world == 1:
-            return loss.item()
-        loss = loss.to(torch.float64)
-        dist.all_reduce(loss)
-        return loss.item() / world
-
     def _is_master(self) -> bool:
-        return _world_size() == 1 or dist.get_rank() == 0
-
-    def _say(self, message: str) -> None:
-        if self._is_master():
-            print(message)
+        return distributed.rank() == 0
 
     @staticmethod
     def _wrap(loader, name: str, loader_type: type, iter_type: type):
@@ -301,10 +239,62 @@ class LRFinder(RangeTestResults):
             return iter_type(loader)
         if isinstance(loader, iter_type):
             return loader
-        raise ValueError(
+        raise InvalidType(
             f"`{name}` has unsupported type: {type(loader)}. Expected types are "
             f"`torch.utils.data.DataLoader` or child of `{iter_type.__name__}`."
         )
+
+
+class _Update:
+    """The finder as :class:`aikit.core.lr_range.Trainer` for one test: its optimizer's groups,
+    its ``_train_batch`` on the test's loader, its validation pass."""
+
+    empty_validation = "val_loader yields no samples: give a validation loader with data, or leave val_loader out"
+
+    def __init__(self, finder: LRFinder, train_iter, val_iter, accumulation_steps: int, non_blocking: bool):
+        self.finder, self.train_iter, self.val_iter = finder, train_iter, val_iter
+        self.accumulation_steps, self.non_blocking = accumulation_steps, non_blocking
+
+    def lrs(self) -> list:
+        return [group["lr"] for group in self.finder.optimizer.param_groups]
+
+    def set_lrs(self, lrs: Sequence[float]) -> None:
+        for group, lr in zip(self.finder.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+
+    def train_update(self) -> float:
+        return self.finder._train_batch(self.train_iter, self.accumulation_steps, self.non_blocking)
+
+    def evaluate(self) -> tuple[float, int]:
+        return self.finder._validation_totals(self.val_iter, self.non_blocking)
+
+    def val_dataset_size(self) -> int:
+        return len(self.val_iter.dataset)
+
+
+class _Replicas:
+    """The ranks of whichever engine aikit detects (torch.distributed, Horovod, XLA), as
+    :class:`aikit.core.lr_range.Replicas`: float64 tensors on the finder's device (NCCL and
+    XLA reduce only there) through aikit's collectives."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = device
+        self.size = distributed.world_size()
+        self.is_master = distributed.rank() == 0
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        if self.size == 1:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        collectives.all_reduce_sum_([tensor])
+        return tensor.tolist()
+
+    def broadcast(self, values: Sequence[float]) -> list[float]:
+        if self.size == 1:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        collectives.broadcast_([tensor], src=0)
+        return tensor.tolist()
 
 
 def _move(obj, device, non_blocking: bool):
@@ -321,40 +311,14 @@ def _move(obj, device, non_blocking: bool):
     return obj
 
 
-class StateCacher:
-    """Deep copies of state dicts, in memory or as files in ``cache_dir`` (removed afterwards)."""
+class StateCacher(StateCache):
+    """torch-lr-finder's cache of state dicts: deep copies in memory, or ``torch.save`` files in
+    ``cache_dir`` (removed with the cache)."""
 
-    def __init__(self, in_memory: bool, cache_dir: str | None = None):
-        self.in_memory = in_memory
-        self.cache_dir = tempfile.gettempdir() if cache_dir is None else cache_dir
-        if not os.path.isdir(self.cache_dir):
-            raise ValueError(f"Given `cache_dir` is not a valid directory: {self.cache_dir!r}")
-        self.cached: dict = {}
-        weakref.finalize(self, _remove_files, self.cached, in_memory)
+    suffix = ".pt"
 
-    def store(self, key: str, state_dict: dict) -> None:
-        if self.in_memory:
-            self.cached[key] = copy.deepcopy(state_dict)
-        else:
-            path = os.path.join(self.cache_dir, f"state_{key}_{id(self)}.pt")
-            torch.save(state_dict, path)
-            self.cached[key] = path
+    def _write(self, state_dict: dict, path: str) -> None:
+        torch.save(state_dict, path)
 
-    def retrieve(self, key: str) -> dict:
-        if key not in self.cached:
-            raise KeyError(f"Target {key} was not cached.")
-        if self.in_memory:
-            # A copy: optimizer.load_state_dict keeps the very tensors it is given and updates
-            # them in place, which would corrupt the cache for the next reset().
-            return copy.deepcopy(self.cached[key])
-        path = self.cached[key]
-        if not os.path.exists(path):
-            raise RuntimeError(f"Failed to load state in {path}. File doesn't exist anymore.")
+    def _read(self, path: str) -> dict:
         return torch.load(path, map_location="cpu")
-
-
-def _remove_files(cached: dict, in_memory: bool) -> None:
-    if not in_memory:
-        for path in cached.values():
-            if os.path.exists(path):
-                os.remove(path)
