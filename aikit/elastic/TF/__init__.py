@@ -2,8 +2,9 @@
 
 ``init`` finds the devices (TPU, several GPUs, several workers from ``TF_CONFIG``, or one
 device), plans GA steps and micro-batches with :func:`aikit.core.plan.make_plan`, and
-publishes ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and
-``strategy`` here (and ``hvd``, the ``horovod.tensorflow`` module, under Horovod). Wrap the
+publishes ``plan``, ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and
+``strategy`` here and on :mod:`aikit.elastic` (and ``hvd``, the ``horovod.tensorflow`` module,
+under Horovod). Wrap the
 Keras model with :class:`aikit.elastic.TF.model.Model` (``models.Model`` is the same class, as
 Run:AI's AIkit Elastic writes it), compile and fit.
 """
@@ -104,8 +105,7 @@ def init(
         )
 
     module = sys.modules[__name__]
-    aikit.elastic.publish(new_plan, module)
-    module.strategy = chosen
+    aikit.elastic.publish(new_plan, module, strategy=chosen)
     for target in (module, aikit.elastic):  # Run:AI's AIkit's runai.elastic.hvd: only under Horovod
         if hvd is None:
             target.__dict__.pop("hvd", None)
