@@ -9,8 +9,9 @@ from the code. What each kind of block must do, and how the Markdown marks the e
   (examples/trace.csv).
 - ``<!-- fragment: why -->`` before a Python block: an excerpt that cannot run alone (the
   text says so too); the test reports it skipped, with the why.
-- ``<!-- skip: next "why" -->`` before a Python block that needs what this run may lack (an XLA
-  device); the why names the test that runs its like.
+- ``<!-- skip: next "why" -->`` before a Python block that needs what this run lacks (an XLA
+  device) or would take long (TensorFlow under horovodrun); the why names the test that runs
+  its like.
 - ``<!-- launch: LAUNCHER ARGS ... setup -->`` before a Python block: the block, after the
   setup lines of the comment, runs as a script under a real ``torchrun`` or ``horovodrun``
   (``horovodrun`` skips without Horovod, unless ``AIKIT_REQUIRE_HOROVOD=1``).
@@ -130,7 +131,7 @@ class Launch(NextPythonBlock):
                 raise SkipTest(f"needs Horovod ({missing}): run scripts/install_horovod.sh")
             command = [str(BIN / "horovodrun"), *args, sys.executable, str(script)]
         else:
-            raise ValueError(f"launch: {launcher!r} is not torchrun or horovodrun")
+            pytest.fail(f"launch: {launcher!r} is not torchrun or horovodrun")
         script.write_text(f"{body}\n{example.parsed}")
         env = {name: value for name, value in os.environ.items()
                if name not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
