@@ -16,7 +16,8 @@ HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.0"]  # Trainer needs acceler
 DOCS = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"]
 
 setup(
-    name="aikit",
+    # the import name is aikit; on the package index "aikit" is an unrelated AutoML project
+    name="aikit-elastic",
     version=VERSION,
     description="Elastic batch sizes for PyTorch and TensorFlow/Keras: plans, gradient "
     "accumulation, batch-size traces, LR range tests and AutoLRS",
@@ -36,7 +37,7 @@ setup(
         "horovod": ["horovod==0.28.1"],  # built by scripts/install_horovod.sh (needs a patch)
         "xla": ["torch==2.9.0", "torch_xla==2.9.0"],
         "docs": DOCS,
-        "dev": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6.100", "ruff>=0.5", "build>=1.2", "twine>=5",
+        "dev": ["pytest>=8", "pytest-xdist>=3", "sybil>=9", "hypothesis>=6.100", "ruff>=0.5", "build>=1.2", "twine>=5",
                 *DATA, *PLOT, *DOCS],
     },
     entry_points={"console_scripts": ["aikit=aikit.cli:main"]},

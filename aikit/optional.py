@@ -2,7 +2,7 @@
 
 ``import aikit`` needs only NumPy, pandas, SciPy and tqdm; each framework adapter, the embedded
 data set, the plots and the trainer integrations need more, declared as extras in ``setup.py``.
-A user who installed ``aikit[tf]`` and imports ``aikit.elastic.Torch`` should read which extra
+A user who installed ``aikit-elastic[tf]`` and imports ``aikit.elastic.Torch`` should read which extra
 to add, not a bare ``No module named 'torch'``.
 """
 
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import importlib
 import types
+
+# aikit's name on the package index (the import name stays ``aikit``: ``aikit`` there is another project)
+DISTRIBUTION = "aikit-elastic"
 
 # module -> (what it is, the aikit extra that installs it)
 EXTRAS = {
@@ -39,7 +42,7 @@ def require(module: str, user: str) -> types.ModuleType:
         what, extra = EXTRAS[top]
         raise ModuleNotFoundError(
             f"{user} needs {what} (module {top!r}), which is not installed: "
-            f"pip install 'aikit[{extra}]'",
+            f"pip install '{DISTRIBUTION}[{extra}]'",
             name=error.name,
         ) from error
 

@@ -1,6 +1,6 @@
 """aikit in the Hugging Face Trainer: a small CNN on the embedded digits through ``Trainer``.
 
-Needs ``pip install 'aikit[huggingface]'``:
+Needs ``pip install 'aikit-elastic[huggingface]'``:
 
     python examples/huggingface_digits.py                  # TrainingArguments from the plan: 256 per update
     python examples/huggingface_digits.py --mode autolrs   # AutoLRS as a TrainerCallback

@@ -1,6 +1,6 @@
 """aikit in PyTorch Lightning: a small CNN on the embedded digits through Lightning's Trainer.
 
-Three callbacks, one per mode (needs ``pip install 'aikit[lightning]'``):
+Three callbacks, one per mode (needs ``pip install 'aikit-elastic[lightning]'``):
 
     python examples/lightning_digits.py                    # ElasticPlan: global batch 256, <= 64 per device
     python examples/lightning_digits.py --mode trace       # TraceBatchSize: batch sizes from trace.csv

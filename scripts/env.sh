@@ -15,6 +15,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "installing aikit and its pinned test dependencies into $VENV (a few minutes the first time)"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet -r requirements/test.txt
+    # aikit was installed as the distribution "aikit" before it became "aikit-elastic": in this
+    # venv that name can only be ours, and two distributions would both own the `aikit` command
+    "$VENV/bin/python" -m pip uninstall --quiet --yes aikit 2>/dev/null || true
     "$VENV/bin/python" -m pip install --quiet --no-deps -e .
     echo "$want" > "$stamp"
 fi

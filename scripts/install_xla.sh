@@ -17,6 +17,7 @@ echo "creating $VENV with torch 2.9.0 + torch_xla 2.9.0 (~3 GB, a minute or two 
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet torch==2.9.0 torch_xla==2.9.0 \
     numpy==2.4.6 pandas==3.1.1 scipy==1.17.1 tqdm==4.70.1 pytest==9.2.0 hypothesis==6.170.15
+"$VENV/bin/python" -m pip uninstall --quiet --yes aikit 2>/dev/null || true  # installed as "aikit" before "aikit-elastic"
 "$VENV/bin/python" -m pip install --quiet --no-deps -e .
 "$VENV/bin/python" -c "import torch_xla, torch; print('torch', torch.__version__, 'torch_xla', torch_xla.__version__)"
 echo "$want" > "$stamp"

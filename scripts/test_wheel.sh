@@ -15,6 +15,7 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/aikit-wheel.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 export TF_CPP_MIN_LOG_LEVEL=2 MPLBACKEND=Agg PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_NUM_THREADS=1
 unset PYTHONPATH
+DIST=aikit-elastic  # the name on the package index; the import name is aikit (README.md says why)
 
 cpu_now() {  # CPU_NOW: CPU seconds of this script's finished children (wall time on a loaded machine misleads)
     local user system
@@ -33,15 +34,15 @@ step() {  # step NAME COMMAND...: run it, print how long it took (wall and CPU)
     echo "wheel test: $name: $((SECONDS - start)) s ($((CPU_NOW - cpu)) s CPU)"
 }
 
-fails_naming() {  # fails_naming EXTRA COMMAND...: the command must fail and name `aikit[EXTRA]`
+fails_naming() {  # fails_naming EXTRA COMMAND...: the command must fail and name `aikit-elastic[EXTRA]`
     local extra="$1" output
     shift
     if output="$("$@" 2>&1)"; then
         echo "expected failure, got success: $*" >&2
         exit 1
     fi
-    if ! grep -qF "pip install 'aikit[$extra]'" <<<"$output"; then
-        echo "the error of '$*' does not name aikit[$extra]:" >&2
+    if ! grep -qF "pip install '$DIST[$extra]'" <<<"$output"; then
+        echo "the error of '$*' does not name $DIST[$extra]:" >&2
         tail -5 <<<"$output" >&2
         exit 1
     fi
@@ -66,11 +67,13 @@ make_env() {  # make_env NAME SPEC: a fresh virtual environment with the wheel i
     quiet "$WORK/$1/bin/python" -m pip install --no-compile -c "$ROOT/requirements/test.txt" "$2"
 }
 
-installed_check() {  # the environment's aikit is the wheel's, not the checkout's
+installed_check() {  # the environment's aikit is the wheel's (the distribution $DIST), not the checkout's
     local bin="$WORK/$1/bin" where
     where="$("$bin/python" -c 'import aikit; print(aikit.__file__)')"
     [[ "$where" == "$WORK/$1/"* ]] || { echo "aikit imported from $where, not from $WORK/$1" >&2; exit 1; }
     [[ "$("$bin/aikit" --version)" == "aikit $VERSION" ]] || { echo "aikit --version: $("$bin/aikit" --version)" >&2; exit 1; }
+    [[ "$("$bin/python" -c 'from importlib.metadata import version; print(version("'"$DIST"'"))')" == "$VERSION" ]] \
+        || { echo "the distribution $DIST $VERSION is not installed in $WORK/$1" >&2; exit 1; }
 }
 
 cli() {  # every CLI command
@@ -101,7 +104,7 @@ torch_examples() {
     fails_naming tf "$python" -c "import aikit.autolrs.TF"
     quiet "$python" examples/torch_elastic_digits.py --epochs 1
     quiet "$python" examples/variable_train_digits.py --epochs 1 --target 0
-    quiet "$python" examples/adaptive_digits.py --epochs 1 --target 0
+    quiet "$python" examples/adaptive_digits.py --epochs 1  # docs/adaptive.md's quick look: no target to miss
     quiet "$python" examples/elastic_resize_digits.py --epochs 1 --target 0 --checkpoint-dir "$WORK/ckpt"
     quiet "$python" examples/lr_finder_digits.py --framework torch --out lr  # 100 iterations: seconds
     quiet "$python" examples/autolrs_digits.py --framework torch --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
@@ -126,14 +129,15 @@ integration_examples() {  # each example's quickest mode (tests/integrations cov
 total=$SECONDS
 VERSION="$("$PY" -c "import re; print(re.search(r'^__version__ = \"([^\"]+)\"', open('$ROOT/aikit/__init__.py').read(), re.M).group(1))")"
 step "build + twine check" build
-WHEEL="$(ls "$WORK"/dist/aikit-*.whl)"
+WHEEL="$WORK/dist/${DIST//-/_}-$VERSION-py3-none-any.whl"  # file names spell the distribution aikit_elastic
+[[ -f "$WHEEL" && -f "$WORK/dist/${DIST//-/_}-$VERSION.tar.gz" ]] || { ls "$WORK/dist" >&2; echo "expected $WHEEL and its sdist" >&2; exit 1; }
 mkdir "$WORK/run" && cp -r "$ROOT/examples" "$WORK/run/"  # examples as a user copies them, no checkout around
 cd "$WORK/run"
 for env in core torch tf all; do
     case "$env" in
         core) spec="$WHEEL" ;;
-        all) spec="aikit[torch,tf,lightning,huggingface] @ file://$WHEEL" ;;
-        *) spec="aikit[$env] @ file://$WHEEL" ;;
+        all) spec="$DIST[torch,tf,lightning,huggingface] @ file://$WHEEL" ;;
+        *) spec="$DIST[$env] @ file://$WHEEL" ;;
     esac
     step "$env: fresh venv + pip install" make_env "$env" "$spec"
     installed_check "$env"

@@ -17,6 +17,7 @@ from aikit.core.plan import Plan
 PUBLIC = ("steps", "batch_size", "global_batch_size", "gpus", "master")
 
 _latest: Plan | None = None
+_latest_extras: dict[str, Any] = {}  # what the latest init published beside its plan (Keras: its strategy)
 _publishers: dict[str, types.ModuleType] = {}  # the packages whose init() published, by name
 
 
@@ -24,8 +25,8 @@ def publish(plan: Plan, module: types.ModuleType, **extras: Any) -> None:
     """Set ``plan``, its :data:`PUBLIC` attributes and ``extras`` (Keras' ``strategy``) on
     ``module``, the package whose ``init`` planned it, and remember the plan as the latest of
     either framework."""
-    global _latest
-    _latest = plan
+    global _latest, _latest_extras
+    _latest, _latest_extras = plan, dict(extras)
     _publishers[module.__name__] = module
     module.plan = plan
     for name in PUBLIC:
@@ -37,6 +38,11 @@ def publish(plan: Plan, module: types.ModuleType, **extras: Any) -> None:
 def latest_plan() -> Plan | None:
     """The plan of the last ``init()`` of either framework; None before one."""
     return _latest
+
+
+def latest_extras() -> dict[str, Any]:
+    """What the last ``init()`` published beside its plan (``{"strategy": ...}`` after Keras')."""
+    return dict(_latest_extras)
 
 
 def published(module: str, name: str = "plan") -> Any:

@@ -142,6 +142,22 @@ def test_an_adascale_run_replays_with_its_learning_rates(float64, tmp_path):
     assert len(set(lrs)) > 3 and max_difference(adaptive, replay) < 1e-12
 
 
+def test_an_adascale_run_replays_under_its_own_rule_name_given_its_learning_rates(float64, tmp_path):
+    """docs/adaptive.md replays with the run's rule: rule="adascale" is accepted with the run's
+    LRs, and without them refused with that fix, before anything trains."""
+    x, y = data(50)
+    adaptive, _, rows = adaptive_run(x, y, {2: 24}, rule="adascale", epochs=1, trace_path=tmp_path / "a.csv")
+    replay = mlp()
+    replay.compile(Optimizer(momentum()), loss="mse")
+    settings = {"minibatch_size": 1, "base_lr": 0.05, "ref_batch_size": 8, "rule": "adascale", "seed": 3}
+    with pytest.raises(ValueError, match=r"rule='adascale' needs the LRs of the run it replays .*: pass "
+                                         r"learning_rates=\[row\['lr'\] for row in rows\]"):
+        fit_trace(replay, x, y, str(tmp_path / "a.csv"), **settings)
+    assert int(replay.optimizer.iterations.numpy()) == 0
+    fit_trace(replay, x, y, str(tmp_path / "a.csv"), **settings, learning_rates=[r["lr"] for r in rows])
+    assert max_difference(adaptive, replay) < 1e-12
+
+
 def test_plan_changes_do_not_retrace_the_training_step_each_time(float64):
     """Four micro-batch sizes: the training step is traced for the first (twice: Keras' first
     call, as with one fixed size) and once more for a shape-generic one (tf.function's

@@ -21,6 +21,8 @@ def test_init_publishes_the_plan():
     assert (aikit.elastic.steps, aikit.elastic.batch_size) == (4, 64)  # seed 002 reads them here
     assert elastic_tf.plan is plan and elastic_tf.strategy.num_replicas_in_sync == 1
     assert aikit.elastic.models.Model is elastic_tf.model.Model is elastic_tf.models.Model
+    # docs/keras.md: aikit.elastic exposes them all too, the plan and the strategy included
+    assert aikit.elastic.plan is plan and aikit.elastic.strategy is elastic_tf.strategy
 
 
 def test_init_without_horovod_publishes_no_hvd():

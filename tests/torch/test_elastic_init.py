@@ -33,6 +33,16 @@ def test_seed_002_example_on_one_cpu_process():
         4, 64, 256, 1, True)
     assert plan == make_plan(256, 64, 1)
     assert aikit.elastic.steps == 4  # also readable where seed 002's README reads it
+    assert aikit.elastic.plan is plan is elastic.plan  # docs/torch.md: the plan too
+
+
+def test_aikit_elastic_answers_with_the_latest_init():
+    """After a PyTorch init, aikit.elastic has no Keras strategy (not one left by an earlier
+    Keras init), and says which init sets it."""
+    plan = elastic.init(96, 32)
+    assert aikit.elastic.plan is plan and aikit.elastic.steps == 3
+    with pytest.raises(AttributeError, match=r"aikit.elastic.strategy is set by aikit.elastic.TF.init\(...\)"):
+        aikit.elastic.strategy  # noqa: B018
 
 
 @pytest.mark.parametrize(("gpus", "steps"), [(1, 4), (2, 2), (4, 1)])

@@ -2,8 +2,9 @@
 
 ``init`` finds the devices (TPU, several GPUs, several workers from ``TF_CONFIG``, or one
 device), plans GA steps and micro-batches with :func:`aikit.core.plan.make_plan`, and
-publishes ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and
-``strategy`` here (and ``hvd``, the ``horovod.tensorflow`` module, under Horovod). Wrap the
+publishes ``plan``, ``steps``, ``batch_size``, ``global_batch_size``, ``gpus``, ``master`` and
+``strategy`` here and on :mod:`aikit.elastic` (and ``hvd``, the ``horovod.tensorflow`` module,
+under Horovod). Wrap the
 Keras model with :class:`aikit.elastic.TF.model.Model` (``models.Model`` is the same class, as
 Run:AI's AIkit Elastic writes it), compile and fit.
 """

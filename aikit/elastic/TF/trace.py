@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from aikit.core.scaling import rule_name, scaled_lr
+from aikit.core.errors import InvalidValue
+from aikit.core.scaling import adaptive_rule_name, rule_name, scaled_lr
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
 from aikit.ga.TF.optimizers import Optimizer
@@ -48,12 +49,23 @@ def fit_trace(
     strategy the model was built under. Every trace entry must be a multiple of
     ``minibatch_size`` x replicas (each replica gets the same number of micro-batches).
     ``learning_rates``: the LR of every update by step, used instead of the rule (an AdaScale
-    run of :func:`~aikit.elastic.TF.adaptive.fit_adaptive` replays with its rows' ``lr``).
+    run of :func:`~aikit.elastic.TF.adaptive.fit_adaptive` replays with its rows' ``lr``; its
+    ``rule="adascale"`` is accepted then, and only then: AdaScale's LRs come from the gradient
+    noise that run measured, which a batch trace does not hold).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
     keras_model, optimizer = compiled_for(model, Optimizer, "fit_trace",
                                           "aikit.ga.TF.optimizers.Optimizer(optimizer, steps)")
-    rule = rule_name(rule)
+    if learning_rates is None:
+        if rule == "adascale":
+            raise InvalidValue(
+                "rule='adascale' needs the LRs of the run it replays (AdaScale's gain comes from the gradient "
+                "noise that run measured, which a batch trace does not hold): pass "
+                "learning_rates=[row['lr'] for row in rows], the rows fit_adaptive returned"
+            )
+        rule = rule_name(rule)
+    else:
+        rule = adaptive_rule_name(rule)
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
