@@ -11,13 +11,14 @@ So one update equals one step on the trace's global batch at the rule's LR.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from aikit.core.errors import InvalidValue
 from aikit.core.scaling import rule_name, scaled_lr
-from aikit.core.schedule import Schedule
+from aikit.core.schedule import EpochSchedule, Schedule
 from aikit.core.trace import Trace
 from aikit.ga.TF.keras_backend import keras_on_tensorflow
 from aikit.ga.TF.optimizers import Optimizer
@@ -62,6 +63,23 @@ def compiled_for(model: Any, optimizer_class: type, user: str, needs: str) -> tu
     return keras_model, optimizer
 
 
+def train_update(keras_model: Any, optimizer: Any, x: np.ndarray, y: np.ndarray, plan: EpochSchedule, step: int,
+                 lr: float, before_micro_step: Callable[[], None] | None = None) -> list[float]:
+    """One update: ``step`` of ``plan`` at LR ``lr``. The GA optimizer's ``steps`` and LR are
+    set (variables: no retracing), then every micro-step hands each replica its own micro-batch
+    (the step's ``j``-th to replica ``j % replicas``); returns the micro-steps' losses.
+    ``before_micro_step`` is called before each (the adaptive run's clock)."""
+    per_replica = [plan.micro_batches(step, r) for r in range(plan.num_replicas)]
+    optimizer.steps = len(per_replica[0])
+    optimizer.learning_rate = lr
+    losses = []
+    for rows in zip(*per_replica, strict=True):
+        if before_micro_step is not None:
+            before_micro_step()
+        losses.append(train_micro_step(keras_model, x, y, rows))
+    return losses
+
+
 def fit_trace(
     model: Any,
     x: np.ndarray,
@@ -94,15 +112,15 @@ def fit_trace(
                                           "aikit.ga.TF.optimizers.Optimizer(optimizer, steps)")
     rule = rule_name(rule)
     if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        raise InvalidValue(f"x has {len(x)} samples but y has {len(y)}")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     schedule = Schedule(trace, len(x), num_replicas=replicas, minibatch_size=minibatch_size, seed=seed,
                         shuffle=shuffle, balanced=True)
     if learning_rates is not None:
         steps = schedule.epoch_bounds(initial_epoch + epochs - 1)[1]
         if len(learning_rates) < steps:
-            raise ValueError(f"learning_rates has {len(learning_rates)} entries but the {epochs} epoch(s) train steps "
-                             f"0..{steps - 1}: give one LR per step of the trace")
+            raise InvalidValue(f"learning_rates has {len(learning_rates)} entries but the {epochs} epoch(s) train "
+                               f"steps 0..{steps - 1}: give one LR per step of the trace")
 
     log: list[dict] = []
     for epoch in range(initial_epoch, initial_epoch + epochs):
@@ -114,10 +132,7 @@ def fit_trace(
                 lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
             else:
                 lr = float(learning_rates[update])
-            per_replica = [plan.micro_batches(step, r) for r in range(replicas)]
-            optimizer.steps = len(per_replica[0])
-            optimizer.learning_rate = lr
-            losses = [train_micro_step(keras_model, x, y, micro) for micro in zip(*per_replica, strict=True)]
+            losses = train_update(keras_model, optimizer, x, y, plan, step, lr)
             row = {"epoch": epoch, "step": update, "batch_size": batch_size, "ga_steps": len(losses),
                    "lr": lr, "loss": float(np.mean(losses))}
             log.append(row)
