@@ -52,7 +52,7 @@ _STATE_KEYS = {"settings", "sizes", "starts", "controller"}
 class AdaptiveSchedule:
     """The global batch of every update, decided while training, cut into epochs.
 
-    ``controller`` plans with policy ``"error"``; its :attr:`~aikit.core.goodput.GoodputController.split`
+    ``controller`` plans with policy ``"error"``; its ``split`` (:class:`~aikit.core.goodput.BatchSplit`)
     says how every update runs (a fixed micro-batch, or an even split that grows with the batch).
     :meth:`extend` decides the updates up to ``lookahead`` ahead of training; :meth:`epoch` is the
     view of an epoch's updates decided so far. Views grow by appending: an epoch of tens of

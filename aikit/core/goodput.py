@@ -207,7 +207,7 @@ class GoodputController:
         decay: smoothing of the noise estimates (:class:`~aikit.core.gradient_noise.NoiseTracker`).
         policy: the plan policy for uneven splits (:func:`~aikit.core.plan.make_plan`); an
             adaptive run (:mod:`aikit.core.adaptive`, PyTorch and Keras) plans with ``"error"``:
-            every update split evenly (:attr:`split`).
+            every update split evenly (``split``, a :class:`BatchSplit`).
         max_change: a change moves the batch by at most this factor (up or down). The
             throughput model is fitted on the micro-batches measured so far and is trusted only
             near them: on MNIST-1D, fitted on micro-batches of 16 and 32, it predicted batch 1024
@@ -307,7 +307,7 @@ class GoodputController:
 
     def candidates(self) -> np.ndarray:
         """Global batches to evaluate: every batch in the bounds the plan can run (with policy
-        ``"error"``, those every update splits evenly: :attr:`split`), or about a thousand of
+        ``"error"``, those every update splits evenly: ``split``), or about a thousand of
         them spread geometrically when there are more; and the bounds and the current batch."""
         unit = self.split.unit if self.split else self.devices
         low = max(self.min_batch, 1)
