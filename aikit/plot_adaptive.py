@@ -1,6 +1,7 @@
 """The adaptive-batch plot of both adapters: the global batch the controller chose, the smoothed
 gradient noise scale it chose it from, and the LR the rule gave, over the updates. It takes the
-PyTorch ``AdaptiveOptimizer.history`` and the rows Keras' ``fit_adaptive`` returns alike."""
+history rows both adapters keep (:func:`aikit.core.adaptive.history_row`: PyTorch's
+``AdaptiveOptimizer.history``, the list Keras' ``fit_adaptive`` returns)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
+from aikit.core.errors import InvalidValue
 from aikit.optional import require
 
 
@@ -15,12 +17,12 @@ def plot_adaptive(history: Sequence[tuple[int, int, float, float]] | Sequence[Ma
                   path: str | os.PathLike | None = None, title: str = "aikit adaptive batch"):
     """Three panels over the updates of ``history``: the global batch, the noise scale (log scale,
     with the batch drawn over it: the batch follows the noise scale) and the LR. ``history`` is
-    rows ``(update, batch, lr, noise_scale)`` (PyTorch's ``AdaptiveOptimizer.history``) or dicts
-    with keys ``step``, ``batch_size``, ``lr`` and ``noise_scale`` (Keras' ``fit_adaptive`` rows).
-    Saved to ``path`` when given; returns the matplotlib figure."""
+    the rows of an adaptive run (keys ``step``, ``batch_size``, ``lr`` and ``noise_scale`` are
+    drawn), or tuples ``(update, batch, lr, noise_scale)``: PyTorch's history before both
+    adapters kept one row format. Saved to ``path`` when given; returns the figure."""
     plt = require("matplotlib.pyplot", "the adaptive batch plot")
     if not history:
-        raise ValueError("no update in the history yet: train first, then plot")
+        raise InvalidValue("no update in the history yet: train first, then plot")
     if isinstance(history[0], Mapping):
         history = [(row["step"], row["batch_size"], row["lr"], row["noise_scale"]) for row in history]
     updates, batches, lrs, noise = (list(column) for column in zip(*history, strict=True))

@@ -350,7 +350,7 @@ def main() -> None:
     fit, params = sampler.controller.throughput, sum(p.numel() for p in ConvBase().parameters())
     fixed_updates = {b: to_target(first["fixed"][b, first["tuned"][b]], first["target"])[0] for b in args.batches}
     if math.isfinite(fixed_updates[args.base]):
-        noise_scales = [row[3] for row in optimizer.history]
+        noise_scales = [row["noise_scale"] for row in optimizer.history]
         fixed_8, adaptive_8, batch_8, chosen = eight_devices(fit, noise_scales, fixed_updates[args.base],
                                                              fixed_updates, args, params)
         per_micro, per_sample_cost, per_update = fit.coefficients()

@@ -92,9 +92,10 @@ def main() -> int:
         with torch.no_grad():
             accuracy = (net(torch.as_tensor(x_test)).argmax(1) == torch.as_tensor(y_test)).double().mean().item()
         if master:
-            _, _, lr, noise = optimizer.history[-1]
+            last = optimizer.history[-1]
             print(f"epoch {epoch}: {len(optimizer.plan)} updates, global batch now {sampler.controller.batch}, "
-                  f"noise scale {noise:.0f}, lr {lr:.4g}, test accuracy {accuracy:.3f}", flush=True)
+                  f"noise scale {last['noise_scale']:.0f}, lr {last['lr']:.4g}, test accuracy {accuracy:.3f}",
+                  flush=True)
     if master and args.trace_out:
         sampler.write_trace(args.trace_out)
         print(f"trace of {len(sampler.controller.batches)} updates written to {args.trace_out}")

@@ -13,9 +13,13 @@ picks the best.
   are what a larger batch amortises.
 * :class:`GoodputController` evaluates every global batch in its bounds through the plan
   aikit would run it with (:func:`aikit.core.plan.make_plan`: GA steps and micro-batch on the
-  devices there are), proposes a change only between updates and only when the predicted
-  goodput gain exceeds ``threshold`` (5 % by default, as Pollux), and records the batch of every
-  update so that the run can be replayed as a trace.
+  devices there are), proposes a change only between updates, every ``interval`` updates once
+  ``min_estimates`` noise estimates are in, only when the predicted goodput gain exceeds
+  ``threshold`` (5 % by default, as Pollux), and records the batch of every update so that the
+  run can be replayed as a trace.
+* :class:`BatchSplit` is how an adaptive run (:mod:`aikit.core.adaptive`, PyTorch and Keras
+  alike) runs each update with policy ``"error"``: the batches it can take, their micro-batches,
+  and the largest an epoch's last update can take of what is left.
 
 Framework-free: adapters time their updates, compute the noise estimate
 (:func:`aikit.core.gradient_noise.estimate`) and apply the batch the controller chooses.
@@ -25,16 +29,96 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import nnls
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, gains
-from aikit.core.plan import make_plan
-from aikit.core.validate import checked_float, positive_int
+from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, make_plan
+from aikit.core.schedule import split_minimums
+from aikit.core.validate import checked_float, non_negative_int, positive_int
 
-__all__ = ["GoodputController", "ThroughputModel"]
+__all__ = ["BatchSplit", "GoodputController", "ThroughputModel"]
+
+CANDIDATES = 1000  # batches scored at a decision: every one in the bounds, or about this many spread geometrically
+ENUMERATED = 2**20  # bounds holding more multiples of the unit are sampled geometrically, not listed
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """How every update of an adaptive run runs on the devices, so that the plan the controller
+    scores is the deal the schedule makes (:mod:`aikit.core.adaptive`).
+
+    ``grows=False``: whole micro-batches of exactly ``per_device`` samples (static shapes: XLA,
+    or a model that wants one shape), dealt round-robin; a batch the controller may choose is a
+    multiple of ``per_device x devices``, an epoch's last update any multiple of ``per_device``.
+    ``grows=True``: every update split evenly over the devices in the fewest micro-batches of at
+    most ``per_device`` (:func:`aikit.core.plan.even_micro_batches`, what policy ``"error"``
+    plans), so the per-device batch grows with the batch, as AdaptDL's does; with
+    ``noise_every`` every ``noise_every``-th update (0, k, 2k, ...) runs in two micro-batches or
+    more, where one device measures the gradient noise.
+    """
+
+    per_device: int  # the micro-batch (fixed), or the most one device holds (grows)
+    devices: int
+    grows: bool
+    noise_every: int | None = None
+
+    @property
+    def unit(self) -> int:
+        """Every batch the controller may choose is a multiple of this."""
+        return self.devices if self.grows else self.per_device * self.devices
+
+    def least(self, first: int, end: int) -> np.ndarray:
+        """The fewest micro-batches of updates ``first..end-1`` (over all devices)."""
+        return split_minimums(first, end, 1, self.noise_every)
+
+    def micro_sizes(self, sizes: list[int] | np.ndarray, first: int) -> np.ndarray | None:
+        """The micro-batch of updates ``first, first + 1, ...`` of ``sizes`` (None when fixed:
+        ``per_device`` always)."""
+        if not self.grows:
+            return None
+        return even_micro_batches(sizes, self.per_device, self.devices, self.least(first, first + len(sizes)))
+
+    def largest(self, left: int, update: int) -> int:
+        """The largest batch of at most ``left`` samples update ``update`` can run (0: none):
+        what an epoch's last update takes of the samples left."""
+        if self.grows:
+            least = int(self.least(update, update + 1)[0])
+            return largest_even_batch(left, self.per_device, self.devices, least)
+        return left // self.per_device * self.per_device
+
+    def runs(self, batches: np.ndarray) -> np.ndarray:
+        """Which of ``batches`` every update can run (bool per batch): a batch the controller
+        chooses may fall on any update, those that measure the noise included."""
+        batches = np.asarray(batches, dtype=np.int64)
+        if not self.grows:
+            return batches % self.unit == 0
+        return np.logical_and.reduce([even_micro_batches(batches, self.per_device, self.devices, least) > 0
+                                      for least in self._minimums()])
+
+    def problem(self, name: str, batch: int) -> str | None:
+        """Why ``batch`` (the argument ``name``) is not one every update can run (None when it is)."""
+        if not self.grows:
+            if batch % self.unit == 0:
+                return None
+            unit = self.unit
+            return (f"{name}={batch} is not a multiple of micro_batch x replicas = {self.per_device} x "
+                    f"{self.devices} = {unit}: every update is whole micro-batches on every replica; use {name}="
+                    f"{max(unit, batch // unit * unit)} or {-(-batch // unit) * unit}")
+        for least in self._minimums():  # the updates between and those that measure the noise
+            problems = even_split_problems([batch], self.per_device, self.devices, least)
+            if problems:
+                return (f"{name}={batch}: every update is split evenly over the replicas"
+                        f"{f', every {self.noise_every}th in two or more' if least == 2 else ''}; "
+                        + problems[0].split(": ", 1)[1])
+        return None
+
+    def _minimums(self) -> tuple[int, ...]:
+        return (1, 2) if self.noise_every else (1,)
 
 
 class ThroughputModel:
@@ -69,7 +153,7 @@ class ThroughputModel:
     def coefficients(self) -> tuple[float, float, float]:
         """``(per_micro_step, per_sample, per_update)`` in seconds, all non-negative."""
         if not self._times:
-            raise ValueError("no update timed yet: call observe() first")
+            raise InvalidValue("no update timed yet: call observe() first")
         if self._fit is None:  # once per new measurement: propose() evaluates every candidate with it
             self._fit = self._fitted()
         return self._fit
@@ -102,7 +186,7 @@ class ThroughputModel:
 
     def load_state_dict(self, state: dict) -> None:
         if set(state) != {"times"}:
-            raise ValueError(f"not a ThroughputModel state: keys {sorted(state)}")
+            raise InvalidValue(f"not a ThroughputModel state: keys {sorted(state)}")
         times = defaultdict(list)
         for micro, steps, seconds in state["times"]:
             times[int(micro), int(steps)] = [float(s) for s in seconds]
@@ -121,12 +205,25 @@ class GoodputController:
             above the one the user started with).
         threshold: change the batch only for a predicted goodput gain above this fraction.
         decay: smoothing of the noise estimates (:class:`~aikit.core.gradient_noise.NoiseTracker`).
-        policy: the plan policy for uneven splits (:func:`~aikit.core.plan.make_plan`).
+        policy: the plan policy for uneven splits (:func:`~aikit.core.plan.make_plan`); an
+            adaptive run (:mod:`aikit.core.adaptive`, PyTorch and Keras) plans with ``"error"``:
+            every update split evenly (``split``, a :class:`BatchSplit`).
         max_change: a change moves the batch by at most this factor (up or down). The
             throughput model is fitted on the micro-batches measured so far and is trusted only
             near them: on MNIST-1D, fitted on micro-batches of 16 and 32, it predicted batch 1024
             3.6x the goodput, and the run that jumped there trained worse. Within a factor each
             step is measured before the next, and a need that persists is met a few decisions later.
+        min_estimates: noise estimates to average before the first change (default: the
+            smoothing's horizon, ``1 / (1 - decay)``; a single estimate is very noisy: on
+            MNIST-1D deciding after 5 instead of 20 missed the target in one seed of three).
+        interval: updates between decisions (each fits the throughput model and scores every
+            candidate batch: milliseconds, not worth paying at every update).
+        fixed_micro_batch: with policy ``"error"``, every batch in whole micro-batches of
+            exactly ``max_device_batch`` on every device (static shapes), instead of split
+            evenly in micro-batches of at most that many.
+        noise_every: with policy ``"error"``, every ``noise_every``-th update runs in two
+            micro-batches or more (one device measures the noise there): a candidate must split
+            so too.
     """
 
     def __init__(
@@ -141,6 +238,10 @@ class GoodputController:
         decay: float = 0.95,
         policy: str = "ragged",
         max_change: float = 2.0,
+        min_estimates: int | None = None,
+        interval: int = 10,
+        fixed_micro_batch: bool = False,
+        noise_every: int | None = None,
     ) -> None:
         self.max_device_batch = positive_int(max_device_batch, "max_device_batch")
         self.devices = positive_int(devices, "devices")
@@ -148,7 +249,7 @@ class GoodputController:
         self.max_batch = positive_int(max_batch, "max_batch")
         self.min_batch = self.base_batch if min_batch is None else positive_int(min_batch, "min_batch")
         if not self.min_batch <= self.base_batch <= self.max_batch:
-            raise ValueError(
+            raise InvalidValue(
                 f"need min_batch <= base_batch <= max_batch, got {self.min_batch}, {self.base_batch}, "
                 f"{self.max_batch}: the run starts at base_batch and moves within the bounds"
             )
@@ -160,11 +261,26 @@ class GoodputController:
         self.threshold, self.policy, self.max_change = float(threshold), policy, float(max_change)
         self.throughput = ThroughputModel()
         self.noise = NoiseTracker(decay)
+        self.min_estimates = round(1 / (1 - self.noise.decay)) if min_estimates is None else \
+            non_negative_int(min_estimates, "min_estimates")
+        self.interval = positive_int(interval, "interval")
+        self.split = self._split(fixed_micro_batch, noise_every)
         self.batch = self.base_batch
         self.batches: list[int] = []  # the global batch of every update so far: a replayable trace
         self.changes: list[tuple[int, int, int, float]] = []  # (update, old batch, new batch, predicted gain)
 
-    def plan(self, batch: int):
+    def _split(self, fixed_micro_batch: object, noise_every: object) -> BatchSplit | None:
+        if not isinstance(fixed_micro_batch, (bool, np.bool_)):
+            raise InvalidType(f"fixed_micro_batch must be True or False, got {fixed_micro_batch!r:.60}")
+        noise_every = None if noise_every is None else positive_int(noise_every, "noise_every")
+        if self.policy != "error":
+            if fixed_micro_batch or noise_every:
+                raise InvalidValue("fixed_micro_batch and noise_every describe equal micro-batches: give "
+                                   f"policy='error', got policy={self.policy!r}")
+            return None
+        return BatchSplit(self.max_device_batch, self.devices, not fixed_micro_batch, noise_every)
+
+    def plan(self, batch: int) -> Plan:
         """The plan ``batch`` runs with on these devices."""
         return make_plan(batch, self.max_device_batch, self.devices, policy=self.policy)
 
@@ -174,33 +290,41 @@ class GoodputController:
         noise estimate. ``batch``: the batch the update ran at when it was not the controller's
         (an epoch's last, shorter update); it is recorded, timed and measured as such."""
         batch = self.batch if batch is None else positive_int(batch, "batch")
-        if seconds is not None:
-            plan = self.plan(batch)
-            self.throughput.observe(plan.batch_size, plan.steps, seconds)
+        plan = self.plan(batch) if seconds is not None else None
+        self.record(batch, noise, [] if plan is None else [(plan.batch_size, plan.steps, seconds)])
+
+    def record(self, batch: int, noise: NoiseEstimate | None = None,
+               timings: Iterable[tuple[int, int, float]] = ()) -> None:
+        """Record one update of ``batch`` samples: its noise estimate (None where it measured
+        none) and its timings, each ``(micro_batch, steps, seconds)``: what an update of ``steps``
+        micro-steps of ``micro_batch`` samples per device took (:mod:`aikit.core.adaptive` gives
+        two per timed update)."""
+        for micro, steps, seconds in timings:
+            self.throughput.observe(micro, steps, seconds)
         if noise is not None:
             self.noise.update(noise)
         self.batches.append(batch)
 
     def candidates(self) -> np.ndarray:
-        """Global batches to evaluate: every multiple of the device count in the bounds, or
-        about a thousand of them spread geometrically when there are more. With policy
-        ``"error"`` (equal micro-batches only, as Keras feeds them) only the batches that split
-        evenly over the devices are candidates."""
+        """Global batches to evaluate: every batch in the bounds the plan can run (with policy
+        ``"error"``, those every update splits evenly: ``split``), or about a thousand of
+        them spread geometrically when there are more; and the bounds and the current batch."""
+        unit = self.split.unit if self.split else self.devices
         low = max(self.min_batch, 1)
-        multiples = range(-(-low // self.devices) * self.devices, self.max_batch + 1, self.devices)
-        found = np.array(multiples if len(multiples) <= 1000 else
-                         np.unique(np.geomspace(low, self.max_batch, 1000).round()), dtype=np.int64)
+        first, last = -(-low // unit), self.max_batch // unit
+        if last - first < ENUMERATED:
+            found = np.arange(first, last + 1, dtype=np.int64) * unit
+            found = found[self._runs(found)]
+            if len(found) > CANDIDATES:  # about a thousand of those that run, spread geometrically
+                found = found[np.unique(np.geomspace(1, len(found), CANDIDATES).round().astype(np.int64) - 1)]
+        else:
+            found = np.unique(np.geomspace(low, self.max_batch, CANDIDATES).round().astype(np.int64) // unit * unit)
         found = np.unique(np.concatenate([found, [self.min_batch, self.base_batch, self.max_batch, self.batch]]))
-        if self.policy == "error":
-            found = found[[self._splits_evenly(int(b)) for b in found]]
-        return found
+        return found[(found > 0) & self._runs(found)]
 
-    def _splits_evenly(self, batch: int) -> bool:
-        try:
-            self.plan(batch)
-        except InvalidValue:  # policy "error" refuses it
-            return False
-        return True
+    def _runs(self, batches: np.ndarray) -> np.ndarray:
+        """Which of ``batches`` the plan runs: every one, or with policy "error" the even splits."""
+        return self.split.runs(batches) if self.split else np.ones(len(batches), dtype=bool)
 
     def plans(self, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(micro-batch, GA steps)`` of :meth:`plan` for many batches at once."""
@@ -226,8 +350,11 @@ class GoodputController:
 
     def propose(self) -> int | None:
         """The new global batch to use from the next update on, or None to keep the current
-        one. Needs at least one timed update and one noise estimate."""
-        if not self.throughput.configurations or not self.noise.updates:
+        one. Decides every ``interval`` updates, once an update was timed and ``min_estimates``
+        noise estimates (one at least) are in: the first updates are not timed, and the first
+        estimates are too noisy."""
+        if (not self.throughput.configurations or self.noise.updates < max(1, self.min_estimates)
+                or len(self.batches) % self.interval):
             return None
         current = self.goodput(self.batch)
         candidates = self.candidates()
@@ -248,7 +375,7 @@ class GoodputController:
 
     def load_state_dict(self, state: dict) -> None:
         if set(state) != {"batch", "batches", "changes", "throughput", "noise"}:
-            raise ValueError(f"not a GoodputController state: keys {sorted(state)}")
+            raise InvalidValue(f"not a GoodputController state: keys {sorted(state)}")
         batch = positive_int(state["batch"], "batch")
         throughput, noise = ThroughputModel(), NoiseTracker()
         throughput.load_state_dict(state["throughput"])

@@ -36,9 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aikit.core.errors import InvalidValue
 from aikit.core.validate import checked_float, non_negative_int, positive_int
 
-__all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "estimate_from_totals", "gain", "gains"]
+__all__ = ["NoiseEstimate", "NoiseTracker", "efficiency", "estimate", "estimate_from_totals", "gain", "gains",
+           "update_estimates"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
     Needs at least two non-empty parts: one part alone cannot tell noise from signal.
     """
     if len(part_sq_norms) != len(part_samples):
-        raise ValueError(
+        raise InvalidValue(
             f"part_sq_norms has {len(part_sq_norms)} entries but part_samples has {len(part_samples)}: "
             "give one squared norm and one sample count per part"
         )
@@ -73,7 +75,7 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
     for j, (norm, samples) in enumerate(zip(part_sq_norms, part_samples, strict=True)):
         samples = non_negative_int(samples, f"part_samples[{j}]")
         if not (math.isfinite(norm) and norm >= 0):
-            raise ValueError(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
+            raise InvalidValue(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
         if samples:
             parts.append((float(norm), samples))
     total = sum(samples for _, samples in parts)
@@ -84,20 +86,35 @@ def estimate_from_totals(weighted_sq_norms: float, parts: int, samples: int, mea
     """:func:`estimate` from sums that replicas can add up in one all-reduce: ``weighted_sq_norms``
     is ``Σ_j b_j |g_j|²`` over the ``parts`` non-empty parts holding ``samples = Σ_j b_j`` samples."""
     if not (math.isfinite(weighted_sq_norms) and weighted_sq_norms >= 0):
-        raise ValueError(f"weighted_sq_norms must be a finite sum of squared norms (>= 0), got {weighted_sq_norms!r}")
+        raise InvalidValue(f"weighted_sq_norms must be a finite sum of squared norms (>= 0), got {weighted_sq_norms!r}")
     if not (math.isfinite(mean_sq_norm) and mean_sq_norm >= 0):
-        raise ValueError(f"mean_sq_norm must be a finite squared norm (>= 0), got {mean_sq_norm!r}")
+        raise InvalidValue(f"mean_sq_norm must be a finite squared norm (>= 0), got {mean_sq_norm!r}")
     parts, samples = non_negative_int(parts, "parts"), non_negative_int(samples, "samples")
     if parts < 2:
-        raise ValueError(
+        raise InvalidValue(
             f"estimating gradient noise needs at least two parts with samples, got {parts}: "
             "accumulate over two or more micro-batches, or train on two or more replicas"
         )
     if samples < parts:
-        raise ValueError(f"{parts} non-empty parts need at least {parts} samples, got {samples}")
+        raise InvalidValue(f"{parts} non-empty parts need at least {parts} samples, got {samples}")
     trace = (weighted_sq_norms / samples - mean_sq_norm) * samples / (parts - 1)
     return NoiseEstimate(grad_sq=mean_sq_norm - trace / samples, trace=trace)
 
+
+def update_estimates(weighted_sq_norms: Sequence[float], parts: int, samples: int,
+                     mean_sq_norms: Sequence[float]) -> list[NoiseEstimate] | None:
+    """:func:`estimate_from_totals` of one update for each of several groups of parameters (one
+    group: the whole model), or None where the update cannot measure the noise: fewer than two
+    parts (one part alone cannot tell noise from signal), or a norm that is not finite (an update
+    AMP skips for inf/NaN gradients says nothing about the noise, in any group). The one place
+    every adapter turns measured norms into estimates."""
+    if len(weighted_sq_norms) != len(mean_sq_norms):
+        raise InvalidValue(f"weighted_sq_norms has {len(weighted_sq_norms)} groups but mean_sq_norms has "
+                           f"{len(mean_sq_norms)}: give one of each per group of parameters")
+    if parts < 2 or not all(math.isfinite(norm) for norm in (*weighted_sq_norms, *mean_sq_norms)):
+        return None
+    return [estimate_from_totals(weighted, parts, samples, mean)
+            for weighted, mean in zip(weighted_sq_norms, mean_sq_norms, strict=True)]
 
 def gain(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:
     """AdaScale's gain of ``batch`` over ``base_batch``: how many base-batch steps one step is
@@ -145,7 +162,7 @@ class NoiseTracker:
     @property
     def smoothed(self) -> NoiseEstimate:
         if not self.updates:
-            raise ValueError("no update folded in yet: call update() first")
+            raise InvalidValue("no update folded in yet: call update() first")
         correction = 1 - self.decay**self.updates
         return NoiseEstimate(grad_sq=self._grad_sq / correction, trace=self._trace / correction)
 
@@ -154,6 +171,6 @@ class NoiseTracker:
 
     def load_state_dict(self, state: dict) -> None:
         if set(state) != {"decay", "updates", "grad_sq", "trace"}:
-            raise ValueError(f"not a NoiseTracker state: keys {sorted(state)}")
+            raise InvalidValue(f"not a NoiseTracker state: keys {sorted(state)}")
         values = float(state["decay"]), int(state["updates"]), float(state["grad_sq"]), float(state["trace"])
         self.decay, self.updates, self._grad_sq, self._trace = values  # all converted before any is set

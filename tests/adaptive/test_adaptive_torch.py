@@ -101,7 +101,7 @@ def test_the_lr_follows_the_rule():
         assert any(batch != BASE for _, batch, _ in lrs)
         for lr, batch, noise in lrs:
             assert lr == pytest.approx(0.02 * factor(batch, noise), rel=1e-12)
-        assert [h[2] for h in optimizer.history] == [lr for lr, _, _ in lrs]
+        assert [h["lr"] for h in optimizer.history] == [lr for lr, _, _ in lrs]
 
 
 def test_a_prefetching_loader_changes_nothing_and_too_little_lookahead_is_refused(run):
@@ -183,7 +183,7 @@ def test_root_rule_replay_uses_the_trace_optimizer_of_that_rule(tmp_path):
     sampler, optimizer = adaptive(data, model, rule="sqrt", clock=clock)
     history, _ = train(model, data, 1, sampler=sampler, optimizer=optimizer, clock=clock)
     model = with_weights(make_model(), start)
-    replay = CustomSampler(data, sampler.trace(), minibatch_size=MICRO, seed=5)
+    replay = CustomSampler(data, sampler.trace, minibatch_size=MICRO, seed=5, when_exhausted="stop")
     replay_opt = RootRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.02), replay, ref_batchsize=BASE)
     assert_replays(history, model, data, replay, replay_opt, epochs=1)
 
@@ -199,7 +199,7 @@ def test_an_adascale_run_replays_bit_for_bit_with_its_lr_schedule(tmp_path):
     start = [p.detach().clone() for p in model.parameters()]
     sampler, optimizer = adaptive(data, model, rule="adascale", clock=clock)
     history, _ = train(model, data, 2, sampler=sampler, optimizer=optimizer, clock=clock)
-    assert len({lr for _, _, lr, _ in optimizer.history}) > 2  # the gain moved the LR
+    assert len({row["lr"] for row in optimizer.history}) > 2  # the gain moved the LR
     sampler.write_trace(tmp_path / "trace.csv")
     optimizer.write_lr_schedule(tmp_path / "lr.csv")
     model = with_weights(make_model(), start)

@@ -16,6 +16,8 @@ from aikit.core.goodput import GoodputController, ThroughputModel
 from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.plan import make_plan
 
+EVERY_UPDATE = {"min_estimates": 1, "interval": 1}  # decide at every update from the first estimate
+
 
 def timed(model_coefficients, plan):
     per_micro, per_sample, per_update = model_coefficients
@@ -54,9 +56,10 @@ def test_with_few_configurations_the_model_assumes_what_it_can_identify():
 
 
 def controller_after(batch_noise, coefficients, *, devices=1, max_device=10_000, **bounds):
-    """A controller that has timed one update at each of three batches and seen the noise."""
+    """A controller that has timed one update at each of three batches and seen the noise, and
+    decides at every update from the first estimate (the decision rule alone)."""
     trace, grad_sq = batch_noise
-    c = GoodputController(max_device, devices, **bounds)
+    c = GoodputController(max_device, devices, **EVERY_UPDATE, **bounds)
     for batch in (c.base_batch, 2 * c.base_batch, 4 * c.base_batch):
         c.batch = batch
         c.observe(timed(coefficients, c.plan(batch)), NoiseEstimate(grad_sq=grad_sq, trace=trace))
@@ -178,7 +181,7 @@ def test_the_plan_is_aikits():
 def test_policy_error_evaluates_only_the_batches_that_split_evenly():
     """Keras feeds equal micro-batches: with policy "error" a batch that does not split evenly
     over the devices is no candidate (evaluating it would raise instead of proposing)."""
-    c = GoodputController(32, 2, base_batch=64, max_batch=256, policy="error")
+    c = GoodputController(32, 2, base_batch=64, max_batch=256, policy="error", **EVERY_UPDATE)
     found = c.candidates().tolist()
     # 66 = 2 devices x 2 steps x 16.5, 130 = 2 x 3 x 21.7: uneven; 68 and 132 split evenly
     assert 66 not in found and 68 in found and 130 not in found and 132 in found

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from trace_common import MINIBATCH, dataset, make_model
 
 from aikit.elastic.Torch import AdaScaleOptimizer, CustomSampler
+from aikit.elastic.Torch.trace_optim import mean_sq_norms
 
 TRACE = [8, 12, 4, 16, 24, 8]  # 2, 3, 1, 4, 6, 2 micro-batches: the 1 has no noise to measure
 
@@ -145,3 +146,36 @@ def test_a_state_with_the_earlier_one_row_of_pending_norms_resumes():
     for a, b in zip(resumed_model.parameters(), whole_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     assert resumed.progress == pytest.approx(whole.progress, rel=1e-12)
+
+
+def test_each_update_reads_its_gradient_norms_from_the_device_once_with_the_same_bits(monkeypatch):
+    """The squared norm of each group's update gradient: one read from the device per update (all
+    parameters' norms in one tensor), not one per parameter, and bit for bit what one read per
+    parameter, added up in parameter order, gave."""
+    reads, expected, found = [], [], []
+    observe = AdaScaleOptimizer._observe
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__float__")}
+
+    def counting(name, count):
+        def read(tensor, *args, **kwargs):
+            count[0] += 1
+            return originals[name](tensor, *args, **kwargs)
+        return read
+
+    def counted(self, totals):
+        scale = self._gradient_scale()
+        expected.append([sum(float(p.grad.to(self.norms.dtype).pow(2).sum()) for p in group["params"]
+                             if p.grad is not None) * scale**2 for group in self.param_groups])  # one read each
+        found.append(mean_sq_norms(self.param_groups, self.norms.dtype, scale))
+        count = [0]
+        with monkeypatch.context() as patched:
+            for name in originals:
+                patched.setattr(torch.Tensor, name, counting(name, count))
+            observe(self, totals)
+        reads.append((self.get_bs() // MINIBATCH, count[0]))
+
+    monkeypatch.setattr(AdaScaleOptimizer, "_observe", counted)
+    run(epochs=range(2))
+    assert len(reads) > 4 and found == expected
+    assert [count for _, count in reads] == [1 if parts >= 2 else 0 for parts, _ in reads]
+    assert any(parts == 1 for parts, _ in reads)  # an update without noise to measure reads nothing

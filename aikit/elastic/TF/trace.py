@@ -21,7 +21,7 @@ from aikit.core.scaling import adaptive_rule_name, rule_name, scaled_lr
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
 from aikit.ga.TF.optimizers import Optimizer
-from aikit.runtime.TF.training import compiled_for, train_micro_step
+from aikit.runtime.TF.training import compiled_for, train_update
 
 
 def fit_trace(
@@ -67,15 +67,15 @@ def fit_trace(
     else:
         rule = adaptive_rule_name(rule)
     if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        raise InvalidValue(f"x has {len(x)} samples but y has {len(y)}")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     schedule = Schedule(trace, len(x), num_replicas=replicas, minibatch_size=minibatch_size, seed=seed,
                         shuffle=shuffle, balanced=True)
     if learning_rates is not None:
         steps = schedule.epoch_bounds(initial_epoch + epochs - 1)[1]
         if len(learning_rates) < steps:
-            raise ValueError(f"learning_rates has {len(learning_rates)} entries but the {epochs} epoch(s) train steps "
-                             f"0..{steps - 1}: give one LR per step of the trace")
+            raise InvalidValue(f"learning_rates has {len(learning_rates)} entries but the {epochs} epoch(s) train "
+                               f"steps 0..{steps - 1}: give one LR per step of the trace")
 
     log: list[dict] = []
     for epoch in range(initial_epoch, initial_epoch + epochs):
@@ -87,10 +87,7 @@ def fit_trace(
                 lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
             else:
                 lr = float(learning_rates[update])
-            per_replica = [plan.micro_batches(step, r) for r in range(replicas)]
-            optimizer.steps = len(per_replica[0])
-            optimizer.learning_rate = lr
-            losses = [train_micro_step(keras_model, x, y, micro) for micro in zip(*per_replica, strict=True)]
+            losses = train_update(keras_model, optimizer, x, y, plan, step, lr)
             row = {"epoch": epoch, "step": update, "batch_size": batch_size, "ga_steps": len(losses),
                    "lr": lr, "loss": float(np.mean(losses))}
             log.append(row)

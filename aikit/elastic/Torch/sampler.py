@@ -10,9 +10,11 @@ takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sized
 from functools import cached_property
 from numbers import Integral
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,7 +73,12 @@ class CustomSampler(Sampler[list[int]]):
     an :class:`~aikit.elastic.Torch.AdaptiveSampler` run with ``max_device_batch``, which this
     replays (give its ``noise_every`` too). eth-easl's figures (``minibatches_per_epoch``,
     ``max_epoch``) then count micro-batches of ``max_device_batch``.
+
+    :class:`~aikit.elastic.Torch.AdaptiveSampler` extends it with batches decided while training;
+    every public name of one works on the other, or says why it does not apply (``controller``).
     """
+
+    _decides_while_training = False  # True for AdaptiveSampler: its epochs grow while training
 
     def __init__(
         self,
@@ -92,7 +99,6 @@ class CustomSampler(Sampler[list[int]]):
         min_micro_batches: int = 1,
         noise_every: int | None = None,
     ):
-        global _latest
         size = _dataset_size(dataset, dataset_size)
         if trace is None:
             raise InvalidValue("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
@@ -128,10 +134,16 @@ class CustomSampler(Sampler[list[int]]):
             if str(error).startswith(("seed", "num_replicas", "rank", "minibatch_size")):
                 raise type(error)(f"{error} ({ORDER_HINT})") from None
             raise
-        self.set_epoch(0)
-        _latest = self
+        self._start_sampling()
         if (given_rank == 0 if verbose is None else verbose) and self.rank == 0:
             self._print_summary()
+
+    def _start_sampling(self) -> None:
+        """What every sampler does once its schedule and rank are set: stand at the start of
+        epoch 0, and be the sampler eth-easl's optimizers take when given none."""
+        global _latest
+        self.set_epoch(0)
+        _latest = self
 
     def _print_summary(self) -> None:
         """eth-easl's two lines about the trace, word for word (the original crashed on a one-step trace)."""
@@ -209,6 +221,45 @@ class CustomSampler(Sampler[list[int]]):
 
     def __bool__(self) -> bool:
         return True  # a sampler is there even when len() is 0 (eth-easl's has this too)
+
+    # --- aikit's surface, shared with AdaptiveSampler -------------------------------------------
+    def write_trace(self, path: str | os.PathLike) -> None:
+        """Write :attr:`trace` as a ``step,batchsize`` CSV (the end-of-trace policy is not part of it)."""
+        Trace(self.trace, source=type(self).__name__).to_csv(path)
+
+    @property
+    def lookahead(self) -> int | float:
+        """Updates decided ahead of training, which bounds how far a DataLoader may prefetch: a
+        trace is decided to its end (``math.inf``); an AdaptiveSampler's is a number."""
+        return math.inf
+
+    @lookahead.setter
+    def lookahead(self, value: int) -> None:
+        raise InvalidValue("a CustomSampler's trace is decided to its end, so a DataLoader may prefetch as far as it "
+                           "likes: there is no lookahead to set (AdaptiveSampler has one)")
+
+    def loader(self, dataset: Any, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A DataLoader over ``dataset`` fed by this sampler (as its ``batch_sampler``), with the
+        lookahead its prefetching needs (``num_workers x prefetch_factor`` micro-batches)."""
+        if "batch_size" in kwargs or "sampler" in kwargs or "batch_sampler" in kwargs:
+            raise InvalidValue("this sampler sets the batches: leave batch_size, sampler and batch_sampler out")
+        workers = kwargs.get("num_workers", 0)
+        prefetch = kwargs.get("prefetch_factor") or (2 if workers else 0)
+        if workers * prefetch > self.lookahead:
+            self.lookahead = workers * prefetch
+        return torch.utils.data.DataLoader(dataset, batch_sampler=self, **kwargs)
+
+    @property
+    def controller(self) -> Any:
+        """Refused: the batch of every step is the trace's, chosen by no controller."""
+        raise AttributeError("a CustomSampler follows a trace given in advance: no controller chooses its batches; "
+                             "AdaptiveSampler(dataset, base_batch=..., max_batch=...) has one")
+
+    @property
+    def interval(self) -> int:
+        """Refused: a trace is decided in advance, not every few updates."""
+        raise AttributeError("a CustomSampler follows a trace given in advance: it makes no decisions, so it has no "
+                             "interval between them; AdaptiveSampler has one")
 
     @property
     def num_replicas(self) -> int:

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from aikit.core import gradient_noise
-from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, estimate_from_totals
+from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, update_estimates
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
 from aikit.core.validate import checked_float, positive_int
@@ -45,6 +46,22 @@ from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 _TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated"}
 LOG_FORMATS = ("eth-easl", "aikit")
+
+
+def mean_sq_norms(param_groups: list[dict[str, Any]], dtype: torch.dtype, scale: float = 1.0) -> list[float]:
+    """Each param group's squared norm of the update's gradient, ``scale`` times the gradients
+    accumulated in ``.grad``: each parameter's squared norm in ``dtype``, added up in float64 in
+    parameter order, in one read from the device (not one per parameter). What gradient noise is
+    measured against (:mod:`aikit.core.gradient_noise`), for AdaScale and the adaptive batch."""
+    squares = [(index, p.grad.to(dtype).pow(2).sum()) for index, group in enumerate(param_groups)
+               for p in group["params"] if p.grad is not None]
+    totals = [0.0] * len(param_groups)
+    if squares:
+        device = squares[0][1].device
+        values = torch.stack([square.to(device) for _, square in squares]).tolist()  # the one host sync
+        for (index, _), value in zip(squares, values, strict=True):
+            totals[index] += value
+    return [total * scale**2 for total in totals]
 
 
 class TraceOptimizer(WrappingOptimizer):
@@ -64,6 +81,7 @@ class TraceOptimizer(WrappingOptimizer):
     rule = "linear"
     kind = "trace optimizer"
     per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
+    _decides_while_training = False  # True: follows an AdaptiveSampler, whose epochs grow while training
 
     def __init__(
         self,
@@ -80,32 +98,36 @@ class TraceOptimizer(WrappingOptimizer):
     ):
         super().__init__(optimizer)
         if log_format not in LOG_FORMATS:
-            raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
+            raise InvalidValue(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
         self.log_format = log_format
         self.sampler = sampler if sampler is not None else latest_sampler()
         if not isinstance(self.sampler, CustomSampler):
-            raise ValueError(
+            raise InvalidType(
                 f"{type(self).__name__} needs the CustomSampler that feeds it, got {self.sampler!r}: "
                 "pass it as second argument"
             )
-        if self.per_micro_batch and getattr(self.sampler.schedule, "max_device_batch", None) is not None:
-            raise ValueError(
+        if self.sampler._decides_while_training and not self._decides_while_training:
+            raise InvalidType(
+                f"{type(self).__name__} follows a trace given in advance, but an AdaptiveSampler decides its batches "
+                "while training: train it with AdaptiveOptimizer(optimizer, sampler, rule)")
+        if self.per_micro_batch and self.sampler.schedule.max_device_batch is not None:
+            raise InvalidValue(
                 f"{type(self).__name__} scales its LR from one micro-batch of minibatch_size samples, but this "
                 "sampler's micro-batch varies by step (max_device_batch): build the CustomSampler with "
                 "minibatch_size, or use LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
         if ref_batchsize is None and rule_name(self.rule) != "constant":
-            raise ValueError(f"{type(self).__name__} needs ref_batchsize, the global batch its LR was tuned for")
+            raise InvalidValue(f"{type(self).__name__} needs ref_batchsize, the global batch its LR was tuned for")
         self.ref_batchsize = None if ref_batchsize is None else positive_int(ref_batchsize, "ref_batchsize")
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.warmup_steps = 0 if warmup_steps == 0 else positive_int(warmup_steps, "warmup_steps")
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
         self.params = self.engine.params()
         if not self.params:
-            raise ValueError("the wrapped optimizer has no parameters that require gradients")
+            raise InvalidValue("the wrapped optimizer has no parameters that require gradients")
         self.device = self.params[0].device
         replicas, self.rank = world(self.device)  # a local query, no collective
         if replicas != self.sampler.num_replicas:
-            raise ValueError(
+            raise InvalidValue(
                 f"the sampler deals to {self.sampler.num_replicas} replicas but this run has {replicas} "
                 f"({engine(self.device)}): give the sampler num_replicas={replicas}, or leave it to the engine"
             )
@@ -196,6 +218,18 @@ class TraceOptimizer(WrappingOptimizer):
         if self.sampler.num_replicas > 1 or engine(self.device) == "xla":
             extras = self.engine.reduce(extras)
         self._observe(extras)
+        lr = self._step_at_adapted_lr()
+        self.updates += 1
+        self.step_index, self.micro = self.step_index + 1, 0
+        mark_step(self.device)
+        self._updated(lr)
+        if self.log_steps and self.rank == 0:
+            self._log(step, batch, lr)
+
+    def _step_at_adapted_lr(self) -> tuple[float, ...]:
+        """The wrapped optimizer's one update with the settings :meth:`adapt_lr` gives it, the
+        base settings put back afterwards whatever happens (so an LR scheduler on this optimizer
+        composes); returns every group's LR of the update."""
         saved = [{key: group[key] for key in self._adapted if key in group} for group in self.param_groups]
         self.adapt_lr()
         lr = self.get_lr()
@@ -205,11 +239,7 @@ class TraceOptimizer(WrappingOptimizer):
         finally:
             for group, values in zip(self.param_groups, saved, strict=True):
                 group.update(values)
-        self.updates += 1
-        self.step_index, self.micro = self.step_index + 1, 0
-        mark_step(self.device)
-        if self.log_steps and self.rank == 0:
-            self._log(step, batch, lr)
+        return lr
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
         if self.log_format == "aikit":
@@ -229,6 +259,9 @@ class TraceOptimizer(WrappingOptimizer):
     def _observe(self, totals: list[float]) -> None:
         """Take the update's reduced gradients and statistics in, before the LR is set."""
 
+    def _updated(self, lr: tuple[float, ...]) -> None:
+        """After the update (the position already on the next step), with its LRs."""
+
     def _gradient_scale(self) -> float:
         """Factor from the summed micro-batch gradients to the update's gradient: their mean."""
         return self.plan.weight(self.step_index)
@@ -242,7 +275,7 @@ class TraceOptimizer(WrappingOptimizer):
         """Set every param group's LR, one value per group."""
         values = tuple(values)
         if len(values) != len(self.param_groups):
-            raise ValueError(f"set_lr needs one LR per param group ({len(self.param_groups)}), got {len(values)}")
+            raise InvalidValue(f"set_lr needs one LR per param group ({len(self.param_groups)}), got {len(values)}")
         for group, lr in zip(self.param_groups, values, strict=True):
             group["lr"] = lr
 
@@ -313,13 +346,13 @@ class TraceOptimizer(WrappingOptimizer):
         expected = {"optimizer", "trace", *self._extra_keys}
         if not isinstance(state, dict) or set(state) != expected:
             keys = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a {type(self).__name__} state: keys {keys}, expected "
+            raise InvalidValue(f"not a {type(self).__name__} state: keys {keys}, expected "
                              f"{sorted(expected)} (load the wrapped optimizer's own state into it directly)")
         trace = state["trace"]
         if not isinstance(trace, dict) or set(trace) != _TRACE_KEYS:
-            raise ValueError(f"{type(self).__name__} state['trace'] needs keys {sorted(_TRACE_KEYS)}")
+            raise InvalidValue(f"{type(self).__name__} state['trace'] needs keys {sorted(_TRACE_KEYS)}")
         if trace["micro"] and trace["rank"] != self.sampler.rank:
-            raise ValueError(f"this state was saved by rank {trace['rank']} in the middle of a step; "
+            raise InvalidValue(f"this state was saved by rank {trace['rank']} in the middle of a step; "
                              f"rank {self.sampler.rank} must load its own")
         check_groups(self.optimizer, state["optimizer"])
         if trace["accumulated"] is not None:
@@ -363,7 +396,7 @@ class CustomOptimizer(TraceOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
                  log_steps: int | None = None, reduction: str = "mean", **options: Any):
         if reduction not in ("mean", "sum"):
-            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+            raise InvalidValue(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         super().__init__(optimizer, sampler, None, log_steps, **options)
         self.reduction = reduction
 
@@ -392,7 +425,7 @@ class LinearRuleMomentumOptimizer(TraceOptimizer):
                  ref_batchsize: int | None = None, weight_decay: float = 1e-4, log_steps: int | None = None,
                  **options: Any):
         if options.get("warmup_steps"):
-            raise ValueError("LinearRuleMomentumOptimizer has no warmup: its LR is the micro-batch's at every step; "
+            raise InvalidValue("LinearRuleMomentumOptimizer has no warmup: its LR is the micro-batch's at every step; "
                              "use LinearRuleOptimizer(warmup_steps=...)")
         super().__init__(optimizer, sampler, ref_batchsize, log_steps, **options)
         self.weight_decay = checked_float(weight_decay, "weight_decay", "a number >= 0",
@@ -438,7 +471,7 @@ class AdaScaleOptimizer(TraceOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
                  log_steps: int | None = None, ref_batchsize: int = 32, *, decay: float = 0.99, **options: Any):
         if options.get("warmup_steps"):
-            raise ValueError("AdaScaleOptimizer has no warmup: the gain sets the LR from the measured noise")
+            raise InvalidValue("AdaScaleOptimizer has no warmup: the gain sets the LR from the measured noise")
         super().__init__(optimizer, sampler, ref_batchsize, log_steps, **options)
         self.trackers = [NoiseTracker(decay) for _ in self.param_groups]
         self.progress = 0.0  # base-batch (micro-batch) steps' worth of progress so far
@@ -468,12 +501,11 @@ class AdaScaleOptimizer(TraceOptimizer):
         parts = batch // micro
         if parts >= 2:
             amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
-            scale = self._gradient_scale() / amp
-            means = [sum(float(p.grad.to(self.norms.dtype).pow(2).sum()) for p in group["params"] if p.grad is not None)
-                     * scale**2 for group in self.param_groups]
-            if all(math.isfinite(x) for x in [*totals, *means]):  # AMP skips an update with inf/NaN: so do we
-                for tracker, total, mean in zip(self.trackers, totals, means, strict=True):
-                    tracker.update(estimate_from_totals(total * micro, parts, batch, mean))
+            means = mean_sq_norms(self.param_groups, self.norms.dtype, self._gradient_scale() / amp)
+            estimates = update_estimates([total * micro for total in totals], parts, batch, means)
+            if estimates is not None:  # None where AMP skips the update (inf/NaN): so do we
+                for tracker, noise in zip(self.trackers, estimates, strict=True):
+                    tracker.update(noise)
         smoothed = [tracker.smoothed if tracker.updates else None for tracker in self.trackers]
         self._gains = tuple(self._gain(noise, batch) for noise in smoothed)
         model = None if None in smoothed else NoiseEstimate(grad_sq=sum(n.grad_sq for n in smoothed),
@@ -527,7 +559,7 @@ class AdaScaleOptimizer(TraceOptimizer):
         keys = {"trackers", "progress", "gains", "pending"}
         if not isinstance(saved, dict) or set(saved) != keys or len(saved["trackers"]) != len(self.trackers) \
                 or len(saved["gains"]) != len(self.trackers):
-            raise ValueError(f"AdaScaleOptimizer state['adascale'] needs keys {sorted(keys)} with one tracker and "
+            raise InvalidValue(f"AdaScaleOptimizer state['adascale'] needs keys {sorted(keys)} with one tracker and "
                              f"one gain per param group ({len(self.trackers)})")
         trackers = [NoiseTracker() for _ in self.trackers]
         for tracker, tracker_state in zip(trackers, saved["trackers"], strict=True):

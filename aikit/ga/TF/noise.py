@@ -14,7 +14,7 @@ keeps what :mod:`aikit.core.gradient_noise` needs to measure ``|G|²`` and ``tr(
 
 Three numbers per update (parts, sum of part norms, norm of the mean) are read from Python
 between updates by :meth:`NoiseOptimizer.noise`, which returns the unbiased estimate
-(:func:`aikit.core.gradient_noise.estimate_from_totals`: Keras feeds micro-batches of one size,
+(:func:`aikit.core.gradient_noise.update_estimates`, as PyTorch's: Keras feeds micro-batches of one size,
 so the sample-weighted sum of the part norms is the plain sum times that size). Each replica's
 gradients are its micro-batch mean divided by the replicas (Keras' loss scaling under
 ``tf.distribute``, or ``tf.nn.compute_average_loss``), so a part's gradient is ``replicas`` times
@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import reduction_name
-from aikit.core.gradient_noise import NoiseEstimate, estimate_from_totals
+from aikit.core.gradient_noise import NoiseEstimate, update_estimates
 from aikit.core.validate import positive_int
 from aikit.ga.TF.optimizers import Optimizer
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
@@ -52,7 +52,7 @@ class NoiseOptimizer(Optimizer):
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None, **kwargs):
         if "_all_reduce_sum_gradients" in getattr(optimizer, "__dict__", {}):  # (a dict is a saved config)
-            raise ValueError("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
+            raise InvalidValue("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
         if reduction_name(kwargs.get("reduction", "mean")) == "sum":
             raise InvalidValue(
                 "NoiseOptimizer needs reduction='mean', got 'sum': it estimates |G|² from the mean of the micro-batch "
@@ -63,7 +63,7 @@ class NoiseOptimizer(Optimizer):
         changed = {name: value for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
                    if (value := getattr(self.inner, name, None)) is not None}
         if changed:
-            raise ValueError(
+            raise InvalidValue(
                 f"NoiseOptimizer measures the raw micro-batch gradients, but the wrapped optimizer changes them "
                 f"before applying ({', '.join(f'{k}={v}' for k, v in changed.items())}): create it without these "
                 "arguments, or train with aikit.ga.TF.optimizers.Optimizer (no noise measurement)"
@@ -115,10 +115,10 @@ class NoiseOptimizer(Optimizer):
     def noise(self, part_samples: int) -> NoiseEstimate | None:
         """The unbiased ``|G|²`` and ``tr(Σ)`` of the last update, whose micro-batches each held
         ``part_samples`` samples on one replica; None when it had a single part (one replica and
-        one micro-step: nothing to tell noise from signal) or no update ran yet."""
+        one micro-step: nothing to tell noise from signal), a norm that is not finite, or no
+        update ran yet."""
         part_samples = positive_int(part_samples, "part_samples")
         parts = int(self._noise_parts.numpy())
-        if parts < 2:
-            return None
-        return estimate_from_totals(float(self._noise_part_sq_norms.numpy()) * part_samples, parts,
-                                    parts * part_samples, float(self._noise_mean_sq_norm.numpy()))
+        estimates = update_estimates([float(self._noise_part_sq_norms.numpy()) * part_samples], parts,
+                                     parts * part_samples, [float(self._noise_mean_sq_norm.numpy())])
+        return estimates[0] if estimates else None

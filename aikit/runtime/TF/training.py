@@ -7,12 +7,13 @@ plan their updates differently (a trace, a controller) and train every micro-ste
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.schedule import EpochSchedule
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras_on_tensorflow()  # Keras on TensorFlow, or the error that says how
@@ -53,3 +54,20 @@ def compiled_for(model: Any, optimizer_class: type, user: str, needs: str) -> tu
             f"finish it (or start from a fresh optimizer) before {user}"
         )
     return keras_model, optimizer
+
+
+def train_update(keras_model: Any, optimizer: Any, x: np.ndarray, y: np.ndarray, plan: EpochSchedule, step: int,
+                 lr: float, before_micro_step: Callable[[], None] | None = None) -> list[float]:
+    """One update: ``step`` of ``plan`` at LR ``lr``. The GA optimizer's ``steps`` and LR are
+    set (variables: no retracing), then every micro-step hands each replica its own micro-batch
+    (the step's ``j``-th to replica ``j % replicas``); returns the micro-steps' losses.
+    ``before_micro_step`` is called before each (the adaptive run's clock)."""
+    per_replica = [plan.micro_batches(step, r) for r in range(plan.num_replicas)]
+    optimizer.steps = len(per_replica[0])
+    optimizer.learning_rate = lr
+    losses = []
+    for rows in zip(*per_replica, strict=True):
+        if before_micro_step is not None:
+            before_micro_step()
+        losses.append(train_micro_step(keras_model, x, y, rows))
+    return losses

@@ -1,0 +1,405 @@
+"""The adaptive batch, framework-free: one algorithm behind PyTorch's ``AdaptiveSampler`` and
+``AdaptiveOptimizer`` and Keras' ``fit_adaptive``.
+
+An adaptive run decides the global batch of every update while training, by a
+:class:`~aikit.core.goodput.GoodputController` (Pollux/AdaptDL's goodput = throughput x
+statistical efficiency). The adapters move tensors, call collectives and hook into their
+framework; everything else is written here, once:
+
+* **Packing** (:class:`AdaptiveSchedule`): update ``u`` takes the controller's batch at the time
+  it is decided (``lookahead`` updates ahead of training), or, where less is left of its epoch,
+  the largest batch of what is left that it can run (:meth:`BatchSplit.largest
+  <aikit.core.goodput.BatchSplit.largest>`). Updates take consecutive samples of the epoch's
+  permutation, :mod:`aikit.core.schedule`'s own, so the epoch views are ordinary
+  :class:`~aikit.core.schedule.EpochSchedule` objects and a replay of the batches with a trace
+  gets the same samples.
+* **End of epoch**: an epoch ends with the update after which what is left runs no batch: fewer
+  samples than one micro-batch (a fixed micro-batch), or than the replicas (an even split). An
+  update never straddles two epochs.
+* **Timing** (:class:`UpdateClock`): each update's whole cycle, and the cycle less its
+  micro-steps but one, go to the throughput model.
+* **Each update** (:class:`AdaptiveRun`): its LR (:func:`learning_rate`), the record of what it
+  measured, its history row (:func:`history_row`, one format for both adapters), the
+  controller's decision (logged on logger ``aikit.adaptive``) and the next batches decided.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from aikit.core.errors import InvalidValue
+from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker
+from aikit.core.scaling import adaptive_lr, adaptive_rule_name
+from aikit.core.schedule import EpochSchedule, checked_settings, flag, numpy_permutation, seed_value
+from aikit.core.validate import non_negative_int, positive_int
+
+if TYPE_CHECKING:
+    from aikit.core.goodput import GoodputController
+
+__all__ = ["HISTORY_KEYS", "AdaptiveRun", "AdaptiveSchedule", "UpdateClock", "history_row", "learning_rate"]
+
+log = logging.getLogger("aikit.adaptive")
+_STATE_KEYS = {"settings", "sizes", "starts", "controller"}
+
+
+class AdaptiveSchedule:
+    """The global batch of every update, decided while training, cut into epochs.
+
+    ``controller`` plans with policy ``"error"``; its ``split`` (:class:`~aikit.core.goodput.BatchSplit`)
+    says how every update runs (a fixed micro-batch, or an even split that grows with the batch).
+    :meth:`extend` decides the updates up to ``lookahead`` ahead of training; :meth:`epoch` is the
+    view of an epoch's updates decided so far. Views grow by appending: an epoch of tens of
+    thousands of updates costs the new updates each time, not the epoch.
+    """
+
+    def __init__(self, dataset_size: int, controller: GoodputController, seed: int = 42, shuffle: bool = True,
+                 lookahead: int = 0) -> None:
+        split = controller.split
+        if split is None:
+            raise InvalidValue(f"an adaptive run deals equal micro-batches: its controller must plan with "
+                               f"policy='error', got policy={controller.policy!r}")
+        self.split = split
+        self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
+            dataset_size, split.devices, split.per_device, bound=split.grows)  # with grows: the most per device
+        self.max_device_batch = self.minibatch_size if split.grows else None
+        self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
+        self.permutation = numpy_permutation  # the sample order of CustomSampler's default, so a replay matches
+        self.controller = controller
+        self.lookahead = non_negative_int(lookahead, "lookahead")
+        self.sizes: list[int] = []  # the global batch of every update decided so far
+        self.starts = [0]  # the first update of every epoch begun so far
+        self._views: dict[int, tuple[int, EpochSchedule, _Columns]] = {}  # epoch: (end, view, its arrays)
+        self._open_samples = 0  # samples the updates of the last epoch begun take so far
+        self._checked_batch = 0  # the controller's batch last found to run
+        self.extend(0)
+
+    @property
+    def samples_left_out(self) -> int:
+        """Samples each epoch leaves out with a fixed micro-batch: fewer than one micro-batch."""
+        return 0 if self.split.grows else self.dataset_size % self.minibatch_size
+
+    def micro_sizes(self, sizes: list[int] | np.ndarray, first: int) -> np.ndarray | None:
+        """The micro-batch of updates ``first, first + 1, ...`` of ``sizes`` where it grows with the
+        batch (None: ``minibatch_size`` always)."""
+        return self.split.micro_sizes(sizes, first)
+
+    # --- deciding ---------------------------------------------------------------------------------
+    def extend(self, done: int) -> None:
+        """Decide the batches up to update ``done + lookahead`` (updates ``0..done-1`` are trained)."""
+        largest = self.split.largest
+        while len(self.sizes) <= done + self.lookahead:
+            left, update = self.dataset_size - self._open_samples, len(self.sizes)
+            self.sizes.append(min(self._chosen(), largest(left, update)))
+            self._open_samples += self.sizes[-1]
+            if not largest(left - self.sizes[-1], update + 1):
+                self.starts.append(len(self.sizes))  # the epoch is full: the next update opens the next one
+                self._open_samples = 0
+
+    def _chosen(self) -> int:
+        """The controller's batch, refused (naming it) if this run cannot deal it."""
+        batch = self.controller.batch
+        if batch != self._checked_batch:
+            if not self.split.runs(np.array([batch]))[0]:
+                raise InvalidValue(f"the controller chose batch {batch}, which this run cannot deal: "
+                                   f"{self.split.problem('batch', batch)}")
+            self._checked_batch = batch
+        return batch
+
+    # --- views ------------------------------------------------------------------------------------
+    def epoch_bounds(self, epoch: int) -> tuple[int, int, bool]:
+        """``(first, end, complete)``: updates ``first..end-1`` of ``epoch`` decided so far."""
+        epoch = non_negative_int(epoch, "epoch")
+        if epoch >= len(self.starts):
+            raise InvalidValue(
+                f"epoch {epoch} of the adaptive run has not begun: it starts once the last update of epoch "
+                f"{len(self.starts) - 1} is decided; train that epoch to its end first")
+        complete = epoch + 1 < len(self.starts)
+        return self.starts[epoch], self.starts[epoch + 1] if complete else len(self.sizes), complete
+
+    def epoch(self, epoch: int) -> EpochSchedule:
+        """The updates of ``epoch`` decided so far (``complete`` once its last one is)."""
+        first, end, complete = self.epoch_bounds(epoch)
+        cached = self._views.get(epoch)
+        if cached is None or cached[0] != end:
+            order = cached[1].order if cached else (
+                self.permutation(self.seed, epoch, self.dataset_size) if self.shuffle else np.arange(self.dataset_size))
+            columns = cached[2] if cached else _Columns(self.micro_sizes if self.split.grows else None)
+            sizes, micro = columns.extended(self.sizes, first, end)
+            view = EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas, complete, micro)
+            self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
+            self._views[epoch] = cached = (end, view, columns)
+        return cached[1]
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def settings(self) -> dict:
+        c, split = self.controller, self.split
+        per_device = {"max_device_batch": self.minibatch_size, "noise_every": split.noise_every} if split.grows \
+            else {"micro_batch": self.minibatch_size}
+        return {"dataset_size": self.dataset_size, **per_device,
+                "num_replicas": self.num_replicas, "seed": self.seed, "shuffle": self.shuffle,
+                "base_batch": c.base_batch, "min_batch": c.min_batch, "max_batch": c.max_batch}
+
+    def identity(self) -> dict:
+        """What fixes every update's samples, for ``ElasticState``'s resume check."""
+        return {"adaptive": self.settings()}
+
+    def state_dict(self) -> dict:
+        return {"settings": self.settings(), "sizes": list(self.sizes), "starts": list(self.starts),
+                "controller": self.controller.state_dict()}
+
+    def checked(self, state: dict) -> tuple[list[int], list[int], GoodputController]:
+        """``state`` converted for loading, or an error naming what does not fit; changes nothing."""
+        if not isinstance(state, dict) or set(state) != _STATE_KEYS:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise InvalidValue(f"not an adaptive schedule state: keys {keys}, expected {sorted(_STATE_KEYS)}")
+        if state["settings"] != self.settings():
+            differ = [f"{k} {state['settings'].get(k)!r} then, {v!r} now" for k, v in self.settings().items()
+                      if state["settings"].get(k) != v]
+            raise InvalidValue(f"the adaptive state was saved by a run with other settings ({'; '.join(differ)}): "
+                               "build the AdaptiveSampler as that run did")
+        sizes, starts = [positive_int(s, "sizes[i]") for s in state["sizes"]], [int(s) for s in state["starts"]]
+        uneven = [size for update, size in enumerate(sizes) if self.split.largest(size, update) != size]
+        if uneven:
+            raise InvalidValue(f"the adaptive state holds batch {uneven[0]}, which this run cannot deal in whole "
+                               "micro-batches: it was not saved by a run with these settings")
+        controller = _blank_copy(self.controller)
+        controller.load_state_dict(state["controller"])
+        return sizes, starts, controller
+
+    def load(self, sizes: list[int], starts: list[int], controller: GoodputController) -> None:
+        self.sizes, self.starts, self.controller, self._views = sizes, starts, controller, {}
+        self._open_samples = sum(sizes[starts[-1]:])
+
+    def resume_recorded(self) -> int:
+        """Take the updates the controller recorded (a controller restored from a run's end of
+        epoch) as this run's, packed by the rule they were decided by, and decide the next;
+        returns the epoch to go on with. Refused, changing nothing, where they end inside an
+        epoch or could not have been decided over this data set."""
+        batches, starts, used = list(self.controller.batches), [0], 0
+        for update, size in enumerate(batches):
+            left = self.dataset_size - used
+            if size > left or self.split.largest(size, update) != size:
+                raise InvalidValue(
+                    f"the controller's update {update} took {size} samples, which an adaptive run over "
+                    f"{self.dataset_size} samples cannot deal there ({left} left in its epoch): resume with the data "
+                    "set and settings of the run that recorded it")
+            used += size
+            if not self.split.largest(left - size, update + 1):
+                starts.append(update + 1)
+                used = 0
+        if used:
+            raise InvalidValue(
+                f"the controller's {len(batches)} recorded updates end inside epoch {len(starts) - 1} ({used} of "
+                f"{self.dataset_size} samples): resume from a controller state saved at the end of an epoch")
+        epoch = len(starts) - 1  # every recorded epoch is complete: the next one opens
+        self.load(batches, starts, self.controller)
+        self.extend(len(batches))
+        return epoch
+
+    def position_problem(self, sizes: list[int], starts: list[int], epoch: int, step: int, micro: int,
+                         rank: int) -> str | None:
+        """Why micro-batch ``micro`` of ``step`` of ``epoch`` does not exist for ``rank`` in a
+        schedule of ``sizes``/``starts`` (None when it does)."""
+        if not 0 <= epoch < len(starts):
+            return f"epoch {epoch} was not begun"
+        end = starts[epoch + 1] if epoch + 1 < len(starts) else len(sizes)
+        if not 0 <= step <= end - starts[epoch]:
+            return f"no step {step} in epoch {epoch}"
+        if step < end - starts[epoch]:
+            update = starts[epoch] + step
+            grown = self.micro_sizes([sizes[update]], update)
+            total = sizes[update] // (self.minibatch_size if grown is None else int(grown[0]))
+            mine = (total - rank + self.num_replicas - 1) // self.num_replicas
+            return None if 0 <= micro <= mine else f"no micro-batch {micro} of step {step} for rank {rank}"
+        return None if micro == 0 else f"no micro-batch {micro} past the end of epoch {epoch}"
+
+
+def _blank_copy(controller: GoodputController) -> GoodputController:
+    """A controller with ``controller``'s settings, for a state to be loaded into (its
+    ``load_state_dict`` replaces every measurement, so nothing is shared once it has)."""
+    return copy.copy(controller)
+
+
+class _Columns:
+    """One epoch's batch and micro-batch of every update decided so far, as read-only arrays that
+    grow by appending: an epoch view rebuilt after each update costs the new updates, not the
+    epoch (its updates can number tens of thousands)."""
+
+    def __init__(self, micro_sizes: Callable[[np.ndarray, int], np.ndarray] | None) -> None:
+        self.micro_sizes = micro_sizes  # (sizes, first update) -> their micro-batches; None: fixed
+        self.sizes = np.zeros(16, dtype=np.int64)
+        self.micro = np.zeros(16, dtype=np.int64) if micro_sizes else None
+        self.filled = 0
+
+    def extended(self, sizes: list[int], first: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Updates ``first..end-1`` of ``sizes`` (an append-only list), appending the new ones."""
+        count = end - first
+        if count > self.filled:
+            new = np.asarray(sizes[first + self.filled:end], dtype=np.int64)
+            self.sizes = _appended(self.sizes, self.filled, new)
+            if self.micro is not None:
+                self.micro = _appended(self.micro, self.filled, self.micro_sizes(new, first + self.filled))
+            self.filled = count
+        return _read_only(self.sizes[:count]), None if self.micro is None else _read_only(self.micro[:count])
+
+
+def _appended(buffer: np.ndarray, filled: int, new: np.ndarray) -> np.ndarray:
+    """``new`` written after the first ``filled`` entries of ``buffer``, which doubles when full
+    (views handed out keep the old array, whose entries they cover never change)."""
+    if filled + len(new) > len(buffer):
+        buffer = np.concatenate([buffer, np.zeros(max(filled + len(new), 2 * len(buffer)) - len(buffer),
+                                                  dtype=buffer.dtype)])
+    buffer[filled:filled + len(new)] = new
+    return buffer
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class UpdateClock:
+    """Times an adaptive run's updates for the throughput model, the same way in both adapters.
+
+    An update's *cycle* runs from the end of the previous update to its own end: its micro-steps
+    and the work between two updates (all-reduce, optimizer step, decision). With it goes the
+    cycle less its micro-steps but one, what an update of a single micro-step would take
+    (AdaptDL times accumulation and update steps apart for the same reason): so the per-update
+    cost is known from the first batch on, and a larger batch's saving can be predicted.
+
+    :meth:`micro_step` marks the boundary between two micro-steps, so the marks of one update
+    span its micro-steps but one, none of them holding the update's own work: PyTorch marks after
+    each micro-step (its update runs after the last mark, where the update ends), Keras before
+    each (its update runs inside the last micro-step's ``train_on_batch``). Not timed: the first
+    update after :meth:`restart` (there is no previous end to time from: a new epoch's
+    DataLoader, a resume), and an update the adapter says may include other work.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.restart()
+
+    def restart(self) -> None:
+        """The next update is not timed (training stopped in between)."""
+        self._end: float | None = None
+        self._latest: float | None = None  # this update's latest mark
+        self._accumulating = 0.0  # seconds between this update's marks
+
+    def micro_step(self) -> None:
+        """Mark the boundary of a micro-step of the update in progress."""
+        stamp = self.clock()
+        if self._latest is not None:
+            self._accumulating += stamp - self._latest
+        self._latest = stamp
+
+    def measure(self, timed: bool = True, *, ends_at_last_mark: bool = False) -> list[float]:
+        """End the update: ``[cycle, single, 1.0]``, or zeros where it is not timed, as numbers
+        the replicas add up in the update's all-reduce (:func:`update_timing` reads the sums).
+        ``ends_at_last_mark``: the update ended at its last mark (PyTorch's; otherwise now)."""
+        end = self._latest if ends_at_last_mark and self._latest is not None else self.clock()
+        timed = timed and self._end is not None
+        cycle = end - self._end if timed else 0.0
+        measured = [cycle, cycle - self._accumulating if timed else 0.0, float(timed)]
+        self._end, self._latest, self._accumulating = end, None, 0.0
+        return measured
+
+
+def update_timing(sums: list[float], replicas: int = 1) -> tuple[float, float] | None:
+    """``(cycle, single)`` from :meth:`UpdateClock.measure`'s numbers summed over ``replicas``
+    (their mean), or None unless every replica timed the update."""
+    cycle, single, timed = (value / replicas for value in sums)
+    return (cycle, single) if timed == 1 and single > 0 else None
+
+
+HISTORY_KEYS = ("epoch", "step", "batch_size", "ga_steps", "micro_batch", "lr", "seconds", "grad_sq", "trace",
+                "noise_scale")
+
+
+def history_row(epoch: int, step: int, batch: int, ga_steps: int, micro_batch: int, lr: float, seconds: float | None,
+                noise: NoiseTracker) -> dict:
+    """One update of an adaptive run, as both adapters record it: its epoch, its step (the
+    update's number in the run), its global batch, GA steps (the busiest replica's) and
+    micro-batch, its LR, its cycle in seconds (None where not timed), and the smoothed ``|G|²``,
+    ``tr(Σ)`` and noise scale after it (``nan`` before the first estimate)."""
+    smoothed = noise.smoothed if noise.updates else None
+    measured = (math.nan,) * 3 if smoothed is None else (smoothed.grad_sq, smoothed.trace, smoothed.noise_scale)
+    values = (epoch, step, batch, ga_steps, micro_batch, lr, seconds, *measured)
+    return dict(zip(HISTORY_KEYS, values, strict=True))
+
+
+def learning_rate(controller: GoodputController, base_lr: float, batch: int, rule: str, step: int = 0,
+                  warmup_steps: int = 0) -> float:
+    """The LR of an update at ``batch``: :func:`aikit.core.scaling.adaptive_lr` over
+    ``controller.base_batch`` with the controller's smoothed noise (None before a first estimate)."""
+    noise = controller.noise
+    return adaptive_lr(base_lr, batch, controller.base_batch, rule, noise.smoothed if noise.updates else None,
+                       step, warmup_steps)
+
+
+class AdaptiveRun:
+    """What an adaptive run does around each update, for both adapters: the LR of its batch
+    (:meth:`lr`), the record of what it measured (:meth:`record`), then (:meth:`finish`) its
+    history row, the controller's decision, logged, and the next batches decided.
+
+    PyTorch records before its update's step (the noise of its micro-batches is known once they
+    are backpropagated, so AdaScale's LR for the update includes it); Keras after it (the noise is
+    measured inside the update's all-reduce, after its LR was set).
+    """
+
+    def __init__(self, schedule: AdaptiveSchedule, rule: str = "adascale") -> None:
+        self.schedule = schedule
+        self.rule = adaptive_rule_name(rule)
+        self.history: list[dict] = []  # one history_row per update
+        self._recorded: tuple[int, int, int, float | None] | None = None
+
+    @property
+    def controller(self) -> GoodputController:
+        return self.schedule.controller
+
+    def lr(self, base_lr: float, batch: int, step: int = 0, warmup_steps: int = 0) -> float:
+        """The LR of an update at ``batch`` from ``base_lr`` (the LR tuned at the base batch)."""
+        return learning_rate(self.controller, base_lr, batch, self.rule, step, warmup_steps)
+
+    def record(self, batch: int, micro_batch: int, steps: int, timing: tuple[float, float] | None,
+               noise: NoiseEstimate | None) -> None:
+        """One update of ``batch`` samples in ``steps`` micro-steps of ``micro_batch`` samples per
+        device: its timing (:func:`update_timing`: two measurements for the throughput model) and
+        its noise estimate go to the controller."""
+        timings = [] if timing is None else [(micro_batch, steps, timing[0]), (micro_batch, 1, timing[1])]
+        self.controller.record(batch, noise, timings)
+        self._recorded = (batch, micro_batch, steps, None if timing is None else timing[0])
+
+    def finish(self, epoch: int, lr: float, *, log_change: bool = True,
+               say: Callable[[str], None] | None = None) -> dict:
+        """After the recorded update: its history row (returned, and kept in :attr:`history`), the
+        controller's decision (logged where ``log_change``, and passed to ``say``), and the
+        batches decided up to ``lookahead`` updates ahead."""
+        if self._recorded is None:
+            raise InvalidValue("no update recorded since the last finish(): record() it first")
+        (batch, micro, steps, seconds), self._recorded = self._recorded, None
+        controller = self.controller
+        update = len(controller.batches) - 1
+        row = history_row(epoch, update, batch, steps, micro, lr, seconds, controller.noise)
+        self.history.append(row)
+        old = controller.batch
+        new = controller.propose()
+        if new is not None and (log_change or say is not None):
+            plan, gain = controller.plan(new), controller.changes[-1][3]
+            message = (f"adaptive batch: update {update}: global batch {old} -> {new} from update "
+                       f"{update + 1 + self.schedule.lookahead} ({plan.steps} GA steps x {plan.batch_size} per device "
+                       f"on {controller.devices} replica(s)), predicted goodput gain {(gain - 1) * 100:.1f}%, "
+                       f"noise scale {row['noise_scale']:.4g}, lr {lr:.4g}")
+            if log_change:
+                log.info(message)
+            if say is not None:
+                say(message)
+        self.schedule.extend(update + 1)
+        return row
