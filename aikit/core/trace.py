@@ -149,6 +149,9 @@ def _text(path: Path) -> str:
         raise TraceFileError(f"trace {path} is a directory: give the path of a 'step,batchsize' CSV file") from None
     except OSError as error:
         raise TraceFileError(f"trace {path} cannot be read: {error.strerror or error}") from None
+    except ValueError:  # the operating system takes no NUL in a path
+        raise TraceFileError(f"trace path {str(path)!r:.100} holds a NUL character: give the path of a "
+                             "'step,batchsize' CSV file") from None
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or (raw[:2].count(0) == 1 and len(raw) > 1):
         raise TraceFileError(f"trace {path} is UTF-16 text: save it as UTF-8 (plain 'step,batchsize' CSV)")
     try:

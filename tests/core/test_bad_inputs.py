@@ -91,6 +91,8 @@ def test_a_directory_or_a_missing_file_as_the_trace(tmp_path, capsys):
     assert f"aikit: error: trace {tmp_path} is a directory" in capsys.readouterr().err
     with pytest.raises(TraceFileError, match=rf"trace {tmp_path / 'no.csv'} does not exist"):
         load_trace(tmp_path / "no.csv")
+    with pytest.raises(TraceFileError, match=r"trace path 'a\\x00.csv' holds a NUL character: give the path of a"):
+        load_trace("a\x00.csv")  # found by tests/core/test_fuzz.py: open() raised a bare ValueError
 
 
 def test_the_stop_policy_message_does_not_recommend_stop():
