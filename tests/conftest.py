@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from multihost import network, require_netns  # noqa: F401 (fixtures: several hosts in network namespaces)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
