@@ -41,7 +41,7 @@ from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
-from aikit.runtime.Torch import distributed, random_state
+from aikit.runtime.Torch import collectives, distributed, random_state
 from aikit.runtime.Torch.state_checks import check_groups
 
 FORMAT = 1
@@ -207,7 +207,8 @@ class ElasticState:
                 payload = checkpoint.read_latest(self.directory)
             except CheckpointError as error:  # every rank must hear of it, or the others wait for ever
                 failure = error
-        payload, message, self.incarnation = _broadcast_object((payload, failure and str(failure), time.time_ns()))
+        payload, message, self.incarnation = collectives.broadcast_object(
+            (payload, failure and str(failure), time.time_ns()), "restore()'s broadcast of the last commit")
         if failure is not None:
             raise failure
         if message is not None:
@@ -416,16 +417,3 @@ def _set_rng_state(state: dict, rank: int) -> None:
 def _horovod_elastic() -> bool:
     """True in a worker that ``horovodrun --min-np/--max-np`` started (Horovod elastic mode)."""
     return distributed.engine() == "horovod" and os.environ.get("HOROVOD_ELASTIC") == "1"
-
-
-def _broadcast_object(obj):
-    """Rank 0's ``obj`` on every worker."""
-    if distributed.world_size() == 1:
-        return obj
-    if distributed.engine() == "horovod":
-        return distributed.horovod().broadcast_object(obj, root_rank=0)
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
