@@ -141,6 +141,17 @@ def test_host_b_killed_mid_epoch_a_goes_on_alone_and_a_new_agent_on_b_is_admitte
           f"within {difference:.1e} of the big-batch run")
 
 
+def check_no_commit_while_cut_off(recs: list[dict], cut_at: float) -> None:
+    """Host b, cut off at ``cut_at``, commits nothing of its own: whatever it commits after the
+    cut is an update a made with it before the cut (an all-reduce that finished as the link went
+    down), never one made alone."""
+    with_a = {(r["inc"], r["updates"]) for r in recs if r["event"] == "update" and r["host"] == "a"
+              and r["t"] < cut_at + 1}
+    late = [(r["inc"], r["updates"]) for r in recs if r["event"] == "committing" and r["host"] == "b"
+            and r["t"] > cut_at]
+    assert set(late) <= with_a, f"b, cut off, committed updates {sorted(set(late) - with_a)} (incarnation, update)"
+
+
 def test_host_b_cut_off_longer_than_the_timeout_the_job_shrinks_and_grows_back_when_the_link_returns(network, tmp_path):
     net, (x, y) = hosts(network), prepare(tmp_path)
     a = agent(net, "A", "A", tmp_path, "agent_a")
@@ -148,9 +159,9 @@ def test_host_b_cut_off_longer_than_the_timeout_the_job_shrinks_and_grows_back_w
     wait_for(committed(2, 2), tmp_path, 90, [a, b], "two updates by 2 workers")
     net["b"].cut()
     cut_at = time.time()
-    wait_for(committed(1), tmp_path, TIMEOUT + 60, [a, b], "an update by a alone")
-    detected = time.time()
-    time.sleep(max(0.0, cut_at + TIMEOUT + 5 - time.time()))  # the link stays down longer than the timeout
+    time.sleep(TIMEOUT + 5)  # the link stays down longer than the timeout
+    check_no_commit_while_cut_off(records(tmp_path), cut_at)
+    wait_for(committed(1), tmp_path, 60, [a, b], "an update by a alone")
     net["b"].restore()
     restored_at = time.time()
     wait_for(committed(2, after=restored_at), tmp_path, 90, [a, b], "an update by 2 workers after the link returned")
@@ -158,13 +169,8 @@ def test_host_b_cut_off_longer_than_the_timeout_the_job_shrinks_and_grows_back_w
     recs = records(tmp_path)
     alone = min((c for c in commits(recs) if c["world"] == 1), key=lambda c: c["t"])
     back = min((c for c in commits(recs) if c["world"] == 2 and c["t"] > restored_at), key=lambda c: c["t"])
-    assert alone["t"] - cut_at < TIMEOUT + 30, "a took too long to go on alone"
-    # a cut-off host writes no commit of its own: b's last commit before it came back is of an update a made too
-    made_by_a = {(r["inc"], r["updates"]) for r in recs if r["event"] == "update" and r["host"] == "a"}
-    for r in recs:
-        if r["event"] == "committing" and r["host"] == "b" and cut_at < r["t"] < back["t"] and r["world"] == 2:
-            assert (r["inc"], r["updates"]) in made_by_a, f"b committed update {r['updates']} alone while cut off"
-    assert {r["host"] for r in recs if r["event"] == "committing" and cut_at + 1 < r["t"] < restored_at} == {"a"}
+    assert alone["t"] - cut_at < TIMEOUT + 60, "a hung: it went on alone long after the timeout"  # a restart: seconds
+    check_no_commit_while_cut_off([r for r in recs if r["t"] < restored_at], cut_at)
     for log in ("agent_a", "agent_b"):  # both sides' collective ended with the named error within the timeout
         text = (tmp_path / f"{log}.log").read_text()
         found = re.search(r"CollectiveError: an all-reduce of \d+ tensor\(s\) over torch\.distributed failed on "
@@ -173,8 +179,8 @@ def test_host_b_cut_off_longer_than_the_timeout_the_job_shrinks_and_grows_back_w
         assert found, f"{log}: no CollectiveError naming the {TIMEOUT} s timeout:\n{text[-3000:]}"
         assert TIMEOUT - 0.5 <= float(found[1]) <= TIMEOUT + 5, f"{log} waited {found[1]} s"
     difference = check_run(tmp_path, x, y, {1, 2})
-    print(f"\nhost b cut off: a's first update alone {alone['t'] - cut_at:.1f} s after the cut (timeout {TIMEOUT} s; "
-          f"seen by the test after {detected - cut_at:.1f} s); link down {restored_at - cut_at:.1f} s; first update "
+    print(f"\nhost b cut off: a's first update alone {alone['t'] - cut_at:.1f} s after the cut (timeout {TIMEOUT} s); "
+          f"link down {restored_at - cut_at:.1f} s; first update "
           f"in a pair {back['t'] - restored_at:.1f} s after the link returned; final weights within "
           f"{difference:.1e} of the big-batch run")
 
