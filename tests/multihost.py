@@ -26,11 +26,12 @@ What a test does with it:
   ``horovodrun``), with a fresh minimal environment, as a login over ssh has.
 
 Teardown (:meth:`Network.close`) kills every process in every namespace of the network and
-deletes the namespaces (their veths go with them). It runs when the ``with`` block or the
-pytest fixture ends (a failed test, a crashed fixture, KeyboardInterrupt) and at interpreter
-exit. Names carry a prefix unique to the creating process (its pid and start time), so
-parallel pytest-xdist workers never collide, and :func:`clean_stale` removes what a killed
-run left behind (namespaces whose creating process is gone). The veths are created inside the
+deletes the namespaces (their veths go with them) and their /etc/netns files. It runs when the
+``with`` block or the pytest fixture ends (a failed test, a crashed fixture, KeyboardInterrupt),
+when a constructor fails half way, and at interpreter exit. Names carry a prefix unique to the
+creating process (its pid and start time), so parallel pytest-xdist workers never collide, and
+:func:`clean_stale` (run by the fixtures) removes what a killed run left behind (namespaces and
+/etc/netns files whose creating process is gone). The veths are created inside the
 namespaces, never in the machine's own, so their names cannot collide with anything.
 
 Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) and ``ip`` from iproute2; :func:`unavailable`
@@ -60,6 +61,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from aikit.core.errors import InvalidValue
 
 PREFIX = "aikit-net-"
 INTERFACE = "aikit0"  # each host's interface: the name GLOO_SOCKET_IFNAME and --network-interface give
@@ -232,7 +235,7 @@ class Network:
     def __init__(self, count: int = 2, *, names: list[str] | None = None, subnet: str = SUBNET):
         names = list(names or "abcdefghij"[:count])
         if len(names) != count or not 1 <= count <= 250:
-            raise ValueError(f"a network of {count} hosts needs {count} names, got {names}")
+            raise InvalidValue(f"a network of {count} hosts needs 1 to 250 hosts and {count} names, got {names}")
         self.prefix = f"{_owner_prefix()}{next(_counter)}-"
         self.switch = f"{self.prefix}switch"
         self.hosts: list[Host] = []
@@ -279,12 +282,6 @@ class Network:
 
     def __len__(self) -> int:
         return len(self.hosts)
-
-    def host_at(self, address: str) -> Host:
-        for host in self.hosts:
-            if host.address == address:
-                return host
-        raise KeyError(f"no host has address {address!r}")
 
     @property
     def ssh_bin(self) -> Path:
