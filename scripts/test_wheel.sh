@@ -108,6 +108,7 @@ torch_examples() {
     quiet "$python" examples/elastic_resize_digits.py --epochs 1 --target 0 --checkpoint-dir "$WORK/ckpt"
     quiet "$python" examples/lr_finder_digits.py --framework torch --out lr  # 100 iterations: seconds
     quiet "$python" examples/autolrs_digits.py --framework torch --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
+    quiet "$python" examples/gpt_stdlib.py --quick --threads 1  # 8 updates of a 31k-parameter GPT
 }
 
 tf_examples() {
