@@ -23,7 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 import aikit.elastic.Torch
-from aikit.core.windows import micro_batch_slices
+from aikit.core.plan import micro_batch_slices
 from aikit.datasets import digits
 from aikit.elastic.Torch import distributed
 from aikit.ga.Torch.optim import Optimizer

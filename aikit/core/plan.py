@@ -29,12 +29,13 @@ import bisect
 import math
 import random
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import sample_weight
-from aikit.core.validate import index_in, positive_int
+from aikit.core.validate import checked_int, index_in, positive_int
 
 POLICIES = ("ragged", "fewer_devices", "error")
 
@@ -125,6 +126,25 @@ class Plan:
                          f"(in step order) of {base + 1}, the other {self.steps * self.gpus - extra} of {base}")
         lines.append(f"  master: {self.master} (rank {self.rank})")
         return "\n".join(lines)
+
+
+def micro_batch_slices(plan: Plan, device: int | None = None) -> list[slice]:
+    """One slice per GA step into a window of ``plan.global_batch_size`` samples: the samples
+    ``device`` processes in that step, or with ``device=None`` the whole step over all devices
+    (the batch a DataParallel loader yields). A device sitting a step out gets an empty slice.
+
+    An update consumes ``G`` consecutive samples (a *window* of a shuffled epoch), laid out step
+    by step and, inside a step, device by device: a GA step over all devices is one contiguous
+    chunk, what a single-process ``torch.nn.DataParallel`` loader yields and scatters. Every rank
+    of a multi-process run slices the same window (same seed) and takes its own pieces, so no
+    sample is lost or repeated."""
+    if device is not None:
+        device = checked_int(device, "device", 0, plan.gpus - 1, f"an integer in [0, {plan.gpus - 1}] for this plan")
+    starts = list(accumulate((size for step in plan.micro_batch_sizes for size in step), initial=0))
+    n = plan.gpus
+    if device is None:
+        return [slice(starts[s * n], starts[(s + 1) * n]) for s in range(plan.steps)]
+    return [slice(starts[s * n + device], starts[s * n + device + 1]) for s in range(plan.steps)]
 
 
 def nearest_even_batches(global_batch_size: int, max_gpu_batch_size: int, gpus: int) -> tuple[int, int]:
