@@ -37,8 +37,8 @@ import numpy as np
 from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker
 from aikit.core.scaling import adaptive_lr, adaptive_rule_name
-from aikit.core.schedule import EpochSchedule, checked_settings, flag, numpy_permutation, seed_value
-from aikit.core.validate import non_negative_int, positive_int
+from aikit.core.schedule import EpochSchedule, checked_settings, numpy_permutation, seed_value
+from aikit.core.validate import checked_bool, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from aikit.core.goodput import GoodputController
@@ -69,7 +69,7 @@ class AdaptiveSchedule:
         self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
             dataset_size, split.devices, split.per_device, bound=split.grows)  # with grows: the most per device
         self.max_device_batch = self.minibatch_size if split.grows else None
-        self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
+        self.seed, self.shuffle = seed_value(seed), checked_bool(shuffle, "shuffle")
         self.permutation = numpy_permutation  # the sample order of CustomSampler's default, so a replay matches
         self.controller = controller
         self.lookahead = non_negative_int(lookahead, "lookahead")

@@ -23,6 +23,12 @@ class InvalidType(AikitError, TypeError, ValueError):
     """An argument of the wrong type (``dataset_size='100'``, ``seed=1.7``); the message names it."""
 
 
+class InvalidState(AikitError, RuntimeError):
+    """A call the program is not ready for (``init()`` not called yet, ``step()`` before
+    ``set_epoch()``, a process group not initialised, Keras on another backend); the message names
+    what to do first. A ``RuntimeError``, as these refusals were before they had a name."""
+
+
 class TraceFileError(InvalidValue):
     """A trace file that cannot be read as ``step,batchsize`` CSV; the message names the file and line."""
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, gains
 from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, make_plan
 from aikit.core.schedule import split_minimums
-from aikit.core.validate import checked_float, non_negative_int, positive_int
+from aikit.core.validate import checked_bool, checked_float, non_negative_int, positive_int
 
 __all__ = ["BatchSplit", "GoodputController", "ThroughputModel"]
 
@@ -270,8 +270,7 @@ class GoodputController:
         self.changes: list[tuple[int, int, int, float]] = []  # (update, old batch, new batch, predicted gain)
 
     def _split(self, fixed_micro_batch: object, noise_every: object) -> BatchSplit | None:
-        if not isinstance(fixed_micro_batch, (bool, np.bool_)):
-            raise InvalidType(f"fixed_micro_batch must be True or False, got {fixed_micro_batch!r:.60}")
+        checked_bool(fixed_micro_batch, "fixed_micro_batch")
         noise_every = None if noise_every is None else positive_int(noise_every, "noise_every")
         if self.policy != "error":
             if fixed_micro_batch or noise_every:

@@ -58,6 +58,10 @@ class NoiseEstimate:
         return self.trace / self.grad_sq if self.grad_sq > 0 else math.inf
 
 
+def _finite_non_negative(number: float) -> bool:
+    return 0 <= number < math.inf
+
+
 def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_sq_norm: float) -> NoiseEstimate:
     """Unbiased ``|G|²`` and ``tr(Σ)`` from one update's parts (see the module docstring).
 
@@ -74,8 +78,7 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
     parts = []
     for j, (norm, samples) in enumerate(zip(part_sq_norms, part_samples, strict=True)):
         samples = non_negative_int(samples, f"part_samples[{j}]")
-        if not (math.isfinite(norm) and norm >= 0):
-            raise InvalidValue(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
+        norm = checked_float(norm, f"part_sq_norms[{j}]", "a finite squared norm (>= 0)", _finite_non_negative)
         if samples:
             parts.append((float(norm), samples))
     total = sum(samples for _, samples in parts)
@@ -85,10 +88,9 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
 def estimate_from_totals(weighted_sq_norms: float, parts: int, samples: int, mean_sq_norm: float) -> NoiseEstimate:
     """:func:`estimate` from sums that replicas can add up in one all-reduce: ``weighted_sq_norms``
     is ``Σ_j b_j |g_j|²`` over the ``parts`` non-empty parts holding ``samples = Σ_j b_j`` samples."""
-    if not (math.isfinite(weighted_sq_norms) and weighted_sq_norms >= 0):
-        raise InvalidValue(f"weighted_sq_norms must be a finite sum of squared norms (>= 0), got {weighted_sq_norms!r}")
-    if not (math.isfinite(mean_sq_norm) and mean_sq_norm >= 0):
-        raise InvalidValue(f"mean_sq_norm must be a finite squared norm (>= 0), got {mean_sq_norm!r}")
+    weighted_sq_norms = checked_float(weighted_sq_norms, "weighted_sq_norms", "a finite sum of squared norms (>= 0)",
+                                      _finite_non_negative)
+    mean_sq_norm = checked_float(mean_sq_norm, "mean_sq_norm", "a finite squared norm (>= 0)", _finite_non_negative)
     parts, samples = non_negative_int(parts, "parts"), non_negative_int(samples, "samples")
     if parts < 2:
         raise InvalidValue(

@@ -33,7 +33,7 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import sample_weight
 from aikit.core.plan import even_micro_batches, even_split_problems
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
-from aikit.core.validate import non_negative_int, positive_int
+from aikit.core.validate import checked_bool, non_negative_int, positive_int
 
 MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
 MAX_REPLICAS = 2**31 - 1
@@ -188,12 +188,6 @@ def seed_value(seed: object) -> int:
     return non_negative_int(seed, "seed")
 
 
-def flag(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidType(f"{name} must be True or False, got {value!r:.60}")
-    return bool(value)
-
-
 class Schedule:
     """Cuts a trace into epochs over a data set and deals each step to replicas."""
 
@@ -224,8 +218,8 @@ class Schedule:
         elif noise_every is not None:
             raise InvalidValue("noise_every splits steps that max_device_batch would run whole: give max_device_batch")
         self.seed = seed_value(seed)
-        self.shuffle = flag(shuffle, "shuffle")
-        self.balanced = flag(balanced, "balanced")
+        self.shuffle = checked_bool(shuffle, "shuffle")
+        self.balanced = checked_bool(balanced, "balanced")
         if not callable(permutation):
             raise InvalidType(
                 f"permutation must be a function (seed, epoch, dataset_size) -> order, got {permutation!r:.60}")

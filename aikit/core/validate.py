@@ -13,6 +13,8 @@ import operator
 from collections.abc import Callable
 from numbers import Real
 
+import numpy as np
+
 from aikit.core.errors import InvalidType, InvalidValue
 
 
@@ -66,6 +68,14 @@ def checked_float(value: object, name: str, wanted: str, valid: Callable[[float]
 def positive_float(value: object, name: str) -> float:
     """``value`` as a finite float > 0 (an LR, a duration), or an aikit error naming it."""
     return checked_float(value, name, "a finite number > 0", lambda number: 0 < number < math.inf)
+
+
+def checked_bool(value: object, name: str) -> bool:
+    """``value`` as a bool (NumPy's included), or an :class:`InvalidType` naming it: a switch is
+    ``True`` or ``False``, never a truthy string or number."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidType(f"{name} must be True or False, got {value!r:.60}")
+    return bool(value)
 
 
 def checked_choice(value: object, name: str, choices: tuple[str, ...]) -> str:

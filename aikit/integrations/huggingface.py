@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 
 import aikit.autolrs.Torch
 import aikit.elastic.Torch
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.plan import nearest_even_batches
 
 __all__ = ["AutoLRSCallback", "plan_arguments"]
@@ -34,7 +34,7 @@ def plan_arguments(global_batch_size: int, max_gpu_batch_size: int, gpus: int | 
     plan = aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size, gpus=gpus)
     if not plan.is_even or plan.gpus != plan.available_gpus:
         below, above = nearest_even_batches(plan.global_batch_size, plan.max_gpu_batch_size, plan.available_gpus)
-        raise ValueError(
+        raise InvalidValue(
             f"global_batch_size {plan.global_batch_size} does not split evenly over {plan.available_gpus} device(s) "
             f"with at most {plan.max_gpu_batch_size} samples each, and the Trainer gives every device the same "
             f"batch: use global_batch_size {below} or {above}"
@@ -84,7 +84,7 @@ class AutoLRSCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if not self._losses:
-            raise RuntimeError("AutoLRSCallback saw no training loss in this step: did the model compute one?")
+            raise InvalidState("AutoLRSCallback saw no training loss in this step: did the model compute one?")
         step_loss = sum(self._losses) / len(self._losses)
         self._losses.clear()
         self._deciding = True

@@ -13,7 +13,7 @@ from aikit.optional import torch  # noqa: F401  isort: skip  (first: a missing t
 import sys
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.plan import Plan, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
@@ -88,7 +88,7 @@ def summary() -> str:
     """The plan in a few readable lines, and the engine it runs on."""
     plan = sys.modules[__name__].__dict__.get("plan")
     if plan is None:
-        raise RuntimeError("call aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size) first")
+        raise InvalidState("call aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size) first")
     return f"{plan.summary()}\n  engine: {distributed.engine()} ({distributed.world_size()} process(es))"
 
 

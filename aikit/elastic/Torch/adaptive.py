@@ -41,7 +41,7 @@ import torch
 
 from aikit.core.adaptive import AdaptiveRun, AdaptiveSchedule, UpdateClock, update_timing
 from aikit.core.autolrs import write_schedule
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.goodput import BatchSplit, GoodputController
 from aikit.core.gradient_noise import update_estimates
 from aikit.core.plan import largest_even_batch
@@ -204,7 +204,7 @@ class AdaptiveSampler(CustomSampler):
             if self.step >= len(plan):
                 if plan.complete:
                     return
-                raise RuntimeError(
+                raise InvalidState(
                     f"the DataLoader asked for update {plan.first_step + self.step}'s samples before it was decided "
                     f"(lookahead={self.lookahead}): it prefetches further ahead than the sampler decides; build the "
                     "loader with sampler.loader(dataset, ...) or give AdaptiveSampler "

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from aikit.core import gradient_noise
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, update_estimates
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
@@ -183,7 +183,7 @@ class TraceOptimizer(WrappingOptimizer):
     def step(self, closure=None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update."""
         if self._broadcast_pending:
-            raise RuntimeError(
+            raise InvalidState(
                 f"{type(self).__name__}.step() before set_epoch(): with {self.sampler.num_replicas} replicas, "
                 "call optimizer.set_epoch(epoch) (or ElasticState.restore()) before the first micro-batch; it "
                 "gives every replica rank 0's parameters, which must happen before the first forward"
@@ -193,7 +193,7 @@ class TraceOptimizer(WrappingOptimizer):
             with torch.enable_grad():
                 closure()
         if self.step_index >= len(self.plan):
-            raise RuntimeError(
+            raise InvalidState(
                 f"epoch {self.epoch} has {len(self.plan)} steps and all are done: call "
                 f"set_epoch({self.epoch + 1}) on the sampler and this optimizer before the next epoch"
             )

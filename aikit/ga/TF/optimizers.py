@@ -36,6 +36,7 @@ import inspect
 
 import tensorflow as tf
 
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, reduction_name
 from aikit.core.validate import positive_int
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
@@ -60,21 +61,21 @@ class Optimizer(keras.optimizers.Optimizer):
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None,
                  reduction: str = "mean", **kwargs):
         if kwargs:
-            raise ValueError(
+            raise InvalidValue(
                 f"aikit's GA Optimizer takes only optimizer, steps, name and reduction, got {sorted(kwargs)}: set "
                 "learning rate, weight decay, clipping and EMA on the wrapped optimizer"
             )
         if isinstance(optimizer, dict):  # from a saved config
             optimizer = keras.optimizers.deserialize(optimizer)
         if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise TypeError(
+            raise InvalidType(
                 f"optimizer must be a Keras 3 optimizer instance such as keras.optimizers.Adam(1e-3), "
                 f"got {type(optimizer).__name__}"
             )
         if isinstance(optimizer, Optimizer):
-            raise ValueError("optimizer is already an aikit GA Optimizer: set its .steps instead of wrapping it")
+            raise InvalidValue("optimizer is already an aikit GA Optimizer: set its .steps instead of wrapping it")
         if optimizer.gradient_accumulation_steps:
-            raise ValueError(
+            raise InvalidValue(
                 f"optimizer already accumulates with Keras' gradient_accumulation_steps="
                 f"{optimizer.gradient_accumulation_steps}: create it without that argument and let "
                 "aikit accumulate"
@@ -160,7 +161,7 @@ class Optimizer(keras.optimizers.Optimizer):
             if (tf.inside_function() and tf.distribute.has_strategy()
                     and not tf.__internal__.distribute.strategy_supports_no_merge_call()):
                 # variables made while tracing the replica function break the update's tf.cond
-                raise ValueError(
+                raise InvalidValue(
                     "build the GA optimizer before tracing under a tf.distribute strategy: call "
                     "optimizer.build(model.trainable_variables) inside strategy.scope() first "
                     "(Model.fit does this itself)"
@@ -169,12 +170,12 @@ class Optimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
         variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
         if tf.distribute.in_cross_replica_context():
-            raise ValueError(
+            raise InvalidValue(
                 "apply() must run in a replica context: call it inside strategy.run(...) or Model.fit"
             )
         grads = list(grads)
         if len(grads) != len(variables):
-            raise ValueError(f"apply() got {len(grads)} gradients for {len(variables)} variables")
+            raise InvalidValue(f"apply() got {len(grads)} gradients for {len(variables)} variables")
         sums = [None if g is None else self._accumulators[self._index_of(v)]
                 for g, v in zip(grads, variables, strict=True)]
         for total, grad in zip(sums, grads, strict=True):
@@ -195,7 +196,7 @@ class Optimizer(keras.optimizers.Optimizer):
         try:
             return self._get_variable_index(variable)
         except KeyError:
-            raise ValueError(
+            raise InvalidValue(
                 f"apply() got a gradient for variable {getattr(variable, 'path', variable.name)!r}, which this GA "
                 "optimizer was not built for: it accumulates the variables of its first apply() or build(); "
                 "apply gradients for those, or build a new optimizer for the new variables"

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
@@ -64,7 +64,7 @@ class LRFinder(RangeTestResults):
                 "keras.Input or call it on one batch first"
             )
         if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
-            raise RuntimeError(
+            raise InvalidState(
                 "the optimizer's learning rate is a LearningRateSchedule; the range test sets the LR "
                 "itself: run it with an optimizer built with a float learning_rate"
             )

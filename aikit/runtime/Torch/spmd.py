@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.trace import Trace, multiple_problems
 from aikit.core.validate import positive_int
 
@@ -59,7 +59,7 @@ def data_mesh():
     import torch_xla.runtime as xr
 
     if not xr.is_spmd():
-        raise RuntimeError(
+        raise InvalidState(
             "torch_xla is not in SPMD mode: call torch_xla.runtime.use_spmd() at the start of the program, "
             "before any tensor is put on an XLA device"
         )
@@ -94,7 +94,7 @@ def _mesh(mesh):
 
     mesh = xs.get_global_mesh()
     if mesh is None:
-        raise RuntimeError("no mesh: call aikit.elastic.Torch.spmd.data_mesh() first, or pass mesh=")
+        raise InvalidState("no mesh: call aikit.elastic.Torch.spmd.data_mesh() first, or pass mesh=")
     return mesh
 
 
