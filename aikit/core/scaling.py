@@ -74,21 +74,22 @@ def adaptive_rule_name(rule: str) -> str:
 def adaptive_lr(
     base_lr: float,
     batch_size: int,
-    base_batch: int,
+    ref_batch_size: int,
     rule: str,
     noise: NoiseEstimate | None,
     step: int = 0,
     warmup_steps: int = 0,
 ) -> float:
     """The LR of an adaptive run's update at ``batch_size``: with ``adascale``, ``base_lr`` times
-    AdaScale's gain over ``base_batch`` from the smoothed ``noise`` (``base_lr`` itself at the base
-    batch or before a first estimate); otherwise :func:`scaled_lr` of the rule (with its warmup)."""
+    AdaScale's gain over ``ref_batch_size`` from the smoothed ``noise`` (``base_lr`` itself at
+    ``ref_batch_size`` or before a first estimate); otherwise :func:`scaled_lr` of the rule (with
+    its warmup)."""
     if adaptive_rule_name(rule) != "adascale":
-        return scaled_lr(base_lr, batch_size, base_batch, rule, step, warmup_steps)
+        return scaled_lr(base_lr, batch_size, ref_batch_size, rule, step, warmup_steps)
     _check_lr(base_lr)
-    if noise is None or batch_size == base_batch:
+    if noise is None or batch_size == ref_batch_size:
         return base_lr
-    return base_lr * gain(noise.trace, noise.grad_sq, batch_size, base_batch)
+    return base_lr * gain(noise.trace, noise.grad_sq, batch_size, ref_batch_size)
 
 
 def _check_lr(base_lr: float) -> None:

@@ -29,7 +29,7 @@ def current_plan() -> Plan:
     plan = published(__package__)  # what aikit.elastic.TF.init published
     if plan is None:
         raise InvalidState(
-            "aikit.elastic.TF.init(global_batch_size, max_gpu_batch_size) must be called before "
+            "aikit.elastic.TF.init(global_batch_size, max_device_batch) must be called before "
             "wrapping or compiling a model"
         )
     return plan

@@ -175,8 +175,8 @@ class ElasticState:
             raise InvalidValue(
                 f"under Horovod elastic every worker must get a micro-batch in every step, but step {step} of "
                 f"epoch {plan.epoch} (global batch {int(plan.batch_sizes[step])}) has "
-                f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.minibatch_size} for {workers} "
-                f"workers: use a minibatch_size that divides every batch size and is at most "
+                f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.micro_batch} for {workers} "
+                f"workers: use a micro_batch that divides every batch size and is at most "
                 f"{int(plan.batch_sizes.min())} / (--max-np)"
             )
 
@@ -303,7 +303,7 @@ class ElasticState:
             return -(-micro // workers)
 
         return (f"{line}; epoch {opt.epoch} step {step}: global batch {int(plan.batch_sizes[step])} = {micro} "
-                f"micro-batches of {plan.minibatch_size}, at most {per_worker(saved_world_size)} per worker before, "
+                f"micro-batches of {plan.micro_batch}, at most {per_worker(saved_world_size)} per worker before, "
                 f"{per_worker(now)} now (same samples, same LR)")
 
     def _replan(self) -> None:
