@@ -45,6 +45,18 @@ keras = keras_on_tensorflow()
 ops = keras.ops
 
 
+MAX_STEPS = 2**63 - 1  # the GA steps live in an int64 variable
+
+
+def checked_steps(steps: object) -> int:
+    """``steps`` as the int a Keras GA optimizer can hold, or an aikit error naming it."""
+    steps = positive_int(steps, "steps")
+    if steps > MAX_STEPS:
+        raise InvalidValue(f"steps must be at most 2**63 - 1, got {steps}: Keras keeps the GA steps in an int64 "
+                           "variable")
+    return steps
+
+
 @keras.saving.register_keras_serializable(package="aikit")
 class Optimizer(keras.optimizers.Optimizer):
     """Accumulate gradients over ``steps`` calls, then apply their mean with ``optimizer``.
@@ -80,7 +92,7 @@ class Optimizer(keras.optimizers.Optimizer):
                 f"{optimizer.gradient_accumulation_steps}: create it without that argument and let "
                 "aikit accumulate"
             )
-        steps = positive_int(steps, "steps")
+        steps = checked_steps(steps)
         reduction = reduction_name(reduction)
         super().__init__(learning_rate=lambda: self.inner.learning_rate, name=name)
         self.reduction = reduction
@@ -115,7 +127,7 @@ class Optimizer(keras.optimizers.Optimizer):
 
     @steps.setter
     def steps(self, steps: int) -> None:
-        self._steps.assign(positive_int(steps, "steps"))
+        self._steps.assign(checked_steps(steps))
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -176,6 +188,12 @@ class Optimizer(keras.optimizers.Optimizer):
         grads = list(grads)
         if len(grads) != len(variables):
             raise InvalidValue(f"apply() got {len(grads)} gradients for {len(variables)} variables")
+        if grads and all(grad is None for grad in grads):
+            raise InvalidValue(
+                f"apply() got no gradient for any of the {len(grads)} variables (all None): the loss does not depend "
+                "on them; check that the model's output reaches the loss (Keras refuses this too: 'No gradients "
+                "provided for any variable')"
+            )
         sums = [None if g is None else self._accumulators[self._index_of(v)]
                 for g, v in zip(grads, variables, strict=True)]
         for total, grad in zip(sums, grads, strict=True):

@@ -263,6 +263,12 @@ def _dataset(data, name: str, batch_size: int, shuffle: bool) -> tf.data.Dataset
     if isinstance(data, tf.data.Dataset):
         return data
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        lengths = [len(part) for part in data]
+        if len(set(lengths)) > 1:
+            parts = ", ".join(f"{part} {length}" for part, length in zip(("x", "y", "sample_weight"), lengths,
+                                                                          strict=False))
+            raise InvalidValue(f"`{name}` holds arrays of different lengths ({parts}): give one entry per sample in "
+                               "each")
         dataset = tf.data.Dataset.from_tensor_slices(tuple(data))
         if shuffle:
             dataset = dataset.shuffle(len(data[0]), reshuffle_each_iteration=True)
