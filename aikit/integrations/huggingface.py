@@ -28,11 +28,12 @@ def plan_arguments(global_batch_size: int, max_device_batch: int | None = None, 
     (``max_gpu_batch_size=``, Run:AI's AIkit Elastic's name, says the same).
 
     The plan is :func:`aikit.elastic.Torch.init`'s for the processes of this run (torchrun's
-    ``WORLD_SIZE``, or 1) or for ``gpus``. The Trainer gives every device the same batch, so an
-    uneven split is refused with the nearest global batches that split evenly. Every update
-    holds exactly ``global_batch_size`` samples when the data set is a multiple of it and
-    ``dataloader_drop_last=True``: the Trainer divides each micro-batch loss by the GA steps, so
-    a short last batch, or an epoch's last update with fewer micro-batches, is weighted wrongly.
+    ``WORLD_SIZE``, or 1) or for ``gpus`` of the GPUs one process finds (at most those). The
+    Trainer gives every device the same batch, so an uneven split is refused with the nearest
+    global batches that split evenly. Every update holds exactly ``global_batch_size`` samples
+    when the data set is a multiple of it and ``dataloader_drop_last=True``: the Trainer divides
+    each micro-batch loss by the GA steps, so a short last batch, or an epoch's last update with
+    fewer micro-batches, is weighted wrongly.
     """
     plan = aikit.elastic.Torch.init(global_batch_size, max_device_batch, gpus=gpus,
                                     max_gpu_batch_size=max_gpu_batch_size)
