@@ -36,8 +36,8 @@ def model() -> torch.nn.Module:
 
 
 def trace_optimizer(net: torch.nn.Module, broadcast: bool) -> LinearRuleOptimizer:
-    sampler = CustomSampler(64, [16, 16, 16, 16], minibatch_size=8, seed=1)
-    return LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), sampler, ref_batchsize=16,
+    sampler = CustomSampler(64, [16, 16, 16, 16], micro_batch=8, seed=1)
+    return LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), sampler, ref_batch_size=16,
                                broadcast=broadcast)
 
 
