@@ -530,9 +530,9 @@ def _refuse_a_file(directory: Path) -> None:
     for path in (directory, *directory.parents):
         if path.exists():
             if not path.is_dir():
-                raise InvalidValue(
-                    f"ElasticState's directory {directory} {'is' if path == directory else f'lies under {path}, '}"
-                    "a file, not a directory: give a directory (it is created at the first commit)")
+                where = "is a file" if path == directory else f"lies under {path}, a file"
+                raise InvalidValue(f"ElasticState's directory {directory} {where}, not a directory: give a "
+                                   "directory (it is created at the first commit)")
             return
 
 
@@ -559,9 +559,9 @@ def _kind(obj) -> str | None:
     if not hasattr(obj, "state_dict"):
         return None
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
-    inner = getattr(obj, "optimizer", None)
-    return f"{kind}({type(inner).__module__}.{type(inner).__qualname__})" if isinstance(
-        inner, torch.optim.Optimizer) else kind
+    if not isinstance(obj, WrappingOptimizer):
+        return kind
+    return f"{kind}({type(obj.optimizer).__module__}.{type(obj.optimizer).__qualname__})"
 
 
 def _tensors_of(obj) -> Iterator[torch.Tensor]:
