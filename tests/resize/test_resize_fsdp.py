@@ -3,9 +3,11 @@ DCP, on real gloo workers (torchrun, CPU, float64).
 
 A run that loses its workers mid-update and goes on with another number of them (2 -> 1, 1 -> 2,
 2 -> 3, the last a ragged plan) ends at the uninterrupted big-batch run's weights and AdamW state,
-having trained every step once from where its last commit stood. A shard with one changed byte is
-caught on every rank, each warning the same, and the previous commit restored. A commit killed
-while the shards are written leaves the previous commit, restored without a warning.
+having trained every step once from where its last commit stood; the commit it went on from, read
+in one process into a model that is not sharded, holds the big-batch run's state at that step. A
+shard with one changed byte is caught on every rank, each warning the same, and the previous
+commit restored. A commit killed while the shards are written leaves the previous commit,
+restored without a warning.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_common import reference, schedule, steps
+from fsdp_common import adamw, model, reference, schedule, steps
 
 from aikit.elastic.Torch import checkpoint
+from aikit.elastic.Torch.resize import ElasticState
+from aikit.ga.Torch.optim import Optimizer
+from aikit.runtime.Torch import random_state
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
@@ -39,6 +44,23 @@ def close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
     return max(float((torch.as_tensor(got[k]).double() - want[k].double()).abs().max()) for k in want)
 
 
+def restored_whole(ckpt: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The newest commit restored in this process, with no process group and no FSDP: a whole
+    model and AdamW, which read every rank's shards. Its position, weights and AdamW state by
+    name (as :func:`fsdp_common.reference` gives them)."""
+    net = model(seed=9)
+    opt = Optimizer(adamw(net.parameters()), steps=1, reduction="sum")
+    state = ElasticState(ckpt, model=net, optimizer=opt, position={"epoch": 0, "step": 0}, verbose=False)
+    rng = random_state.get_state()  # restore() sets the commit's streams: this process's go on after
+    try:
+        assert state.restore()
+    finally:
+        random_state.set_state(rng)
+    names = {p: name for name, p in net.named_parameters()}
+    adam = {f"{names[p]}.{key}": value for p, values in opt.state.items() for key, value in values.items()}
+    return dict(state.position), net.state_dict(), adam
+
+
 def check_steps(ranks: list[dict], expected: list[tuple[int, int]]) -> None:
     """The micro-batches the ranks trained are exactly the steps ``expected``, in order, each
     on its global batch: every sample once, dealt over the ranks."""
@@ -55,8 +77,12 @@ def check_steps(ranks: list[dict], expected: list[tuple[int, int]]) -> None:
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3)], ids=["2to1", "1to2", "2to3"])
 def test_a_sharded_run_resized_mid_update_equals_the_uninterrupted_run(tmp_path, torchrun, before, after):
     first = run(torchrun, before, tmp_path, "first", "--stop-after", STOP_AFTER)
-    second = run(torchrun, after, tmp_path, "second", "--init-seed", 5)
     order = steps()
+    position, weights, adam = restored_whole(tmp_path / "ckpt")  # and unsharded, in one process
+    assert position == {"epoch": order[STOP_AFTER][0], "step": order[STOP_AFTER][1]}
+    want_weights, want_adam = reference(STOP_AFTER)
+    assert close(weights, want_weights) < 1e-9 and close(adam, want_adam) < 1e-9
+    second = run(torchrun, after, tmp_path, "second", "--init-seed", 5)
     for rank in second:  # the restore: the last commit, where it stood in the trace
         assert rank["restored_from"]["commit"] == STOP_AFTER and rank["restored_from"]["world_size"] == before
         assert rank["position"] == {"epoch": order[STOP_AFTER][0], "step": order[STOP_AFTER][1]}

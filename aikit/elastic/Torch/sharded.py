@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -315,11 +316,15 @@ def load(destinations: dict[str, torch.Tensor], directory: Path, index: dict) ->
 def _same_error_everywhere():
     """DCP gathers every rank's failure into one ``CheckpointException`` raised on every rank:
     raise instead the lowest failing rank's own error when it is aikit's (the same on every
-    rank, naming the other ranks that failed), else a :class:`CheckpointError` with DCP's report."""
+    rank, naming the other ranks that failed), else a :class:`CheckpointError` with DCP's report.
+    DCP's warning that it runs in one process is silenced: a commit loaded without a process
+    group (one process evaluating a sharded run's commit) is meant."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            yield
     except CheckpointException as exception:
         failures = sorted(exception.failures.items())
         for rank, (error, _) in failures:
