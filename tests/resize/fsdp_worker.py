@@ -1,6 +1,6 @@
 """One worker of the sharded resize tests, under ``torchrun --nproc-per-node N`` (gloo, CPU).
 
-    fsdp_worker.py OUT CKPT NAME [--init-seed S] [--stop-after K] [--pause-commit C]
+    fsdp_worker.py OUT CKPT NAME [--init-seed S] [--stop-after K] [--pause-commit C] [--forget-restore]
 
 A model sharded with FSDP2 (``fully_shard`` on each Linear and the root), AdamW in aikit's GA
 wrapper, an ``ElasticState(CKPT, model=, optimizer=, position=)`` restored at start. Each trace
@@ -11,7 +11,8 @@ is committed, with ``position`` (the next epoch and step) as a plain value.
 ``--stop-after K``: after the K-th update of this run, take one micro-step of the next and exit
 (a worker lost mid-update: that update was never committed). ``--pause-commit C``: rank 1
 stops in commit C before writing its shard, touches OUT/NAME.paused and sleeps until killed
-(each rank writes its pid to OUT/NAME.pid<r> at start). ``restore()`` runs with ``torch.load``
+(each rank writes its pid to OUT/NAME.pid<r> at start). ``--forget-restore``: no ``restore()``;
+the first commit's error is what each rank saves, and it exits. ``restore()`` runs with ``torch.load``
 and ``pickle.load`` failing. Each rank saves what it saw to OUT/NAME.rank<r>.pt: the restore, its
 warnings, every micro-batch's samples, and (all ranks gather them) the final weights and AdamW
 state.
@@ -37,6 +38,7 @@ from fsdp_common import MAX_MICRO, adamw, data, model, schedule, steps
 from torch.distributed.fsdp import fully_shard
 
 import aikit.elastic.Torch as elastic
+from aikit.core.errors import CommitError
 from aikit.core.windows import micro_batch_slices
 from aikit.elastic.Torch import sharded
 from aikit.elastic.Torch.checkpoint import CorruptCheckpointWarning
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--init-seed", type=int, default=0)
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--pause-commit", type=int, default=None)
+    parser.add_argument("--forget-restore", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -102,7 +105,7 @@ def main() -> None:
     state = ElasticState(args.ckpt, model=net, optimizer=opt, position={"epoch": 0, "step": 0}, verbose=False)
     with warnings.catch_warnings(record=True) as caught, no_file_unpickled():
         warnings.simplefilter("always")
-        restored = state.restore()
+        restored = False if args.forget_restore else state.restore()
     seen = {"restored": restored, "restored_from": state.restored_from, "commits": state.commits,
             "position": dict(state.position), "log": [],
             "warnings": [str(w.message) for w in caught if issubclass(w.category, CorruptCheckpointWarning)]}
@@ -128,6 +131,15 @@ def main() -> None:
         assert opt.position == 0
         following = order[order.index((epoch, step)) + 1] if (epoch, step) != order[-1] else (None, None)
         state.position = {"epoch": following[0], "step": following[1]}
+        if args.forget_restore:
+            try:
+                state.commit()
+                seen["refused"] = None
+            except CommitError as error:
+                seen["refused"] = str(error)
+            torch.save(seen, args.out / f"{args.name}.rank{rank}.pt")
+            dist.destroy_process_group()
+            return
         state.commit()
     seen["final"] = {k: v.full_tensor() for k, v in net.state_dict().items()}
     names = {p: name for name, p in net.named_parameters()}

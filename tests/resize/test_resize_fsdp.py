@@ -158,3 +158,18 @@ def test_sigkill_in_the_middle_of_a_sharded_commit_leaves_the_previous_commit(tm
             marker["sharded"]["files"])
     assert sorted(p.name for p in ckpt.iterdir() if p.name.endswith(".shards")) == [
         checkpoint.shard_directory(ckpt, n).name for n in (newest - 1, newest)]
+
+
+def test_a_sharded_run_that_forgot_restore_is_refused_on_every_rank_before_any_shard_is_written(tmp_path, torchrun):
+    run(torchrun, 2, tmp_path, "first", "--stop-after", 2)  # commits 1 and 2
+    ckpt = tmp_path / "ckpt"
+    before = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    forgot = run(torchrun, 2, tmp_path, "forgot", "--forget-restore")
+    refusals = {rank["refused"] for rank in forgot}
+    assert len(refusals) == 1  # the same words on every rank
+    (message,) = refusals
+    assert message.startswith(f"commit 1 would replace or delete commit(s) 1, 2 in {ckpt}, which this ElasticState "
+                              "did not restore: call state.restore() before training to go on from them, pass "
+                              "ElasticState(..., overwrite=True) to start over there")
+    # not a shard written (a new file would be one), not a commit removed
+    assert {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
