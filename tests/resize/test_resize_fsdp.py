@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_common import adamw, model, reference, schedule, steps
+from fsdp_common import adamw, data, model, reference, schedule, steps
 
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.resize import ElasticState
@@ -103,6 +103,30 @@ def test_a_sharded_run_resized_mid_update_equals_the_uninterrupted_run(tmp_path,
             for epoch, step, _, _, index in rank["log"]:
                 sizes.setdefault((epoch, step), set()).add(len(index))
         assert {3, 2} in sizes.values()
+
+
+def test_a_replicated_commit_goes_on_sharded_each_rank_taking_its_part(tmp_path, torchrun):
+    """A run that outgrew DDP: its commit (one process, a whole model) restored into FSDP2 on 2
+    workers ends at the uninterrupted run's state, as if it had been sharded all along."""
+    x, y = data()
+    net = model()
+    opt = Optimizer(adamw(net.parameters()), steps=1, reduction="sum")
+    order, plan = steps(), schedule()
+    state = ElasticState(tmp_path / "ckpt", model=net, optimizer=opt, position={}, verbose=False)
+    for epoch, step in order[:STOP_AFTER]:  # the big-batch steps, one micro-step each
+        window = torch.as_tensor(plan.epoch(epoch).step_indices(step))
+        with opt.accumulate(net):
+            ((net(x[window]) - y[window]) ** 2).sum().div(len(window)).backward()
+        opt.step()
+    state.position = {"epoch": order[STOP_AFTER][0], "step": order[STOP_AFTER][1]}
+    state.commit()
+    assert "sharded" not in checkpoint.read(checkpoint.commit_path(tmp_path / "ckpt", 1))
+    sharded_on = run(torchrun, 2, tmp_path, "sharded", "--init-seed", 5)
+    weights, adam = reference()
+    for rank in sharded_on:
+        assert rank["restored_from"]["commit"] == 1 and rank["restored_from"]["world_size"] == 1
+        assert close(rank["final"], weights) < 1e-9 and close(rank["adam"], adam) < 1e-9
+    check_steps(sharded_on, order[STOP_AFTER:])
 
 
 def test_a_changed_byte_in_a_shard_is_caught_on_every_rank_and_the_previous_commit_restored(tmp_path, torchrun):

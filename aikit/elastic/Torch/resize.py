@@ -18,7 +18,9 @@ gradients accumulated mid-step belong to one replica's share of a deal that is a
 A model sharded with FSDP2 (DTensors) has no rank that holds all of it: then every rank writes
 its shards through PyTorch Distributed Checkpoint (:mod:`aikit.elastic.Torch.sharded`), rank 0
 writes the commit file (the marker, last, naming every shard and its SHA-256), and ``restore()``
-reads each rank's part of the shards for the world that loads, of any size.
+reads each rank's part of the shards for the world that loads, of any size. A replicated commit
+restored into a sharded model gives each rank its part of the whole tensors (a run that outgrew
+DDP goes on with FSDP2).
 
 A commit never replaces or deletes a commit it does not know: ``restore()`` learns the
 directory's commits, ``commit()`` refuses when another run wrote there since (or when a run
@@ -313,6 +315,8 @@ class ElasticState:
                 except CheckpointError as error:  # raised alike on every rank: fall back together
                     passed_over[payload["commit"]] = str(error)
                     continue
+            else:
+                payload = self._laid_out(payload)
             self._load(payload["objects"])
             self._replan()
             rank = distributed.rank()
@@ -401,6 +405,34 @@ class ElasticState:
         folder = self.directory / checkpoint.folder_name(index.get("directory"))
         sharded.load(destinations, folder, index)
         return {**payload, "objects": checkpoint.resolve_refs(payload["objects"], destinations)}
+
+    def _laid_out(self, payload: dict) -> dict:
+        """A replicated commit's whole tensors laid out as the kept objects' DTensors are now (a
+        run that outgrew DDP goes on sharded with FSDP2): each rank takes its part of the tensor
+        rank 0 sent it, with no collective. The payload as it was when nothing kept is sharded."""
+        dtensor = sharded.dtensor_type()
+        if not dtensor or not self._sharded():
+            return payload
+        from torch.distributed.tensor import distribute_tensor  # loaded already: the model holds DTensors
+
+        def laid_out(obj, value, path: tuple):
+            if isinstance(value, torch.Tensor) and not isinstance(value, dtensor):
+                template = _template_at(obj, path)
+                if isinstance(template, dtensor) and tuple(template.shape) == tuple(value.shape):
+                    return distribute_tensor(value, template.device_mesh, template.placements, src_data_rank=None)
+                return value
+            if isinstance(value, dict):
+                out = type(value)((key, laid_out(obj, item, (*path, key))) for key, item in value.items())
+                if hasattr(value, "_metadata"):
+                    out._metadata = value._metadata
+                return out
+            if type(value) in (list, tuple):
+                return type(value)(laid_out(obj, item, (*path, index)) for index, item in enumerate(value))
+            return value
+
+        objects = {name: laid_out(self._objects[name], state, ()) if name in self._objects else state
+                   for name, state in payload["objects"].items()}
+        return {**payload, "objects": objects}
 
     def _load(self, saved: dict) -> None:
         """Load every kept object, in one order whatever the keyword order: the objects aikit
@@ -573,29 +605,34 @@ def _tensors_of(obj) -> Iterator[torch.Tensor]:
         yield from (p for group in obj.param_groups for p in group["params"])
 
 
-def _shard_template(obj, path: tuple, ref: ShardedRef) -> torch.Tensor:
-    """The tensor of ``obj`` a sharded entry at ``path`` of its saved state loads into (its
-    layout, sharded or whole, decides what this rank reads): a model's entry of the same name,
-    an optimizer state's parameter; refused when there is none or its shape differs."""
+def _template_at(obj, path: tuple) -> torch.Tensor | None:
+    """The tensor of ``obj`` whose layout an entry at ``path`` of its saved state takes (sharded
+    or whole): a model's entry of the same name, an optimizer state's parameter; None if none."""
     if isinstance(obj, torch.nn.Module) and len(path) == 1:
-        have = obj.state_dict().get(path[0])
-        if have is not None:
-            if tuple(have.shape) != tuple(ref.shape):
-                raise InvalidValue(f"{path[0]} has shape {tuple(ref.shape)} in the checkpoint, "
-                                   f"{tuple(have.shape)} here")
-            return have
+        return obj.state_dict().get(path[0])
     if isinstance(obj, torch.optim.Optimizer):
         inner = obj.optimizer if isinstance(obj, WrappingOptimizer) else obj
         rest = path[1:] if isinstance(obj, WrappingOptimizer) and path[:1] == ("optimizer",) else path
         params = [p for group in inner.param_groups for p in group["params"]]
         if len(rest) == 3 and rest[0] == "state" and isinstance(rest[1], int) and 0 <= rest[1] < len(params):
-            param = params[rest[1]]
-            if tuple(param.shape) != tuple(ref.shape):
-                raise InvalidValue(f"the optimizer state {rest[2]!r} of parameter {rest[1]} has shape "
-                                   f"{tuple(ref.shape)} in the checkpoint, its parameter {tuple(param.shape)}")
-            return param
-    raise InvalidValue(f"the checkpoint holds a sharded tensor at {list(path)}, where this object has none to "
-                       "load it into: keep the same model and optimizer")
+            return params[rest[1]]
+    return None
+
+
+def _shard_template(obj, path: tuple, ref: ShardedRef) -> torch.Tensor:
+    """The tensor of ``obj`` a sharded entry at ``path`` of its saved state loads into (its
+    layout, sharded or whole, decides what this rank reads); refused when there is none or its
+    shape differs."""
+    have = _template_at(obj, path)
+    if have is None:
+        raise InvalidValue(f"the checkpoint holds a sharded tensor at {list(path)}, where this object has none to "
+                           "load it into: keep the same model and optimizer")
+    if tuple(have.shape) != tuple(ref.shape) and isinstance(obj, torch.nn.Module):
+        raise InvalidValue(f"{path[0]} has shape {tuple(ref.shape)} in the checkpoint, {tuple(have.shape)} here")
+    if tuple(have.shape) != tuple(ref.shape):
+        raise InvalidValue(f"the optimizer state {path[-1]!r} of parameter {path[-2]} has shape {tuple(ref.shape)} "
+                           f"in the checkpoint, its parameter {tuple(have.shape)}")
+    return have
 
 
 def _state_of(obj):
