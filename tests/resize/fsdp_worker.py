@@ -39,7 +39,7 @@ from torch.distributed.fsdp import fully_shard
 
 import aikit.elastic.Torch as elastic
 from aikit.core.errors import CommitError
-from aikit.core.windows import micro_batch_slices
+from aikit.core.plan import micro_batch_slices
 from aikit.elastic.Torch import sharded
 from aikit.elastic.Torch.checkpoint import CorruptCheckpointWarning
 from aikit.elastic.Torch.resize import ElasticState

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aikit.core.errors import AikitError, CheckpointError, CommitError, InvalidValue
+from aikit.core.errors import AikitError, CheckpointError, CommitError, InvalidState, InvalidValue
 from aikit.core.validate import checked_float, positive_int
 from aikit.elastic.Torch import checkpoint, sharded
 from aikit.elastic.Torch.checkpoint import CorruptCheckpointWarning, ShardedRef
@@ -155,14 +155,14 @@ class ElasticState:
         workers, whether hosts were added or removed, and if so stops for a resize.
         """
         if self.optimizer is not None and self.optimizer.micro:
-            raise RuntimeError(
+            raise InvalidState(
                 f"commit() in the middle of step {self.optimizer.step_index} of epoch {self.optimizer.epoch} "
                 f"({self.optimizer.micro} of its micro-batches accumulated): commit right after an update, "
                 "when optimizer.step() returns True"
             )
         for name, obj in self._objects.items():
             if isinstance(obj, GAOptimizer) and obj.position:
-                raise RuntimeError(
+                raise InvalidState(
                     f"commit() in the middle of an update: {name} has {obj.position} of its {obj.steps} "
                     "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
                 )
@@ -257,11 +257,11 @@ class ElasticState:
         short = np.flatnonzero(plan.micro_batches_per_step < workers)
         if short.size:
             step = int(short[0])
-            raise ValueError(
+            raise InvalidValue(
                 f"under Horovod elastic every worker must get a micro-batch in every step, but step {step} of "
                 f"epoch {plan.epoch} (global batch {int(plan.batch_sizes[step])}) has "
-                f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.minibatch_size} for {workers} "
-                f"workers: use a minibatch_size that divides every batch size and is at most "
+                f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.micro_batch} for {workers} "
+                f"workers: use a micro_batch that divides every batch size and is at most "
                 f"{int(plan.batch_sizes.min())} / (--max-np)"
             )
 
@@ -482,7 +482,7 @@ class ElasticState:
             return -(-micro // workers)
 
         return (f"{line}; epoch {opt.epoch} step {step}: global batch {int(plan.batch_sizes[step])} = {micro} "
-                f"micro-batches of {plan.minibatch_size}, at most {per_worker(saved_world_size)} per worker before, "
+                f"micro-batches of {plan.micro_batch}, at most {per_worker(saved_world_size)} per worker before, "
                 f"{per_worker(now)} now (same samples, same LR)")
 
     def _replan(self) -> None:
@@ -498,6 +498,7 @@ class ElasticState:
         if (sampler.num_replicas, sampler.rank) != (replicas, rank):
             sampler.set_world(replicas, rank)
             opt.redeal()
+        opt.compare_again()  # a worker that joined compares at its first collective: so must the others
 
     def _schedule_identity(self) -> dict | None:
         """What fixes every step's samples: a resumed run must have the same."""
