@@ -302,3 +302,24 @@ def mark_step(device: torch.device | str) -> None:
         import torch_xla.core.xla_model as xm
 
         xm.mark_step()
+
+
+def broadcast_gathering_(tensors: list[torch.Tensor], row: list[int], src: int = 0) -> list[list[int]]:
+    """:func:`broadcast_` ``tensors`` from replica ``src`` and gather every replica's ``row``
+    (numbers in 0..255, the same count on every replica), in one all-reduce: the other replicas
+    add zeros to ``src``'s tensors (exact), and each fills its own row of a table of zeros.
+    Returns the rows by rank. How replicas compare their settings without another round trip
+    (:mod:`aikit.core.agreement`)."""
+    replicas, rank = world()
+    if not tensors or replicas == 1:
+        broadcast_(tensors, src)
+        return [list(row)]
+    first = tensors[0]
+    dtype = first.dtype if first.is_floating_point() else torch.float32
+    table = torch.zeros(replicas, len(row), dtype=dtype, device=first.device)
+    table[rank] = torch.tensor(row, dtype=dtype)
+    if rank != src:
+        for tensor in tensors:
+            tensor.zero_()
+    all_reduce_sum_([*tensors, table])
+    return table.to(torch.int64).tolist()
