@@ -50,13 +50,13 @@ def launch(name: str, command: list[str], env: dict[str, str], timeout: float) -
 
 @pytest.fixture(scope="session")
 def torchrun():
-    """``run(script, *args)``: a real ``torchrun --standalone --nproc-per-node 2`` (gloo on CPU)
-    of a Python script (see :func:`launch`)."""
+    """``run(script, *args, nproc=2)``: a real ``torchrun --standalone --nproc-per-node 2`` (gloo
+    on CPU) of a Python script (see :func:`launch`)."""
 
-    def run(script: Path | str, *args: object, timeout: float = 240) -> subprocess.CompletedProcess:
+    def run(script: Path | str, *args: object, timeout: float = 240, nproc: int = 2) -> subprocess.CompletedProcess:
         env = {name: value for name, value in os.environ.items() if name not in TORCHRUN_VARIABLES}
         env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                    str(script), *map(str, args)]
         return launch(f"torchrun {script}", command, env, timeout)
 
