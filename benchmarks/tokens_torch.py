@@ -15,7 +15,8 @@ sources (padded to their longest sequence, so every micro-batch holds its own nu
 The loops run interleaved, update by update in a shuffled order, and the script prints the median
 of this thread's CPU time per update and the ratio to the hand-written loop (aim: <= 1.02):
 
-    python benchmarks/tokens_torch.py --rounds 40
+    python benchmarks/tokens_torch.py               # about 20 s
+    python benchmarks/tokens_torch.py --rounds 60 --context 128
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="micro-batches per update")
     parser.add_argument("--sequences", type=int, default=8, help="sequences per micro-batch")
-    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     args = parser.parse_args()
