@@ -40,8 +40,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import aikit.elastic.Torch
-from aikit.core.plan import Plan
-from aikit.core.windows import micro_batch_slices
+from aikit.core.plan import Plan, micro_batch_slices
 from aikit.datasets import IGNORE, pad_batch, stdlib_text
 from aikit.elastic.Torch import distributed
 from aikit.ga.Torch.optim import Optimizer, UpdateScheduler

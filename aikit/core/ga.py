@@ -100,9 +100,9 @@ def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1
     samples = non_negative_int(samples, "samples")
     window = non_negative_int(window_samples, "window_samples")
     if window == 0:
-        raise ValueError("window_samples must be positive: an update needs at least one sample")
+        raise InvalidValue("window_samples must be positive: an update needs at least one sample")
     if samples > window:
-        raise ValueError(f"a micro-batch of {samples} samples cannot lie in a window of {window}")
+        raise InvalidValue(f"a micro-batch of {samples} samples cannot lie in a window of {window}")
     return mean_scale(window, samples, averaging_replicas)
 
 
@@ -112,7 +112,7 @@ def equal_weight(micro_steps: int, reduction: str = "mean", replicas: int = 1, a
     over the window, or for ``reduction="sum"`` their sum."""
     steps = non_negative_int(micro_steps, "micro_steps")
     if steps == 0:
-        raise ValueError("an update needs at least one micro-step")
+        raise InvalidValue("an update needs at least one micro-step")
     return averaging_replicas / accumulated_divisor(steps, reduction, replicas)
 
 
@@ -130,7 +130,7 @@ def common_size(window_samples: int, micro_batches: int) -> int:
     shares: a plan's ragged split gives ``G // k`` or one more samples to each."""
     window, parts = non_negative_int(window_samples, "window_samples"), non_negative_int(micro_batches, "micro_batches")
     if window == 0 or parts == 0:
-        raise ValueError("a window needs samples and micro-batches")
+        raise InvalidValue("a window needs samples and micro-batches")
     base, extra = divmod(window, parts)
     return max(base + (2 * extra > parts), 1)
 
@@ -147,9 +147,9 @@ def short_window_factor(planned_samples: int, seen_samples: int) -> float:
     held ``seen_samples`` (an epoch's last, short update): planned / seen."""
     planned, seen = non_negative_int(planned_samples, "planned_samples"), non_negative_int(seen_samples, "seen_samples")
     if seen == 0:
-        raise ValueError("an update with no samples has no mean gradient: skip it instead")
+        raise InvalidValue("an update with no samples has no mean gradient: skip it instead")
     if seen > planned:
-        raise ValueError(
+        raise InvalidValue(
             f"the update held {seen} samples, more than the {planned} of its global batch: feed exactly "
             "global_batch_size samples per update (fewer only in an epoch's last one)"
         )

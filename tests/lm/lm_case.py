@@ -185,7 +185,7 @@ def train(case: Case, engine: str) -> dict:
     import torch.distributed as dist
 
     import aikit.elastic.Torch
-    from aikit.core.windows import micro_batch_slices
+    from aikit.core.plan import micro_batch_slices
     from aikit.elastic.Torch import distributed
     from aikit.ga.Torch.optim import Optimizer, UpdateScheduler
 
@@ -287,7 +287,7 @@ TRACE, MICRO = (8, 6, 2, 8, 4), 2  # in micro-batches of 2: 2 replicas get 2 and
 def trace_sampler(replicas: int, rank: int):
     from aikit.elastic.Torch import CustomSampler
 
-    return CustomSampler(SEQUENCES, list(TRACE), num_replicas=replicas, rank=rank, minibatch_size=MICRO,
+    return CustomSampler(SEQUENCES, list(TRACE), num_replicas=replicas, rank=rank, micro_batch=MICRO,
                          when_exhausted="stop")
 
 
@@ -317,7 +317,7 @@ def train_trace() -> dict:
     data, net = sequences(), model()
     sampler = trace_sampler(distributed.world_size(), distributed.rank())
     optimizer = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.3, momentum=0.9), sampler,
-                                    ref_batchsize=8, max_grad_norm=0.5)
+                                    ref_batch_size=8, max_grad_norm=0.5)
     first = []
     optimizer.register_step_pre_hook(lambda *_: None if first else first.extend(
         p.grad.detach().clone() for p in net.parameters()))

@@ -294,7 +294,7 @@ def test_a_trace_optimizer_weighs_its_micro_batches_by_their_tokens():
 def test_trace_optimizers_that_weigh_their_own_way_refuse_weight(cls):
     net, data = model(), sequences()
     sampler = trace_sampler(1, 0)
-    optimizer = cls(torch.optim.SGD(net.parameters(), lr=0.1), sampler, ref_batchsize=8)
+    optimizer = cls(torch.optim.SGD(net.parameters(), lr=0.1), sampler, ref_batch_size=8)
     refused(optimizer, net, data, InvalidValue, rf"{cls.__name__} weighs micro-batches its own way \(a sum, or "
             r"gradient noise measured from equal micro-batch means\), so it takes no weight=", weight=3)
 
@@ -302,7 +302,7 @@ def test_trace_optimizers_that_weigh_their_own_way_refuse_weight(cls):
 def test_a_trace_step_that_declares_tokens_for_some_micro_batches_only_is_refused():
     net, data = model(), sequences()
     sampler = trace_sampler(1, 0)
-    optimizer = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), sampler, ref_batchsize=8)
+    optimizer = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), sampler, ref_batch_size=8)
     sampler.set_epoch(0)
     optimizer.set_epoch(0)
     batches = iter(sampler)

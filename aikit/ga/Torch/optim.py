@@ -508,7 +508,7 @@ class Optimizer(WrappingOptimizer):
             raise InvalidValue(
                 f"accumulate(samples={samples}) weighs the micro-batch by samples / global batch, but "
                 "no global batch is known: pass Optimizer(..., global_batch_size=G) or call "
-                "aikit.elastic.Torch.init(G, max_gpu_batch_size) first"
+                "aikit.elastic.Torch.init(G, max_device_batch) first"
             )
         return plan.global_batch_size
 
