@@ -31,6 +31,8 @@ KERAS_RUNAI_TESTS = "tests/tf/test_keras_ga_prebuilt.py tests/tf/test_runai_ga_k
 HOROVOD_TESTS = "tests/horovod/test_horovod_ga.py"
 HOROVOD_SINGLE = "tests/horovod/test_horovod_single.py"
 ELASTIC_TESTS = "tests/horovod/test_horovod_elastic_ga.py"
+TOKEN_TESTS = "tests/lm/test_token_weights.py"
+TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -139,6 +141,19 @@ MUTANTS = [
      "p.grad = grad if has else None", "p.grad = grad", REDUCE_TESTS),
     ("overlap: armed in every micro-step, not only the last", "aikit/ga/Torch/optim.py",
      "        return self.sync_gradients\n", "        return True\n", REDUCE_TESTS),
+    # token-weighted accumulation: accumulate(model, weight=n) (tests/lm)
+    ("tokens: the mean of micro-batch means", "aikit/runtime/Torch/accumulator.py",
+     "        weight = self.checked_terms(weight)\n", "        weight = self.checked_terms(weight) * 0 + 1\n",
+     TOKEN_TESTS),
+    ("tokens: the weight applied twice", "aikit/runtime/Torch/output_weights.py",
+     "torch.where(weight != 0, grad * weight, 0)", "torch.where(weight != 0, grad * weight * weight, 0)",
+     TOKEN_TESTS),
+    ("tokens: the total counted per rank (DDP, FSDP2)", "aikit/ga/Torch/optim.py",
+     "        return self.engine.take_terms(summed=True)\n", "        return self.engine.take_terms()\n",
+     TOKEN_ENGINE_TESTS),
+    ("tokens: the count not summed with the gradients (reduce=True)", "aikit/ga/Torch/optim.py",
+     "            (total,) = self.engine.reduce([self.engine.take_terms()])\n",
+     "            self.engine.reduce([])\n            total = self.engine.take_terms()\n", TOKEN_ENGINE_TESTS),
     ("elastic: TorchState uses Horovod's own optimizer handler", "aikit/elastic/Torch/horovod.py",
      "\n\n_register_state_handler()", "", HOROVOD_SINGLE),
     ("elastic: a joining worker keeps its own optimizer state", "aikit/elastic/Torch/horovod.py",

@@ -1,13 +1,13 @@
 """One rank of a 2-process run of the torch LRFinder: a DDP model under ``torchrun
---nproc-per-node 2`` (gloo), Horovod's ``DistributedOptimizer`` under ``horovodrun -np 2
---gloo``, or a model on XLA:CPU in eth-easl's two-host scheme (.venv-xla, MY_HOST_WORLD_SIZE=2)
-whose optimizer averages the gradients over aikit's collectives first. aikit must detect each
-engine on its own.
+--nproc-per-node 2`` (gloo), an FSDP2 model (``fully_shard``) under torchrun, Horovod's
+``DistributedOptimizer`` under ``horovodrun -np 2 --gloo``, or a model on XLA:CPU in eth-easl's
+two-host scheme (.venv-xla, MY_HOST_WORLD_SIZE=2) whose optimizer averages the gradients over
+aikit's collectives first. aikit must detect each engine on its own.
 
 The ranks start from different LRs and read different data. Every criterion call is
 recorded (loss, samples, training or validating) with the LRs every optimizer step used, and
 written with the history to ``<out>/rank<r>.json`` for tests/lr_finder/test_lr_finder_replicas.py.
-Usage: torchrun --standalone --nproc-per-node 2 lr_finder_replicas_worker.py OUT_DIR
+Usage: torchrun --standalone --nproc-per-node 2 lr_finder_replicas_worker.py OUT_DIR [fsdp]
        horovodrun -np 2 -H localhost:2 --gloo python lr_finder_replicas_worker.py OUT_DIR horovod
        MY_HOST_WORLD_SIZE=2 MY_HOST_ORDINAL=h MY_DIST_ROOT=... python lr_finder_replicas_worker.py OUT_DIR xla
 (the XLA environment has no matplotlib: there the worker neither plots nor writes a CSV)
@@ -59,8 +59,18 @@ def model_and_optimizer(engine: str, rank: int, accumulation_steps: int):
         optimizer = torch.optim.SGD(model.parameters(), lr=[1e-4, 1e-3][rank], momentum=0.9)
         return model, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                backward_passes_per_step=accumulation_steps)
-    model = nn.parallel.DistributedDataParallel(model)
+    if engine == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        model = fully_shard(model)
+    else:
+        model = nn.parallel.DistributedDataParallel(model)
     return model, torch.optim.SGD(model.parameters(), lr=[1e-4, 1e-3][rank], momentum=0.9)
+
+
+def whole(tensor: torch.Tensor) -> list[float]:
+    """A parameter's values, gathered from its shards under FSDP2."""
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().flatten().tolist()
 
 
 def scenario(out: Path, engine: str, rank: int, name: str, val: DataLoader | None, accumulation_steps: int) -> dict:
@@ -80,9 +90,17 @@ def scenario(out: Path, engine: str, rank: int, name: str, val: DataLoader | Non
         calls.append({"loss": loss.item(), "samples": len(labels), "training": torch.is_grad_enabled()})
         return loss
 
+    start = [whole(p) for p in model.parameters()]
+    reduce_scatters = []  # FSDP2's, per range-test iteration: one per update, not per micro-batch
+    scatter = dist.reduce_scatter_single if engine == "fsdp" else None
+    if scatter is not None:
+        dist.reduce_scatter_single = lambda *args, **kwargs: (reduce_scatters.append(len(calls)),
+                                                              scatter(*args, **kwargs))[1]
     finder = LRFinder(model, optimizer, criterion)
     finder.range_test(loader(64, 10 + rank, 4), val_loader=val, end_lr=0.1, num_iter=6, smooth_f=0,
                       accumulation_steps=accumulation_steps, diverge_th=math.inf, progress_bar=False)
+    if scatter is not None:
+        dist.reduce_scatter_single = scatter
     ax, lr = (None, None) if engine == "xla" else finder.plot(skip_start=0, skip_end=0)
     if engine != "xla":
         finder.to_csv(out / f"{name}_rank{rank}.csv")
@@ -92,7 +110,9 @@ def scenario(out: Path, engine: str, rank: int, name: str, val: DataLoader | Non
         "step_lrs": list(step_lrs.values()),
         "drew": ax is not None,
         "suggested": lr,
-        "weights": [p.detach().flatten().tolist() for p in model.parameters()],
+        "weights": [whole(p) for p in model.parameters()],
+        "reset_to_start": finder.reset() or [whole(p) for p in model.parameters()] == start,
+        "reduce_scatters": reduce_scatters,
     }
 
 
@@ -106,14 +126,14 @@ def main(out: Path, engine: str) -> None:
     else:
         dist.init_process_group("gloo")
     rank = distributed.rank()
-    assert (distributed.engine(), distributed.world_size()) == (engine, 2)
+    assert (distributed.engine(), distributed.world_size()) == ("torch.distributed" if engine == "fsdp" else engine, 2)
     results = {
         "train": scenario(out, engine, rank, "train", None, accumulation_steps=2),
         # rank 0 validates on 10 samples, rank 1 on 6: the loss is the mean over all 16
         "val": scenario(out, engine, rank, "val", loader([10, 6][rank], 20 + rank, 4), accumulation_steps=1),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(results))
-    if engine == "torch.distributed":
+    if engine in ("torch.distributed", "fsdp"):
         dist.destroy_process_group()
 
 

@@ -1,7 +1,8 @@
 """The torch LRFinder on 2 real processes, under each engine aikit detects: DDP under torchrun
-(gloo), Horovod's DistributedOptimizer under horovodrun (gloo), and two XLA:CPU hosts in
-eth-easl's scheme (.venv-xla). Every rank uses rank 0's LRs and records the rank-averaged loss,
-so every rank stops together; one plot, one CSV; and Horovod records what torchrun records."""
+(gloo), an FSDP2 model under torchrun, Horovod's DistributedOptimizer under horovodrun (gloo),
+and two XLA:CPU hosts in eth-easl's scheme (.venv-xla). Every rank uses rank 0's LRs and records
+the rank-averaged loss, so every rank stops together; one plot, one CSV; reset() restores the
+start; and Horovod and FSDP2 record what DDP records."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from test_xla import xla_python
 from test_xla_replicas import ROOT, free_port, xla_env
 
 WORKER = Path(__file__).with_name("lr_finder_replicas_worker.py")
-ENGINES = ["torchrun", pytest.param("horovodrun", marks=pytest.mark.horovod)]
+ENGINES = ["torchrun", "torchrun_fsdp2", pytest.param("horovodrun", marks=pytest.mark.horovod)]
 XLA = pytest.param("xla_hosts", marks=pytest.mark.xla)
 pytestmark = pytest.mark.slow
 
@@ -53,6 +54,8 @@ def launch(launcher: str, request, tmp_path_factory, launched: dict) -> tuple[Pa
         out = tmp_path_factory.mktemp(f"lr_finder_{launcher}")
         if launcher == "xla_hosts":
             xla_hosts(WORKER, out, "xla")
+        elif launcher == "torchrun_fsdp2":
+            request.getfixturevalue("torchrun")(WORKER, out, "fsdp")
         else:
             request.getfixturevalue(launcher)(WORKER, out, *(["horovod"] if launcher == "horovodrun" else []))
         launched[launcher] = out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
@@ -132,3 +135,29 @@ def test_horovod_records_what_torchrun_records(request, tmp_path_factory, launch
     for a, b in zip(torchrun, horovod, strict=True):
         assert b[name]["history"] == a[name]["history"]
         assert b[name]["weights"] == a[name]["weights"]
+
+
+@pytest.mark.parametrize("name", ["train", "val"])
+@pytest.mark.parametrize("ranks", ENGINES, indirect=True)
+def test_reset_puts_the_starting_weights_back(ranks, name):
+    _, results = ranks
+    assert [r[name]["reset_to_start"] for r in results] == [True, True]
+
+
+def test_fsdp2_reduce_scatters_once_per_update_not_per_micro_batch(request, tmp_path_factory, launched):
+    """accumulation_steps=2: the first micro-batch's backward skips FSDP2's reduce-scatter
+    (aikit.runtime.Torch.gradient_sync), the second's reduce-scatters (criterion calls 2, 4, ...)."""
+    fsdp = launch("torchrun_fsdp2", request, tmp_path_factory, launched)[1]
+    for rank in fsdp:
+        assert rank["train"]["reduce_scatters"] == [2, 4, 6, 8, 10, 12]
+
+
+@pytest.mark.parametrize("name", ["train", "val"])
+def test_fsdp2_records_what_ddp_records(request, tmp_path_factory, launched, name):
+    ddp = launch("torchrun", request, tmp_path_factory, launched)[1]
+    fsdp = launch("torchrun_fsdp2", request, tmp_path_factory, launched)[1]
+    for a, b in zip(ddp, fsdp, strict=True):
+        assert b[name]["history"]["lr"] == a[name]["history"]["lr"]
+        assert b[name]["history"]["loss"] == pytest.approx(a[name]["history"]["loss"], rel=1e-12)
+        for got, want in zip(b[name]["weights"], a[name]["weights"], strict=True):
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-15)

@@ -279,6 +279,7 @@ class AdaptiveOptimizer(TraceOptimizer):
     """
 
     kind = "adaptive optimizer"
+    takes_weights = False  # its gradient noise is measured from equal micro-batch means
     _decides_while_training = True
 
     def __init__(

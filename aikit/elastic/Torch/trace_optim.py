@@ -24,8 +24,10 @@ order on every replica.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,7 +48,8 @@ from aikit.runtime.Torch.noise import MicroBatchNorms
 from aikit.runtime.Torch.state_checks import check_groups, check_pending
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
-_TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated"}
+_TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated", "terms"}
+_TRACE_KEYS_BEFORE_TERMS = _TRACE_KEYS - {"terms"}  # states saved before accumulate(weight=) existed
 LOG_FORMATS = ("eth-easl", "aikit")
 
 
@@ -83,6 +86,7 @@ class TraceOptimizer(WrappingOptimizer):
 
     rule = "linear"
     kind = "trace optimizer"
+    takes_weights = True  # accumulate(model, weight=n): the update is the mean over the step's loss terms
     per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
     _decides_while_training = False  # True: follows an AdaptiveSampler, whose epochs grow while training
 
@@ -128,6 +132,7 @@ class TraceOptimizer(WrappingOptimizer):
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.warmup_steps = 0 if warmup_steps == 0 else positive_int(warmup_steps, "warmup_steps")
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
+        self._terms: Any = None  # the running update's loss terms over every replica (None: not declared)
         self.params = self.engine.params()
         if not self.params:
             raise InvalidValue("the wrapped optimizer has no parameters that require gradients")
@@ -212,6 +217,7 @@ class TraceOptimizer(WrappingOptimizer):
         self.counts = self.plan.counts(sampler.rank)
         self.step_index, self.micro = step, micro
         self._untouched, self._joined = True, False
+        self.engine.terms, self._declared = 0, 0  # a step cut short is retrained: so are its terms
 
     def redeal(self) -> None:
         """Take this replica's share of the current step again after the sampler was dealt to a
@@ -221,6 +227,23 @@ class TraceOptimizer(WrappingOptimizer):
     @property
     def epoch(self) -> int:
         return self.plan.epoch
+
+    @contextlib.contextmanager
+    def accumulate(self, model: torch.nn.Module, weight: int | torch.Tensor) -> Iterator[None]:
+        """Run one micro-batch's forward and backward inside this context when its loss is a mean
+        over ``weight`` loss terms (a language model's tokens whose label is not ignored; an int or
+        a 0-d integer tensor): the step's update is then Σ nᵢ·gᵢ / Σ nᵢ over its micro-batches
+        on every replica, the count summed in the update's one all-reduce, instead of the mean of
+        the micro-batch means. Declare it for every micro-batch of a step or for none."""
+        if not self.takes_weights:
+            raise InvalidValue(
+                f"{type(self).__name__} weighs micro-batches its own way (a sum, or gradient noise measured from "
+                "equal micro-batch means), so it takes no weight=: use LinearRuleOptimizer, RootRuleOptimizer, "
+                "ConstantOptimizer or CustomOptimizer(reduction='mean') for loss terms"
+            )
+        with self.engine.count_terms(model, weight):
+            yield
+        self._declared += 1
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Does nothing: gradients are zeroed after every update (accumulating needs them kept)."""
@@ -260,6 +283,9 @@ class TraceOptimizer(WrappingOptimizer):
         """All-reduce this step's gradients and make its one update at the step's LR."""
         batch, step = self.get_bs(), self.step_index
         extras = self._local_statistics()
+        if self.takes_weights:  # every replica adds its loss terms, declared or not (0)
+            extras = [*extras, self.engine.take_terms(), float(self._declared)]
+            self._declared = 0
         settings = self.settings() if self._agreement_pending else {}  # broadcast=False: nothing was shared yet
         table = [0.0] * (row_length(settings) * self.sampler.num_replicas)
         if settings:
@@ -272,6 +298,9 @@ class TraceOptimizer(WrappingOptimizer):
             width = row_length(settings)
             self._agree(settings, [[round(v) for v in table[r * width:(r + 1) * width]]
                                    for r in range(self.sampler.num_replicas)])
+        if self.takes_weights:
+            *extras, terms, declared = extras
+            self._terms = self._declared_terms(terms, declared)
         self._observe(extras)
         lr = self._step_at_adapted_lr()
         self.updates += 1
@@ -317,9 +346,27 @@ class TraceOptimizer(WrappingOptimizer):
     def _updated(self, lr: tuple[float, ...]) -> None:
         """After the update (the position already on the next step), with its LRs."""
 
-    def _gradient_scale(self) -> float:
-        """Factor from the summed micro-batch gradients to the update's gradient: their mean."""
+    def _gradient_scale(self) -> float | torch.Tensor:
+        """Factor from the summed micro-batch gradients to the update's gradient: their mean over
+        the step's samples, or over its loss terms where they were declared."""
+        if self._terms is not None:
+            return self.engine.terms_scale(self._terms)
         return self.plan.weight(self.step_index)
+
+    def _declared_terms(self, terms: Any, declared: float) -> Any:
+        """The step's loss terms over every replica, None where no micro-batch declared any; a
+        step that declared them for some micro-batches only is refused (on every replica alike)."""
+        expected = int(self.plan.micro_batches_per_step[self.step_index])
+        if declared == 0:
+            return None
+        if declared != expected:
+            self.engine.discard()
+            self.optimizer.zero_grad()
+            raise InvalidValue(
+                f"{declared:g} of the {expected} micro-batches of step {self.step_index} declared their loss terms "
+                "with accumulate(model, weight=...): declare them for every micro-batch of a step or for none"
+            )
+        return terms
 
     # --- eth-easl's public surface --------------------------------------------------------------
     def get_lr(self) -> tuple[float, ...]:
@@ -363,7 +410,8 @@ class TraceOptimizer(WrappingOptimizer):
                 if self.micro else None
             return {"optimizer": self.optimizer.state_dict(),
                     "trace": {"epoch": self.epoch, "step": self.step_index, "micro": self.micro,
-                              "updates": self.updates, "rank": self.sampler.rank, "accumulated": accumulated},
+                              "updates": self.updates, "rank": self.sampler.rank, "accumulated": accumulated,
+                              "terms": [int(self.engine.terms), self._declared] if self._declared else None},
                     **self._extra_state()}
 
         return self._run_state_dict_hooks(build)
@@ -386,6 +434,7 @@ class TraceOptimizer(WrappingOptimizer):
         self._load_extra(state)
         self.sampler.resume(trace["epoch"], trace["step"], trace["micro"])
         self._start(trace["epoch"], trace["step"], trace["micro"])
+        self.engine.terms, self._declared = trace.get("terms") or (0, 0)
         self.updated = False
 
     _extra_keys: tuple[str, ...] = ()  # state_dict() keys a subclass adds
@@ -404,7 +453,7 @@ class TraceOptimizer(WrappingOptimizer):
             raise InvalidValue(f"not a {type(self).__name__} state: keys {keys}, expected "
                              f"{sorted(expected)} (load the wrapped optimizer's own state into it directly)")
         trace = state["trace"]
-        if not isinstance(trace, dict) or set(trace) != _TRACE_KEYS:
+        if not isinstance(trace, dict) or set(trace) not in (_TRACE_KEYS, _TRACE_KEYS_BEFORE_TERMS):
             raise InvalidValue(f"{type(self).__name__} state['trace'] needs keys {sorted(_TRACE_KEYS)}")
         for key in ("epoch", "step", "micro", "updates", "rank"):  # what this optimizer writes (was it edited?)
             non_negative_int(trace[key], f"the checkpoint's trace {key}")
@@ -462,6 +511,7 @@ class CustomOptimizer(TraceOptimizer):
             raise InvalidValue(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         super().__init__(optimizer, sampler, None, log_steps, **options)
         self.reduction = reduction
+        self.takes_weights = reduction == "mean"
 
     def _gradient_scale(self) -> float:
         return 1.0 if self.reduction == "sum" else super()._gradient_scale()
@@ -482,6 +532,7 @@ class LinearRuleMomentumOptimizer(TraceOptimizer):
 
     rule = "linear"
     per_micro_batch = True
+    takes_weights = False  # a sum of micro-batch gradients
     _adapted = ("lr", "weight_decay")
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
@@ -529,6 +580,7 @@ class AdaScaleOptimizer(TraceOptimizer):
 
     rule = "linear"
     per_micro_batch = True
+    takes_weights = False  # its gradient noise is measured from equal micro-batch means
     _extra_keys = ("adascale",)
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,

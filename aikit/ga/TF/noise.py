@@ -81,8 +81,16 @@ class NoiseOptimizer(Optimizer):
             self._micro_sq_norms = keras.Variable(0.0, name="micro_sq_norms", dtype="float64", trainable=False,
                                                   synchronization="on_read", aggregation="sum")
 
-    def apply(self, grads, trainable_variables=None):
+    def _check_weighable(self, weight) -> None:
+        raise InvalidValue(
+            f"NoiseOptimizer measures gradient noise from equal micro-batch means, so it takes no weight (got "
+            f"{weight}): train token-weighted micro-batches with aikit.ga.TF.optimizers.Optimizer"
+        )
+
+    def apply(self, grads, trainable_variables=None, weight=None):
         """Add this micro-batch's squared gradient norm to the replica's sum, then accumulate."""
+        if weight is not None:
+            self._check_weighable(weight)
         grads = list(grads)
         present = [g for g in grads if g is not None]
         if present and not tf.distribute.in_cross_replica_context():  # the base class refuses cross-replica

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.ga import accumulated_divisor, reduction_name
+from aikit.core.ga import accumulated_divisor, mean_scale, reduction_name
 from aikit.core.validate import checked_int, positive_int
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
@@ -104,6 +104,14 @@ class Optimizer(keras.optimizers.Optimizer):
             # micro-steps already summed into the accumulators for the coming update
             self._accumulated = keras.Variable(0, name="accumulated", dtype="int64", trainable=False,
                                                aggregation="only_first_replica")
+            # loss terms (apply(weight=n), TokenMean): this replica's sum towards the coming update,
+            # and the weight a loss declared for the running micro-step (declare_weight)
+            self._terms = keras.Variable(0.0, name="terms", dtype="float64", trainable=False,
+                                         synchronization="on_read", aggregation="sum")
+            self._declared_weight = keras.Variable(0.0, name="declared_weight", dtype="float64", trainable=False,
+                                                   synchronization="on_read", aggregation="sum")
+        self._weighs_terms = False  # set once a micro-step declares its loss terms (traced into apply and update)
+        self._weight_from_loss = False  # set once a loss declares them (TokenMean)
 
     def build(self, variables):
         """Create one per-replica accumulator per variable, and the wrapped optimizer's state."""
@@ -168,8 +176,37 @@ class Optimizer(keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list):
         self.inner.finalize_variable_values(var_list)
 
-    def apply(self, grads, trainable_variables=None):
-        """Add ``grads`` to this replica's sums; on the last micro-step apply their mean."""
+    def declare_weight(self, weight) -> None:
+        """Declare the running micro-step's loss terms from inside its loss (what
+        :class:`aikit.ga.TF.tokens.TokenMean` does in ``Model.fit``): the next :meth:`apply` on
+        this replica weighs its gradients by ``weight``, as ``apply(..., weight=weight)`` would."""
+        self._check_weighable(weight)
+        self._weight_from_loss = True
+        self._declared_weight.assign(ops.cast(weight, "float64"))
+
+    def _check_weighable(self, weight) -> None:
+        if self.reduction == "sum":
+            raise InvalidValue(
+                f"weight={weight} weighs a mean loss's micro-batch by its loss terms, but this optimizer sums the "
+                "micro-batch gradients (reduction='sum'), where a summed loss already counts its terms: leave out "
+                "the weight, or use reduction='mean' with a mean loss"
+            )
+        if isinstance(weight, (int, float)) and not weight >= 0:
+            raise InvalidValue(
+                f"weight must be a number >= 0, got {weight!r}: the number of loss terms whose mean is this "
+                "micro-batch's loss (for a language model, its tokens whose label is not ignored), or the sum of "
+                "their sample weights"
+            )
+
+    def apply(self, grads, trainable_variables=None, weight=None):
+        """Add ``grads`` to this replica's sums; on the last micro-step apply their mean.
+
+        ``weight``: the loss terms whose mean this micro-batch's loss is (a language model's
+        tokens whose label is not ignored, or the sum of their sample weights; a number or a
+        scalar tensor). Give it in every micro-step of an update (or let a :class:`TokenMean`
+        loss declare it): the update is then Σ nᵢ·gᵢ / Σ nᵢ over every micro-step and replica,
+        the per-term mean of the whole update, not the mean of the micro-batch means. A
+        micro-batch of weight 0 adds exactly nothing (even a NaN gradient)."""
         if not self.built:
             if (tf.inside_function() and tf.distribute.has_strategy()
                     and not tf.__internal__.distribute.strategy_supports_no_merge_call()):
@@ -197,9 +234,17 @@ class Optimizer(keras.optimizers.Optimizer):
             )
         sums = [None if g is None else self._accumulators[self._index_of(v)]
                 for g, v in zip(grads, variables, strict=True)]
+        if weight is not None:
+            self._check_weighable(weight)
+        elif self._weight_from_loss:
+            weight = self._declared_weight.value
+        if weight is not None:
+            self._weighs_terms = True
+            weight = ops.cast(weight, "float64")
+            self.assign_add(self._terms, weight)
         for total, grad in zip(sums, grads, strict=True):
             if grad is not None:
-                self.assign_add(total, grad)
+                self.assign_add(total, grad if weight is None else _weighed(grad, weight))
 
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
             self._maybe_update(lambda: self._update(sums, variables))
@@ -253,12 +298,28 @@ class Optimizer(keras.optimizers.Optimizer):
 
     def _update(self, sums, variables) -> None:
         """The real update (replica context): the wrapped optimizer applies the mean gradient."""
-        divisor = accumulated_divisor(self._accumulated + 1, self.reduction)  # of aikit.core.ga: mean or sum
-        grads = [None if s is None else s.value / ops.cast(divisor, s.dtype) for s in sums]
+        if self._weighs_terms:  # Σ nᵢ·gᵢ over the replicas (Keras sums them) / Σ nᵢ over the replicas
+            grads = [None if s is None else s.value * ops.cast(scale, s.dtype)
+                     for scale in [self._terms_scale()] for s in sums]
+        else:
+            divisor = accumulated_divisor(self._accumulated + 1, self.reduction)  # of aikit.core.ga: mean or sum
+            grads = [None if s is None else s.value / ops.cast(divisor, s.dtype) for s in sums]
         self.inner.apply(grads, variables)
         for total in sums:
             if total is not None:
                 total.assign(ops.zeros_like(total.value))
+
+    def _terms_scale(self):
+        """:func:`aikit.core.ga.mean_scale` of this update's loss terms, summed over the replicas
+        (an all-reduce of one number, in the update only), times the replicas whose sum Keras
+        takes of gradients scaled for distribution; the count is reset. An update without any
+        term (a graph cannot refuse it) steps on a zero gradient."""
+        context = tf.distribute.get_replica_context()
+        local = self._terms.value
+        total = local if context is None else context.all_reduce("sum", local)
+        self._terms.assign(ops.zeros((), "float64"))
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return mean_scale(ops.where(total > 0, total, ops.ones_like(total)), 1, replicas)
 
     def get_config(self) -> dict:
         return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner), "steps": self.steps,
@@ -271,6 +332,13 @@ class Optimizer(keras.optimizers.Optimizer):
         restored = cls.__new__(cls)  # a prebuilt subclass takes other arguments: wrap the saved inner as is
         Optimizer.__init__(restored, inner, **config)
         return restored
+
+
+def _weighed(grad, weight):
+    """``grad`` times ``weight``, exactly zero where the weight is 0 (a micro-batch without loss
+    terms, whose mean-loss gradient may be NaN)."""
+    weight = ops.cast(weight, grad.dtype)
+    return ops.where(weight != 0, grad * weight, ops.zeros_like(grad))
 
 
 def _prebuilt(inner: type[keras.optimizers.Optimizer]) -> type[Optimizer]:

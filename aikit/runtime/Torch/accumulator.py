@@ -108,9 +108,9 @@ class Accumulator:
 
     # --- loss terms: accumulate(model, weight=n) ------------------------------------------------
     def checked_terms(self, weight: Any) -> int | torch.Tensor:
-        """``weight`` as a count of loss terms: an int >= 0, or a 0-d integer tensor. A tensor's
-        value is read only where that costs nothing (on the CPU); on an accelerator it stays
-        there, moved to the parameters' device, until the update's collective."""
+        """``weight`` as a count of loss terms: an int >= 0, or a 0-d integer tensor. A tensor
+        stays a tensor on the parameters' device (the arithmetic never reads it, on every device
+        alike); its value is checked only where reading it costs nothing, on the CPU."""
         if isinstance(weight, torch.Tensor):
             if weight.dtype.is_floating_point or weight.dtype.is_complex or weight.dtype == torch.bool:
                 raise InvalidType(
@@ -123,7 +123,7 @@ class Accumulator:
                     "over the micro-batch, e.g. (labels != -100).sum()"
                 )
             if weight.device.type == "cpu":
-                return term_count(int(weight))
+                term_count(int(weight))  # a negative count refused
             device = self.device()
             return weight if weight.device == device else weight.to(device, non_blocking=True)
         return term_count(weight)
@@ -167,17 +167,19 @@ class Accumulator:
         return count.reshape(())
 
     def terms_scale(self, total: int | float | torch.Tensor, averaging_replicas: int = 1) -> Any:
-        """:func:`aikit.core.ga.mean_scale` of a total of loss terms: a number is checked (no
-        terms at all: refused, gradients cleared); a tensor on the device is not read, but kept
-        at least 1 and in the gradients' precision."""
-        if isinstance(total, torch.Tensor):  # read where that costs nothing
-            total = int(total) if total.device.type == "cpu" else total.to(self._grad_dtype()).clamp(min=1)
-        try:
-            return mean_scale(total, 1, averaging_replicas)
-        except InvalidValue:
-            self.discard()
-            self.optimizer.zero_grad()
-            raise
+        """:func:`aikit.core.ga.mean_scale` of a total of loss terms. A number is checked (no
+        terms at all: refused, the gradients cleared); so is a tensor on the CPU, where reading
+        it costs nothing. A tensor stays a tensor, in the gradients' precision and kept at least
+        1: on an accelerator an update without terms steps on a zero gradient."""
+        on_device = isinstance(total, torch.Tensor)
+        if not on_device or total.device.type == "cpu":
+            try:
+                mean_scale(int(total) if on_device else total)
+            except InvalidValue:
+                self.discard()
+                self.optimizer.zero_grad()
+                raise
+        return mean_scale(total.to(self._grad_dtype()).clamp(min=1) if on_device else total, 1, averaging_replicas)
 
     def _grad_dtype(self) -> torch.dtype:
         params = self.params()

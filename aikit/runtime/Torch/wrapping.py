@@ -10,12 +10,35 @@ without DDP) and the trace optimizers build on it, with an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from aikit.core.errors import InvalidType
+
+
+def _step_with_hooks(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` between torch's global step hooks, as ``torch.optim.Optimizer`` wraps every
+    ``step``, but without its profiler record (``record_function``), which costs about as much
+    as the rest of a micro-step's Python: the real update, the wrapped optimizer's own ``step``,
+    keeps its record and its hooks."""
+
+    @functools.wraps(step)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for hook in (*_global_optimizer_pre_hooks.values(), *self._optimizer_step_pre_hooks.values()):
+            result = hook(self, args, kwargs)
+            if result is not None:
+                args, kwargs = result
+        out = step(self, *args, **kwargs)
+        for hook in (*self._optimizer_step_post_hooks.values(), *_global_optimizer_post_hooks.values()):
+            hook(self, args, kwargs)
+        return out
+
+    wrapper.hooked = True  # torch.optim.Optimizer._patch_step_function leaves it as it is
+    return wrapper
 
 
 class _Wrapped:
@@ -45,6 +68,11 @@ class WrappingOptimizer(torch.optim.Optimizer):
     param_groups = _Wrapped()
     state = _Wrapped()
     defaults = _Wrapped()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__ and not getattr(cls.step, "hooked", False):
+            cls.step = _step_with_hooks(cls.step)
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
