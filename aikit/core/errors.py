@@ -34,3 +34,8 @@ class CheckpointError(InvalidValue):
 class CommitError(AikitError, OSError):
     """A commit that could not be written (disk full, read-only, ...); nothing was changed by it."""
 
+
+
+class TrainingFailed(AikitError, RuntimeError):
+    """Training that cannot go on as asked: a loss that stays NaN/inf through every rollback, a
+    validation function that never gives a finite number; the message says what was seen and the fix."""

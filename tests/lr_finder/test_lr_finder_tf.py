@@ -185,6 +185,21 @@ def test_bad_input_is_refused_by_name(make, error, message):
     assert str(raised.value).startswith(message)
 
 
+def test_a_downward_sweep_and_a_plot_before_any_test_are_refused_with_the_fix():
+    model = make_model()
+    finder = LRFinder(model)
+    with pytest.raises(RuntimeError, match=r"^plot\(\) reads the range test's history, which is empty: run "
+                                           r"range_test\(\) first$"):
+        finder.plot()
+    with pytest.raises(RuntimeError, match=r"run range_test\(\) first"):
+        finder.suggest_lr()
+    weights = model.get_weights()
+    with pytest.raises(ValueError, match=r"^end_lr=0.0001 is not above the start LR 0.001 \(start_lr, or the "
+                                         r"optimizer's LR when start_lr is None\): the range test climbs"):
+        finder.range_test(data(), end_lr=1e-4, num_iter=5, progress_bar=False)
+    assert weights_equal(model.get_weights(), weights) and finder.history == {"lr": [], "loss": []}
+
+
 def test_an_uncompiled_model_needs_an_optimizer_and_a_loss():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])

@@ -395,6 +395,11 @@ def test_loaders_of_other_types_are_refused(name):
     ({"step_mode": "cos"}, "step_mode must be one of ('exp', 'linear') (any case), got 'cos'"),
     ({"smooth_f": 1}, "smooth_f must lie in [0, 1), got 1.0"),
     ({"accumulation_steps": 0}, "accumulation_steps must be a positive integer, got 0"),
+    # a downward sweep (torch-lr-finder ran it without a word)
+    ({"end_lr": 1e-6}, "end_lr=1e-06 is not above the start LR 1e-05 (start_lr, or the optimizer's LR when "
+                       "start_lr is None): the range test climbs from a small LR to a large one"),
+    ({"start_lr": 1.0, "end_lr": 0.1}, "end_lr=0.1 is not above the start LR 1.0"),
+    ({"start_lr": 0.1, "end_lr": 0.1, "step_mode": "linear"}, "end_lr=0.1 is not above the start LR 0.1"),
 ])
 def test_bad_range_test_arguments_are_refused_before_anything_changes(kwargs, message):
     model = xor_model()
@@ -407,6 +412,22 @@ def test_bad_range_test_arguments_are_refused_before_anything_changes(kwargs, me
 
 
 # --- plot, suggestions and CSV --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("call", "what"), [
+    (lambda finder: finder.plot(), "plot()"),
+    (lambda finder: finder.plot(suggest_lr=False), "plot()"),
+    (lambda finder: finder.suggest_lr("valley"), "suggest_lr()"),
+    (lambda finder: finder.to_csv("never.csv"), "to_csv()"),
+])
+def test_plot_suggestions_and_csv_before_a_range_test_say_run_range_test_first(call, what, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    with pytest.raises(RuntimeError, match=rf"^{what[:-2]}\(\) reads the range test's history, which is empty: "
+                                           r"run range_test\(\) first$"):
+        call(finder)
+    assert not (tmp_path / "never.csv").exists()
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,13 @@ class RangeTest:
         self.start_lrs = list(start_lrs)
         self._lrs = [lr_sequence(start, *self._sweep) for start in self.start_lrs]
         self.num_iter = len(self._lrs[0])
+        downward = [start for start in self.start_lrs if not start < end_lr]
+        if downward:
+            raise InvalidValue(
+                f"end_lr={end_lr!r} is not above the start LR {downward[0]!r} (start_lr, or the optimizer's LR "
+                "when start_lr is None): the range test climbs from a small LR to a large one; pass a start_lr "
+                "below end_lr"
+            )
         self.tracker = LossTracker(smooth_f, diverge_th)
         if val_average is None:
             val_average = "seen" if replicas.size > 1 else "dataset"
