@@ -12,6 +12,7 @@ torch.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 
 import torch
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader
 from aikit.core import lr_range
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.validate import positive_int
+from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
@@ -60,14 +62,14 @@ class LRFinder(RangeTestResults):
         amp_config: dict | None = None,
         grad_scaler: torch.amp.GradScaler | None = None,
     ):
-        if isinstance(optimizer, WrappingOptimizer):
-            steps = getattr(optimizer, "steps", None)
+        if isinstance(optimizer, WrappingOptimizer) and not isinstance(optimizer, GAOptimizer):
             raise InvalidType(
-                f"optimizer is an aikit {optimizer.kind}, which updates only once per "
-                f"{steps if steps else 'several'} optimizer.step() calls, so the range test's LRs would not "
-                "match its losses: pass the wrapped optimizer, LRFinder(model, optimizer.optimizer, criterion), "
-                "and range_test(..., accumulation_steps=optimizer.steps) to test at the same global batch"
+                f"optimizer is an aikit {optimizer.kind}, whose updates follow its sampler's batch-size trace, so "
+                "the range test's LRs would not match its losses: pass the wrapped optimizer, "
+                "LRFinder(model, optimizer.optimizer, criterion), with a loader of the global batch"
             )
+        if isinstance(optimizer, GAOptimizer):
+            grad_scaler = self._ga_scaler(optimizer, amp_backend, grad_scaler)
         self.optimizer = optimizer
         self._check_for_scheduler()
         self.model = model
@@ -82,7 +84,7 @@ class LRFinder(RangeTestResults):
                 f"Unknown amp backend: {amp_backend!r}; aikit supports amp_backend='torch' "
                 "(torch.amp autocast + GradScaler) in place of apex"
             )
-        if amp_backend == "torch" and grad_scaler is None:
+        if amp_backend == "torch" and grad_scaler is None and not isinstance(optimizer, GAOptimizer):
             raise InvalidValue(
                 "`grad_scaler` is required when using `torch.amp`: pass "
                 "grad_scaler=torch.amp.GradScaler('cuda') (or 'cpu')"
@@ -90,6 +92,8 @@ class LRFinder(RangeTestResults):
         self.amp_backend = amp_backend
         self.amp_config = amp_config
         self.grad_scaler = grad_scaler
+        # what scales each micro-batch's loss: a GA optimizer's own scaler, else grad_scaler under amp
+        self._loss_scaler = grad_scaler if amp_backend or isinstance(optimizer, GAOptimizer) else None
 
         first = next(self.model.parameters(), None)
         if first is None:
@@ -101,15 +105,36 @@ class LRFinder(RangeTestResults):
         self.state_cacher.store("optimizer", self.optimizer.state_dict())
         if grad_scaler is not None:
             self.state_cacher.store("grad_scaler", grad_scaler.state_dict())
+        self._applied = getattr(optimizer, "applied", None)  # a GA optimizer's count of updates (for schedulers)
         self.device = device if device else self.model_device
 
     def reset(self) -> None:
-        """Restore the model, the optimizer (state and every group's LR) and the grad scaler."""
+        """Restore the model, the optimizer (state and every group's LR; a GA optimizer's position
+        and update count too) and the grad scaler."""
         self.model.load_state_dict(self.state_cacher.retrieve("model"))
         self.optimizer.load_state_dict(self.state_cacher.retrieve("optimizer"))
+        if self._applied is not None:
+            self.optimizer.applied = self._applied
         if self.grad_scaler is not None:
             self.grad_scaler.load_state_dict(self.state_cacher.retrieve("grad_scaler"))
         self.model.to(self.model_device)
+
+    @staticmethod
+    def _ga_scaler(optimizer: GAOptimizer, amp_backend: str | None, grad_scaler):
+        """The GradScaler of a range test through aikit's GA optimizer: the optimizer's own, which
+        unscales and steps once per update (the finder scales each micro-batch's loss with it)."""
+        if grad_scaler is not None and grad_scaler is not optimizer.scaler:
+            raise InvalidValue(
+                "the GA optimizer unscales, steps and updates the GradScaler once per update, so the range test "
+                "uses the GA optimizer's own: build it with Optimizer(optimizer, steps, scaler=grad_scaler) and "
+                "leave grad_scaler out of LRFinder"
+            )
+        if amp_backend == "torch" and optimizer.scaler is None:
+            raise InvalidValue(
+                "amp_backend='torch' through a GA optimizer without a GradScaler: build it with "
+                "Optimizer(optimizer, steps, scaler=torch.amp.GradScaler(...))"
+            )
+        return optimizer.scaler
 
     def range_test(
         self,
@@ -147,11 +172,14 @@ class LRFinder(RangeTestResults):
                                   validate=val_loader is not None, val_average=val_average,
                                   replicas=_Replicas(self.device), progress_bar=progress_bar)
         self._check_for_scheduler()
+        accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
+        if isinstance(self.optimizer, GAOptimizer):
+            self._check_ga(accumulation_steps)
         update = _Update(
             self,
             self._wrap(train_loader, "train_loader", DataLoader, TrainDataLoaderIter),
             None if val_loader is None else self._wrap(val_loader, "val_loader", DataLoader, ValDataLoaderIter),
-            positive_int(accumulation_steps, "accumulation_steps"),
+            accumulation_steps,
             non_blocking_transfer,
         )
         self.model.to(self.device)
@@ -159,26 +187,40 @@ class LRFinder(RangeTestResults):
 
     # --- one iteration -------------------------------------------------------------------
 
-    def _train_batch(self, train_iter, accumulation_steps: int, non_blocking_transfer: bool = True) -> float:
-        """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
+    def _train_batch(self, train_iter, accumulation_steps: int, non_blocking_transfer: bool = True) -> float | None:
+        """One update over ``accumulation_steps`` micro-batches (through a GA optimizer: its
+        ``steps``); returns their mean loss, or None when AMP skipped the update for inf/NaN
+        gradients with a finite loss (the range test then makes it again at the same LR)."""
         self.model.train()
         total_loss = None
         self.optimizer.zero_grad()
-        for i in range(accumulation_steps):
+        ga = self.optimizer if isinstance(self.optimizer, GAOptimizer) else None
+        steps = accumulation_steps if ga is None else ga.steps
+        for i in range(steps):
             inputs, labels = next(train_iter)
             inputs, labels = self._move_to_device(inputs, labels, non_blocking=non_blocking_transfer)
-            with self._no_sync(last=i == accumulation_steps - 1):
+            with self._no_sync(last=i == steps - 1) if ga is None else ga.accumulate(self.model):
                 with self._autocast():
                     loss = self.criterion(self.model(inputs), labels)
-                loss = loss / accumulation_steps
-                (self.grad_scaler.scale(loss) if self.amp_backend else loss).backward()
-            total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
-        if self.amp_backend:
+                if ga is None:  # a GA optimizer averages the micro-batches' gradients itself
+                    loss = loss / steps
+                (self._loss_scaler.scale(loss) if self._loss_scaler is not None else loss).backward()
+            mean_part = loss.detach() if ga is None else loss.detach() / steps
+            total_loss = mean_part if total_loss is None else total_loss + mean_part
+            if ga is not None:
+                ga.step()
+        if ga is not None:
+            stepped = ga.updated
+        elif self._loss_scaler is not None:
+            scale = self.grad_scaler.get_scale()
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
+            stepped = self.grad_scaler.get_scale() >= scale  # a lowered scale: inf/NaN gradients, skipped
         else:
             self.optimizer.step()
-        return total_loss.item()
+            stepped = True
+        loss = total_loss.item()
+        return loss if stepped or not math.isfinite(loss) else None
 
     def _validation_totals(self, val_iter, non_blocking_transfer: bool = True) -> tuple[float, int]:
         """This rank's validation loss summed over its batches (each batch's mean times
@@ -208,6 +250,19 @@ class LRFinder(RangeTestResults):
         return _move(inputs, self.device, non_blocking), _move(labels, self.device, non_blocking)
 
     # --- setup ----------------------------------------------------------------------------
+
+    def _check_ga(self, accumulation_steps: int) -> None:
+        """A range test through a GA optimizer: one update per ``optimizer.steps`` micro-batches."""
+        if accumulation_steps != 1:
+            raise InvalidValue(
+                f"accumulation_steps={accumulation_steps} through a GA optimizer, which accumulates "
+                f"optimizer.steps={self.optimizer.steps} micro-batches per update itself: leave accumulation_steps out"
+            )
+        if self.optimizer.position:
+            raise InvalidValue(
+                f"the GA optimizer is {self.optimizer.position} micro-steps into an update: run the range test "
+                "between updates (optimizer.position == 0)"
+            )
 
     def _check_for_scheduler(self) -> None:
         for param_group in self.optimizer.param_groups:
