@@ -42,6 +42,7 @@ from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 from aikit.runtime.Torch import distributed, random_state
+from aikit.runtime.Torch.lr_free import eval_weights
 from aikit.runtime.Torch.state_checks import check_groups
 
 FORMAT = 1
@@ -144,17 +145,21 @@ class ElasticState:
                     "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
                 )
         number = self.commits + 1  # counted once written: a failed commit changes nothing
-        if distributed.rank() == 0:
-            payload = {
-                "format": FORMAT,
-                "commit": number,
-                "time": time.time(),
-                "world_size": distributed.world_size(),
-                "schedule": self._schedule_identity(),
-                "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
-                "rng": random_state.get_state(),
-            }
-            checkpoint.write(self.directory, number, payload, fsync=self.fsync)
+        # Schedule-Free's contract: saved in eval mode, so the model's weights saved are the ones to
+        # evaluate (x); back in train mode after, on every worker (the switch moves the weights)
+        with eval_weights(self._objects.values()) as switched:
+            if distributed.rank() == 0:
+                payload = {
+                    "format": FORMAT,
+                    "commit": number,
+                    "time": time.time(),
+                    "world_size": distributed.world_size(),
+                    "schedule": self._schedule_identity(),
+                    "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
+                    "rng": random_state.get_state(),
+                    "train_mode": [name for name, obj in self._objects.items() if any(obj is s for s in switched)],
+                }
+                checkpoint.write(self.directory, number, payload, fsync=self.fsync)
         self.commits = number
         if _horovod_elastic():
             self._check_every_worker_commits()
@@ -218,6 +223,8 @@ class ElasticState:
             return False
         self._check(payload)  # everything, before anything changes
         self._load(payload["objects"])
+        for name in payload.get("train_mode", []):  # the Schedule-Free optimizers the commit saw training
+            self._objects[name].train()
         self._replan()
         rank = distributed.rank()
         _set_rng_state(payload["rng"], rank)

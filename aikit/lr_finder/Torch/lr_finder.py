@@ -27,6 +27,7 @@ from aikit.lr_finder.state_cache import StateCache
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
 from aikit.runtime.Torch import collectives, distributed
 from aikit.runtime.Torch.gradient_sync import sync_skipper
+from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, STEP_SIZE_ESTIMATOR, eval_weights, in_train_mode, lr_free_kind
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 # The names torch_lr_finder.lr_finder has, for users who import from the module.
@@ -70,6 +71,7 @@ class LRFinder(RangeTestResults):
             )
         if isinstance(optimizer, GAOptimizer):
             grad_scaler = self._ga_scaler(optimizer, amp_backend, grad_scaler)
+        _check_lr_free(optimizer)
         self.optimizer = optimizer
         self._check_for_scheduler()
         self.model = model
@@ -183,7 +185,20 @@ class LRFinder(RangeTestResults):
             non_blocking_transfer,
         )
         self.model.to(self.device)
-        test.run(update)
+        with self._train_mode():
+            test.run(update)
+
+    @contextlib.contextmanager
+    def _train_mode(self):
+        """A Schedule-Free optimizer trains in train mode (its ``y``) and is left in the mode it was in."""
+        switch = lr_free_kind(self.optimizer) == SCHEDULE_FREE and not in_train_mode(self.optimizer)
+        if switch:
+            self.optimizer.train()
+        try:
+            yield
+        finally:
+            if switch:
+                self.optimizer.eval()
 
     # --- one iteration -------------------------------------------------------------------
 
@@ -321,7 +336,8 @@ class _Update:
         return self.finder._train_batch(self.train_iter, self.accumulation_steps, self.non_blocking)
 
     def evaluate(self) -> tuple[float, int]:
-        return self.finder._validation_totals(self.val_iter, self.non_blocking)
+        with eval_weights([self.finder.optimizer]):  # Schedule-Free: validate its average x, as eval() is for
+            return self.finder._validation_totals(self.val_iter, self.non_blocking)
 
     def val_dataset_size(self) -> int:
         return len(self.val_iter.dataset)
@@ -350,6 +366,25 @@ class _Replicas:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         collectives.broadcast_([tensor], src=0)
         return tensor.tolist()
+
+
+def _check_lr_free(optimizer: torch.optim.Optimizer) -> None:
+    """A step-size estimator has no LR to test; Schedule-Free's warmup would hide the tested one."""
+    kind = lr_free_kind(optimizer)
+    if kind == STEP_SIZE_ESTIMATOR:
+        raise InvalidType(
+            f"{type(optimizer).__name__} estimates its own step size (its lr multiplies the estimate d, 1 by "
+            "default), so the range test's LRs would not be the steps it takes: tune its d_coef instead, or "
+            "range-test AdamW"
+        )
+    if kind == SCHEDULE_FREE:
+        warming = [g for g in optimizer.param_groups if g.get("k", 0) < g.get("warmup_steps", 0)]
+        if warming:
+            raise InvalidValue(
+                f"{type(optimizer).__name__}'s warmup_steps={warming[0]['warmup_steps']} scales the LR of its first "
+                "steps, so the range test's LRs would not be the ones applied: range-test it built with "
+                "warmup_steps=0 (and give the warmup to the run)"
+            )
 
 
 def _move(obj, device, non_blocking: bool):

@@ -60,6 +60,15 @@ class WrappingOptimizer(torch.optim.Optimizer):
             self.__dict__.pop(f"_base_{name}")
         self.__dict__["optimizer"] = optimizer
 
+    def __getattr__(self, name: str) -> Any:
+        """``train()`` and ``eval()`` of a wrapped optimizer that has them (Schedule-Free's), so
+        the calls its contract asks for (with the model's mode, before saving) reach it through the
+        wrapper; other optimizers have neither, as without the wrapper."""
+        inner = self.__dict__.get("optimizer")
+        if name in ("train", "eval") and hasattr(inner, name):
+            return getattr(inner, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if "optimizer" not in self.__dict__:
             return super().add_param_group(param_group)  # the base __init__'s own copies
