@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from aikit.core.errors import AikitError, InvalidType, InvalidValue, TraceFileError
-from aikit.core.validate import positive_int
+from aikit.core.validate import positive_int, writable_file
 
 EXHAUSTION_POLICIES = ("error", "stop", "repeat_last", "cycle")
 MAX_BATCH_SIZE = np.iinfo(np.int64).max  # sizes are int64 from here on
@@ -136,6 +136,7 @@ class Trace:
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write the trace as ``step,batchsize`` CSV."""
+        path = writable_file(path, "give a file name, e.g. trace.csv")
         pd.DataFrame({"step": np.arange(len(self)), "batchsize": self.sizes}).to_csv(path, index=False)
 
 

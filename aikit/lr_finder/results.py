@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from aikit.core import lr_range
+from aikit.core.errors import InvalidState
 from aikit.core.validate import checked_float
 from aikit.optional import require
 
@@ -25,7 +26,7 @@ class RangeTestResults:
     def _tested(self, what: str) -> None:
         """Refuse ``what`` before any range test filled the history."""
         if not self.history["lr"]:
-            raise RuntimeError(f"{what} reads the range test's history, which is empty: run range_test() first")
+            raise InvalidState(f"{what} reads the range test's history, which is empty: run range_test() first")
 
     def suggest_lr(self, method: str = "steepest", skip_start: int = 10, skip_end: int = 5, **options) -> float:
         """The LR that ``method`` (steepest, valley, minimum or slide) reads off the curve."""

@@ -19,9 +19,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.validate import positive_int
-from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
@@ -63,13 +62,13 @@ class LRFinder(RangeTestResults):
         amp_config: dict | None = None,
         grad_scaler: torch.amp.GradScaler | None = None,
     ):
-        if isinstance(optimizer, WrappingOptimizer) and not isinstance(optimizer, GAOptimizer):
+        if isinstance(optimizer, WrappingOptimizer) and optimizer.follows_trace:
             raise InvalidType(
                 f"optimizer is an aikit {optimizer.kind}, whose updates follow its sampler's batch-size trace, so "
                 "the range test's LRs would not match its losses: pass the wrapped optimizer, "
                 "LRFinder(model, optimizer.optimizer, criterion), with a loader of the global batch"
             )
-        if isinstance(optimizer, GAOptimizer):
+        if _is_ga(optimizer):
             grad_scaler = self._ga_scaler(optimizer, amp_backend, grad_scaler)
         _check_lr_free(optimizer)
         self.optimizer = optimizer
@@ -86,7 +85,7 @@ class LRFinder(RangeTestResults):
                 f"Unknown amp backend: {amp_backend!r}; aikit supports amp_backend='torch' "
                 "(torch.amp autocast + GradScaler) in place of apex"
             )
-        if amp_backend == "torch" and grad_scaler is None and not isinstance(optimizer, GAOptimizer):
+        if amp_backend == "torch" and grad_scaler is None and not _is_ga(optimizer):
             raise InvalidValue(
                 "`grad_scaler` is required when using `torch.amp`: pass "
                 "grad_scaler=torch.amp.GradScaler('cuda') (or 'cpu')"
@@ -95,7 +94,7 @@ class LRFinder(RangeTestResults):
         self.amp_config = amp_config
         self.grad_scaler = grad_scaler
         # what scales each micro-batch's loss: a GA optimizer's own scaler, else grad_scaler under amp
-        self._loss_scaler = grad_scaler if amp_backend or isinstance(optimizer, GAOptimizer) else None
+        self._loss_scaler = grad_scaler if amp_backend or _is_ga(optimizer) else None
 
         first = next(self.model.parameters(), None)
         if first is None:
@@ -122,7 +121,7 @@ class LRFinder(RangeTestResults):
         self.model.to(self.model_device)
 
     @staticmethod
-    def _ga_scaler(optimizer: GAOptimizer, amp_backend: str | None, grad_scaler):
+    def _ga_scaler(optimizer: WrappingOptimizer, amp_backend: str | None, grad_scaler):
         """The GradScaler of a range test through aikit's GA optimizer: the optimizer's own, which
         unscales and steps once per update (the finder scales each micro-batch's loss with it)."""
         if grad_scaler is not None and grad_scaler is not optimizer.scaler:
@@ -175,7 +174,7 @@ class LRFinder(RangeTestResults):
                                   replicas=_Replicas(self.device), progress_bar=progress_bar)
         self._check_for_scheduler()
         accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
-        if isinstance(self.optimizer, GAOptimizer):
+        if _is_ga(self.optimizer):
             self._check_ga(accumulation_steps)
         update = _Update(
             self,
@@ -209,7 +208,7 @@ class LRFinder(RangeTestResults):
         self.model.train()
         total_loss = None
         self.optimizer.zero_grad()
-        ga = self.optimizer if isinstance(self.optimizer, GAOptimizer) else None
+        ga = self.optimizer if _is_ga(self.optimizer) else None
         steps = accumulation_steps if ga is None else ga.steps
         for i in range(steps):
             inputs, labels = next(train_iter)
@@ -282,7 +281,7 @@ class LRFinder(RangeTestResults):
     def _check_for_scheduler(self) -> None:
         for param_group in self.optimizer.param_groups:
             if "initial_lr" in param_group:
-                raise RuntimeError(
+                raise InvalidState(
                     "Optimizer already has a scheduler attached to it; create the LRFinder "
                     "(and run the test) before creating the LR scheduler"
                 )
@@ -366,6 +365,12 @@ class _Replicas:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         collectives.broadcast_([tensor], src=0)
         return tensor.tolist()
+
+
+def _is_ga(optimizer: torch.optim.Optimizer) -> bool:
+    """aikit's GA optimizer (the one wrapper that is not a trace optimizer), known without
+    importing the GA package: importing the finder loads no layer above it."""
+    return isinstance(optimizer, WrappingOptimizer) and not optimizer.follows_trace
 
 
 def _check_lr_free(optimizer: torch.optim.Optimizer) -> None:

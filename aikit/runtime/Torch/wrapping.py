@@ -42,6 +42,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` whose groups, state and defaults are ``optimizer``'s."""
 
     kind = "optimizer wrapper"  # what the errors call it
+    follows_trace = False  # True for a trace optimizer: its updates follow its sampler's trace (else: the GA wrapper)
     param_groups = _Wrapped()
     state = _Wrapped()
     defaults = _Wrapped()
