@@ -49,3 +49,8 @@ class CommitError(AikitError, OSError):
 class CollectiveError(AikitError, RuntimeError):
     """A collective (all-reduce, broadcast) that failed because a peer is gone or cannot be reached:
     names the collective, the rank, the time it waited and the timeout that bounds the wait."""
+
+
+class TrainingFailed(AikitError, RuntimeError):
+    """Training that cannot go on as asked: a loss that stays NaN/inf through every rollback, a
+    validation function that never gives a finite number; the message says what was seen and the fix."""

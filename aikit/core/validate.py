@@ -73,6 +73,29 @@ def positive_float(value: object, name: str) -> float:
     return checked_float(value, name, "a finite number > 0", lambda number: 0 < number < math.inf)
 
 
+def one_number(value: object, name: str, wanted: str = "one number") -> float:
+    """What a user's function returned, as a float: a real number, or a tensor or array holding
+    exactly one (0-d or one element, of any framework: read through ``shape`` and ``float()``).
+    :class:`InvalidType` for a string (``"0.5"`` too), None, a bool or anything else,
+    :class:`InvalidValue` for a tensor of several elements; each message says ``{name} must
+    return {wanted}`` and what it got. NaN and inf pass: what they mean is the caller's to say."""
+    refused = f"{name} must return {wanted} (a float, or a tensor with one element)"
+    if isinstance(value, (str, bytes, bool)) or value is None:
+        raise InvalidType(f"{refused}, got {value!r:.100}")
+    if isinstance(value, Real):
+        return float(value)
+    shape, dtype = getattr(value, "shape", None), str(getattr(value, "dtype", ""))
+    if shape is None or "bool" in dtype:
+        raise InvalidType(f"{refused}, got {type(value).__name__} {value!r:.100}")
+    dims = tuple(int(size) for size in shape)
+    if math.prod(dims) != 1:
+        raise InvalidValue(f"{refused}, got a {type(value).__name__} of shape {dims}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidType(f"{refused}, got {type(value).__name__} {value!r:.100}") from None
+
+
 def aliased(value: object, alias_value: object, name: str, alias: str, origin: str) -> tuple[object, str]:
     """One setting that has two names: ``name`` (aikit's) and ``alias`` (``origin``'s, the name the
     original system's users write). Returns the value given (None when neither was) and the name

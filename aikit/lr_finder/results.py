@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from aikit.core import lr_range
+from aikit.core.errors import InvalidState
 from aikit.core.validate import checked_float
 from aikit.optional import require
 
@@ -22,14 +23,21 @@ class RangeTestResults:
         """Whether this process draws and writes files (overridden under data parallelism)."""
         return True
 
+    def _tested(self, what: str) -> None:
+        """Refuse ``what`` before any range test filled the history."""
+        if not self.history["lr"]:
+            raise InvalidState(f"{what} reads the range test's history, which is empty: run range_test() first")
+
     def suggest_lr(self, method: str = "steepest", skip_start: int = 10, skip_end: int = 5, **options) -> float:
         """The LR that ``method`` (steepest, valley, minimum or slide) reads off the curve."""
+        self._tested("suggest_lr()")
         return lr_range.suggest(
             self.history["lr"], self.history["loss"], method, skip_start, skip_end, **options
         ).lr
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Save the history as ``lr,loss`` CSV (on the master process only)."""
+        self._tested("to_csv()")
         if self._is_master():
             lr_range.write_history(path, self.history)
 
@@ -48,6 +56,7 @@ class RangeTestResults:
         "steepest"). ``plt.show()`` runs only when this call created the figure. Under data
         parallelism only the master draws its own figure; other ranks get ``None`` for ``ax``.
         """
+        self._tested("plot()")
         if show_lr is not None:
             checked_float(show_lr, "show_lr", "float")  # torch-lr-finder's words
         lrs = lr_range.trim(self.history["lr"], skip_start, skip_end)

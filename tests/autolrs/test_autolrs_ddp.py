@@ -56,3 +56,21 @@ def test_the_constructor_issues_no_collective(first_step):
     rank0, rank1 = first_step
     assert rank0["step_lrs"] == rank1["step_lrs"] == rank0["history_lrs"] and len(rank0["step_lrs"]) == 30
     assert len(set(rank0["step_lrs"])) >= 3
+
+
+def test_the_chiefs_refusal_of_a_val_fn_result_is_raised_on_every_rank_at_the_same_step(first_step):
+    rank0, rank1 = first_step
+    step, error, message = rank0["val_refusal"]
+    assert (step, error) == (1, "InvalidType") and message.startswith("val_fn must return the validation loss as one "
+                                                                      "number (a float, or a tensor with one element), "
+                                                                      "got 'abc'")
+    step, error, message = rank1["val_refusal"]  # rank 1's own val_fn answered a number: rank 0's refusal counts
+    assert (step, error) == (1, "TrainingFailed") and "AutoLRS raised an error on the chief (rank 0" in message
+    assert rank0["after_refusal_lrs"] == rank1["after_refusal_lrs"]  # and both go on together
+
+
+def test_a_loss_that_is_never_finite_stops_every_rank_at_the_same_step(first_step):
+    rank0, rank1 = first_step
+    # the 12th step (index 11): 3 trials that failed at once, then 8 rollbacks and the 9th divergence
+    assert rank0["nan_refusal"][:2] == rank1["nan_refusal"][:2] == [11, "TrainingFailed"]
+    assert "rolled back 8 times in a row" in rank0["nan_refusal"][2]

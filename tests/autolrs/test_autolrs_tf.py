@@ -13,6 +13,7 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
+import aikit.ga.TF.optimizers  # noqa: E402
 from aikit.autolrs.TF import AutoLRS, ReplaySchedule  # noqa: E402
 from aikit.core.errors import InvalidValue  # noqa: E402
 from aikit.datasets import digits  # noqa: E402
@@ -111,6 +112,20 @@ def test_a_learning_rate_schedule_is_refused(data):
     model = mlp(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)))
     with pytest.raises(InvalidValue, match="AutoLRS sets the learning rate itself"):
         model.fit(x[:64], y[:64], batch_size=32, verbose=0, callbacks=[AutoLRS(lambda: 0.0, 1e-4, 1e-1)])
+
+
+@pytest.mark.parametrize("ga", [False, True])
+def test_a_schedule_free_optimizer_is_refused_by_name(data, ga):
+    # Keras' ScheduleFreeAdamW (issue 27): its averaging replaces the schedule AutoLRS would set
+    x, y, _, _ = data
+    optimizer = (aikit.ga.TF.optimizers.ScheduleFreeAdamW(2, learning_rate=0.01) if ga
+                 else keras.optimizers.ScheduleFreeAdamW(learning_rate=0.01))
+    model = mlp(optimizer)
+    before = [v.numpy().copy() for v in model.variables]
+    with pytest.raises(TypeError, match=r"^ScheduleFreeAdamW is Schedule-Free: its averaging of the iterates "
+                                        r"replaces the LR schedule, .* run AutoLRS over AdamW or SGD"):
+        model.fit(x[:64], y[:64], batch_size=32, verbose=0, callbacks=[AutoLRS(lambda: 0.0, 1e-4, 1e-1)])
+    assert all(np.array_equal(v.numpy(), b) for v, b in zip(model.variables, before, strict=True))  # no step taken
 
 
 def run_digits(data, lr_or_options, steps: int = 600) -> tuple[float, AutoLRS | None]:

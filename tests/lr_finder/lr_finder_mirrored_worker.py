@@ -18,6 +18,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from aikit.ga.TF.optimizers import Optimizer as GAOptimizer  # noqa: E402
 from aikit.lr_finder.TF import LRFinder  # noqa: E402
 
 keras.config.set_floatx("float64")
@@ -27,25 +28,27 @@ y = x.sum(1, keepdims=True) ** 2
 xv, yv = x[:32] + 0.1, y[:32]
 
 
-def model(strategy):
+def model(strategy, ga_steps=None):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-        net.compile(optimizer=keras.optimizers.SGD(1e-4, momentum=0.9), loss="mse")
+        optimizer = keras.optimizers.SGD(1e-4, momentum=0.9)
+        net.compile(optimizer=optimizer if ga_steps is None else GAOptimizer(optimizer, ga_steps), loss="mse")
     return net
 
 
-def run(strategy, val: bool):
-    net = model(strategy)
+def run(strategy, val: bool, ga_steps=None):
+    net = model(strategy, ga_steps)
     before = [w.copy() for w in net.get_weights()]
     finder = LRFinder(net)
-    finder.range_test((x, y), val_data=(xv, yv) if val else None, end_lr=1.0, num_iter=8, batch_size=16,
-                      shuffle=False, progress_bar=False)
+    finder.range_test((x, y), val_data=(xv, yv) if val else None, end_lr=1.0, num_iter=8,
+                      batch_size=16 // (ga_steps or 1), shuffle=False, progress_bar=False)
+    weights = [w.tolist() for w in net.get_weights()]
     trained = not all(np.array_equal(a, b) for a, b in zip(before, net.get_weights(), strict=True))
     finder.reset()
     restored = all(np.array_equal(a, b) for a, b in zip(before, net.get_weights(), strict=True))
-    return {"history": finder.history, "trained": trained, "restored": restored,
-            "lr_after": float(net.optimizer.learning_rate.numpy())}
+    return {"history": finder.history, "trained": trained, "restored": restored, "weights": weights,
+            "lr_after": float(net.optimizer.learning_rate.numpy()), "updates": int(net.optimizer.iterations.numpy())}
 
 
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -53,6 +56,7 @@ result = {"replicas": mirrored.num_replicas_in_sync}
 for val in (False, True):
     result[f"mirrored_val{val}"] = run(mirrored, val)
     result[f"single_val{val}"] = run(tf.distribute.get_strategy(), val)
+result["mirrored_ga"] = run(mirrored, False, ga_steps=2)  # batches of 8 (4 + 4), 2 per update: 16 per update
 try:
     LRFinder(model(mirrored)).range_test((x, y), accumulation_steps=2, progress_bar=False)
 except ValueError as error:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 from aikit.lr_finder.Torch import LRFinder
 from aikit.runtime.Torch import collectives, distributed
 
@@ -35,8 +36,9 @@ def loader(samples: int, seed: int, batch_size: int) -> DataLoader:
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True) ** 2), batch_size=batch_size)
 
 
-def model_and_optimizer(engine: str, rank: int, accumulation_steps: int):
-    """The same weights on every rank, its gradients averaged over the ranks by the engine."""
+def model_and_optimizer(engine: str, rank: int, accumulation_steps: int, ga_steps: int | None = None):
+    """The same weights on every rank, its gradients averaged over the ranks by the engine
+    (under torchrun, optionally through aikit's GA optimizer of ``ga_steps``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)).double()
     if engine == "xla":
@@ -65,7 +67,8 @@ def model_and_optimizer(engine: str, rank: int, accumulation_steps: int):
         model = fully_shard(model)
     else:
         model = nn.parallel.DistributedDataParallel(model)
-    return model, torch.optim.SGD(model.parameters(), lr=[1e-4, 1e-3][rank], momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=[1e-4, 1e-3][rank], momentum=0.9)
+    return model, optimizer if ga_steps is None else GAOptimizer(optimizer, ga_steps)
 
 
 def whole(tensor: torch.Tensor) -> list[float]:
@@ -73,8 +76,9 @@ def whole(tensor: torch.Tensor) -> list[float]:
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().flatten().tolist()
 
 
-def scenario(out: Path, engine: str, rank: int, name: str, val: DataLoader | None, accumulation_steps: int) -> dict:
-    model, optimizer = model_and_optimizer(engine, rank, accumulation_steps)
+def scenario(out: Path, engine: str, rank: int, name: str, val: DataLoader | None, accumulation_steps: int,
+             ga_steps: int | None = None) -> dict:
+    model, optimizer = model_and_optimizer(engine, rank, accumulation_steps, ga_steps)
     calls = []
     # the LR of the step after each criterion call, once per step (Horovod's optimizer runs the
     # step hooks twice: for its own class and for the torch class it extends)
@@ -132,6 +136,8 @@ def main(out: Path, engine: str) -> None:
         # rank 0 validates on 10 samples, rank 1 on 6: the loss is the mean over all 16
         "val": scenario(out, engine, rank, "val", loader([10, 6][rank], 20 + rank, 4), accumulation_steps=1),
     }
+    if engine == "torch.distributed":  # through aikit's GA optimizer: the same updates as accumulation_steps=2
+        results["ga"] = scenario(out, engine, rank, "ga", None, accumulation_steps=1, ga_steps=2)
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     if engine in ("torch.distributed", "fsdp"):
         dist.destroy_process_group()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("tensorflow")
@@ -47,3 +48,15 @@ def test_accumulation_is_refused_under_a_strategy(result):
         "under MirroredStrategy (2 replicas) the test trains through fit, one batch per update: use "
         "accumulation_steps=1 and a larger batch_size, got accumulation_steps=2"
     )
+
+
+def test_through_the_ga_optimizer_two_replicas_record_the_one_device_test_of_the_global_batch(result):
+    """aikit's GA optimizer under MirroredStrategy: every update is 2 fit steps of 8 samples (4 per
+    replica), at one LR; the history and the weights after the test equal the one-device test
+    on batches of 16 (issue 27)."""
+    ga, single = result["mirrored_ga"], result["single_valFalse"]
+    assert ga["history"]["lr"] == pytest.approx(single["history"]["lr"], rel=1e-12) and len(ga["history"]["lr"]) == 8
+    assert ga["history"]["loss"] == pytest.approx(single["history"]["loss"], rel=1e-9)
+    for a, b in zip(ga["weights"], single["weights"], strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-9, atol=1e-12)
+    assert ga["trained"] and ga["restored"] and ga["updates"] == 0  # reset() put the update count back too

@@ -185,6 +185,21 @@ def test_bad_input_is_refused_by_name(make, error, message):
     assert str(raised.value).startswith(message)
 
 
+def test_a_downward_sweep_and_a_plot_before_any_test_are_refused_with_the_fix():
+    model = make_model()
+    finder = LRFinder(model)
+    with pytest.raises(RuntimeError, match=r"^plot\(\) reads the range test's history, which is empty: run "
+                                           r"range_test\(\) first$"):
+        finder.plot()
+    with pytest.raises(RuntimeError, match=r"run range_test\(\) first"):
+        finder.suggest_lr()
+    weights = model.get_weights()
+    with pytest.raises(ValueError, match=r"^end_lr=0.0001 is not above the start LR 0.001 \(start_lr, or the "
+                                         r"optimizer's LR when start_lr is None\): the range test climbs"):
+        finder.range_test(data(), end_lr=1e-4, num_iter=5, progress_bar=False)
+    assert weights_equal(model.get_weights(), weights) and finder.history == {"lr": [], "loss": []}
+
+
 def test_an_uncompiled_model_needs_an_optimizer_and_a_loss():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -207,24 +222,110 @@ def test_mixed_precision_with_a_loss_scale_optimizer_tracks_the_float32_curve():
                                   keras.layers.Dense(1, dtype="float32")])
         optimizer = keras.optimizers.SGD(1e-3)
         if policy != "float32":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            # a scale at which no update overflows: a skipped update is made again on the next batch
+            # (not counted, tested below), and the curves would then see different batches
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=2.0**12)
         model.compile(optimizer=optimizer, loss="mse")
         finder = LRFinder(model)  # builds the optimizer: its slots and loss scale exist from here
         before = [v.numpy().copy() for v in optimizer.variables]
         finder.range_test((x, y), end_lr=0.1, num_iter=10, batch_size=8, shuffle=False, progress_bar=False)
         histories[policy] = finder.history["loss"]
+        assert int(optimizer.iterations.numpy()) == 10  # no update skipped
         finder.reset()
         assert weights_equal([v.numpy() for v in optimizer.variables], before)  # the loss scale too
     assert histories["mixed_float16"] == pytest.approx(histories["float32"], rel=1e-2)
 
 
-def test_the_ga_optimizer_of_aikits_model_wrapper_is_refused_with_what_to_pass():
+# --- through aikit's GA optimizer (issue 27): one LR per update --------------------------------
+
+
+def ga_model(steps=None, optimizer=None, linear=False):
+    """``make_model`` whose optimizer is ``optimizer`` (SGD) wrapped in aikit's GA optimizer."""
+    from aikit.ga.TF.optimizers import Optimizer as GAOptimizer
+
+    keras.utils.set_random_seed(0)
+    layers = [keras.layers.Dense(1)] if linear else [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    model = keras.Sequential([keras.Input((3,)), *layers])
+    optimizer = optimizer or keras.optimizers.SGD(1e-4, momentum=0.9)
+    model.compile(optimizer=optimizer if steps is None else GAOptimizer(optimizer, steps), loss="mse")
+    return model
+
+
+def test_a_range_test_through_the_ga_optimizer_equals_the_range_test_of_the_big_batch():
+    runs = {}
+    for batch_size, steps in [(16, None), (4, 4)]:
+        model = ga_model(steps)
+        finder = LRFinder(model)
+        finder.range_test(data(), end_lr=1.0, num_iter=8, batch_size=batch_size, shuffle=False, diverge_th=math.inf,
+                          progress_bar=False)
+        runs[steps] = finder.history, model.get_weights(), model.optimizer
+    (big, big_weights, _), (ga, ga_weights, optimizer) = runs[None], runs[4]
+    assert ga["lr"] == big["lr"] == lr_sequence(1e-4, 1.0, 8)  # one LR per update, not per batch
+    assert int(optimizer.iterations.numpy()) == 8 and int(optimizer.micro_steps.numpy()) == 32
+    assert ga["loss"] == pytest.approx(big["loss"], rel=1e-12)
+    for a, b in zip(ga_weights, big_weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_reset_after_a_ga_range_test_restores_the_model_and_every_ga_variable():
+    model = ga_model(3, keras.optimizers.Adam(1e-3))
+    x, y = data()
+    model.fit(x[:24], y[:24], batch_size=4, verbose=0)  # two updates: Adam's moments, a count, sums mid-way
+    weights, variables = model.get_weights(), [v.numpy().copy() for v in model.optimizer.variables]
+    finder = LRFinder(model)
+    finder.range_test((x, y), end_lr=1.0, num_iter=5, batch_size=4, progress_bar=False)
+    first = list(finder.history["loss"])
+    assert int(model.optimizer.iterations.numpy()) == 2 + 5
+    finder.reset()
+    assert weights_equal(model.get_weights(), weights)
+    assert weights_equal([v.numpy() for v in model.optimizer.variables], variables)  # sums, counts, moments, LR
+    finder.range_test((x, y), end_lr=1.0, num_iter=5, batch_size=4, shuffle=False, progress_bar=False)
+    finder.reset()
+    finder.range_test((x, y), end_lr=1.0, num_iter=5, batch_size=4, shuffle=False, progress_bar=False)
+    assert len(first) == 5 and finder.history["loss"] != first  # (shuffled then not: both ran)
+
+
+@pytest.mark.parametrize("steps", [2, None], ids=["GA optimizer", "accumulation_steps"])
+def test_an_update_the_loss_scale_optimizer_skipped_is_made_again_and_not_counted(steps):
+    keras.config.set_floatx("float32")  # (the float64 fixture puts both back)
+    keras.config.set_dtype_policy("float32")
+    x, y = (a.astype("float32") for a in data())
+    x[4 * 3 + 1] = 1e18  # a finite loss whose scaled gradient overflows: the 2nd batch of update 1
+    inner = keras.optimizers.SGD(1e-5)
+    model = ga_model(steps, keras.optimizers.LossScaleOptimizer(inner), linear=True)
+    finder = LRFinder(model)
+    loss_scale = next(v for v in model.optimizer.variables if "dynamic_scale" in v.path)
+    before = float(loss_scale.numpy())
+    finder.range_test((x, y), start_lr=1e-5, end_lr=1e-2, num_iter=8, batch_size=4, shuffle=False,
+                      diverge_th=math.inf, accumulation_steps=1 if steps else 2, progress_bar=False)
+    assert finder.history["lr"] == lr_sequence(1e-5, 1e-2, 8)  # every LR once, the skipped one again
+    assert int(inner.iterations.numpy()) == 8  # 8 real updates of SGD: the skipped one not counted
+    assert all(math.isfinite(loss) and loss < 1e3 for loss in finder.history["loss"])
+    assert float(loss_scale.numpy()) == before / 2
+    finder.reset()
+    assert float(loss_scale.numpy()) == before
+
+
+def test_a_ga_range_test_refuses_what_would_not_be_one_lr_per_update():
+    model = ga_model(4)
+    finder = LRFinder(model)
+    with pytest.raises(ValueError, match=r"^accumulation_steps=2 through aikit's GA optimizer, which accumulates "
+                                         r"steps=4 batches per update itself: leave accumulation_steps out"):
+        finder.range_test(data(), num_iter=3, accumulation_steps=2, progress_bar=False)
+    x, y = data()
+    model.train_on_batch(x[:4], y[:4])
+    with pytest.raises(ValueError, match=r"^aikit's GA optimizer has 1 of its 4 batches accumulated: run the range "
+                                         r"test between updates"):
+        finder.range_test(data(), num_iter=3, progress_bar=False)
+
+
+def test_the_ga_optimizer_of_aikits_model_wrapper_is_range_tested_at_the_global_batch():
     import aikit.elastic.TF
     from aikit.elastic.TF.model import Model
 
     aikit.elastic.TF.init(16, 4, gpus=1)
     wrapped = Model(make_model())
     wrapped.compile(keras.optimizers.SGD(1e-3), loss="mse")
-    with pytest.raises(TypeError, match=r"aikit's GA Optimizer \(steps=4\), which updates once per 4 batches.*"
-                                        r"LRFinder\(model, optimizer=model.optimizer.inner\)"):
-        LRFinder(wrapped.model)
+    finder = LRFinder(wrapped.model)
+    finder.range_test(data(), end_lr=1.0, num_iter=4, batch_size=4, progress_bar=False)
+    assert int(wrapped.model.optimizer.micro_steps.numpy()) == 16 and len(finder.history["lr"]) == 4

@@ -395,6 +395,11 @@ def test_loaders_of_other_types_are_refused(name):
     ({"step_mode": "cos"}, "step_mode must be one of ('exp', 'linear') (any case), got 'cos'"),
     ({"smooth_f": 1}, "smooth_f must lie in [0, 1), got 1.0"),
     ({"accumulation_steps": 0}, "accumulation_steps must be a positive integer, got 0"),
+    # a downward sweep (torch-lr-finder ran it without a word)
+    ({"end_lr": 1e-6}, "end_lr=1e-06 is not above the start LR 1e-05 (start_lr, or the optimizer's LR when "
+                       "start_lr is None): the range test climbs from a small LR to a large one"),
+    ({"start_lr": 1.0, "end_lr": 0.1}, "end_lr=0.1 is not above the start LR 1.0"),
+    ({"start_lr": 0.1, "end_lr": 0.1, "step_mode": "linear"}, "end_lr=0.1 is not above the start LR 0.1"),
 ])
 def test_bad_range_test_arguments_are_refused_before_anything_changes(kwargs, message):
     model = xor_model()
@@ -407,6 +412,22 @@ def test_bad_range_test_arguments_are_refused_before_anything_changes(kwargs, me
 
 
 # --- plot, suggestions and CSV --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("call", "what"), [
+    (lambda finder: finder.plot(), "plot()"),
+    (lambda finder: finder.plot(suggest_lr=False), "plot()"),
+    (lambda finder: finder.suggest_lr("valley"), "suggest_lr()"),
+    (lambda finder: finder.to_csv("never.csv"), "to_csv()"),
+])
+def test_plot_suggestions_and_csv_before_a_range_test_say_run_range_test_first(call, what, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    with pytest.raises(RuntimeError, match=rf"^{what[:-2]}\(\) reads the range test's history, which is empty: "
+                                           r"run range_test\(\) first$"):
+        call(finder)
+    assert not (tmp_path / "never.csv").exists()
 
 
 @pytest.fixture(scope="module")
@@ -500,11 +521,125 @@ def test_the_names_users_import_from_torch_lr_finder_and_its_lr_finder_module_ex
     assert module.StateCacher is package.StateCacher
 
 
-def test_a_ga_optimizer_is_refused_with_what_to_pass_instead():
-    from aikit.ga.Torch.optim import Optimizer as GAOptimizer
+def test_a_trace_optimizer_is_refused_with_what_to_pass_instead():
+    from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer
 
     net = torch.nn.Linear(3, 1)
-    ga = GAOptimizer(torch.optim.SGD(net.parameters(), lr=1e-3), 4)
-    with pytest.raises(TypeError, match=r"aikit GA Optimizer, which updates only once per 4 optimizer.step\(\) calls"
-                                        r".*LRFinder\(model, optimizer.optimizer, criterion\).*accumulation_steps="):
-        LRFinder(net, ga, torch.nn.MSELoss())
+    sampler = CustomSampler(64, 16, num_replicas=1, rank=0, minibatch_size=8)
+    traced = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=1e-3), sampler, 16)
+    with pytest.raises(TypeError, match=r"aikit trace optimizer, whose updates follow its sampler's batch-size trace"
+                                        r".*LRFinder\(model, optimizer.optimizer, criterion\)"):
+        LRFinder(net, traced, torch.nn.MSELoss())
+
+
+# --- through aikit's GA optimizer (issue 27): one LR per update --------------------------------
+
+
+def regression(samples=256, poison=()):
+    """A regression loader; the samples in ``poison`` get inputs of 3e17: for a linear model a
+    finite float32 loss whose gradient, times a GradScaler's 65536, overflows (an update AMP skips)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 4, generator=g, dtype=torch.get_default_dtype())
+    y = x.sum(1, keepdim=True).sin()
+    for index in poison:
+        x[index] = 3e17
+    return x, y
+
+
+def ga_run(batch_size, steps, num_iter=10, end_lr=1.0, data=None, scaler=None, inner_lr=1e-4, linear=False, **test):
+    """A range test of a small net (a linear model with ``linear``) through GA(SGD, steps) on
+    batches of ``batch_size`` (plain SGD when ``steps`` is None); returns the finder, the LR of
+    every real update and the model."""
+    from aikit.ga.Torch.optim import Optimizer as GAOptimizer
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1) if linear else nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    inner = torch.optim.SGD(model.parameters(), lr=inner_lr, momentum=0.9)
+    updates = lrs_at_each_step(inner)  # the wrapped optimizer's real steps (a skipped one never calls it)
+    optimizer = inner if steps is None else GAOptimizer(inner, steps, scaler=scaler)
+    x, y = regression() if data is None else data
+    finder = LRFinder(model, optimizer, nn.MSELoss(), **({"amp_backend": "torch", "grad_scaler": scaler}
+                                                          if scaler is not None and steps is None else {}))
+    finder.range_test(DataLoader(TensorDataset(x, y), batch_size=batch_size), end_lr=end_lr, num_iter=num_iter,
+                      diverge_th=math.inf, progress_bar=False, **test)
+    return finder, [lrs[0] for lrs in updates], model
+
+
+def test_a_range_test_through_a_ga_optimizer_equals_the_range_test_of_the_big_batch():
+    big, big_updates, big_model = ga_run(16, None)
+    ga, ga_updates, ga_model = ga_run(4, 4)
+    expected = lr_sequence(1e-4, 1.0, 10)
+    assert big.history["lr"] == ga.history["lr"] == expected  # one LR per update, not per micro-batch
+    assert ga_updates == big_updates == expected  # 10 real updates, each at its LR
+    assert ga.optimizer.micro_steps == 40 and ga.optimizer.applied == 10
+    assert ga.history["loss"] == pytest.approx(big.history["loss"], rel=1e-13)
+    for a, b in zip(ga_model.parameters(), big_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)
+    accumulated, _, _ = ga_run(4, None, accumulation_steps=4)  # the finder's own accumulation agrees too
+    assert accumulated.history["loss"] == pytest.approx(ga.history["loss"], rel=1e-13)
+
+
+@pytest.mark.parametrize("steps", [2, None], ids=["GA optimizer", "accumulation_steps"])
+def test_an_update_amp_skipped_is_made_again_at_its_lr_and_not_counted(steps):
+    torch.set_default_dtype(torch.float32)
+    scaler = torch.amp.GradScaler("cpu")
+    data = regression(poison=[4 * 3 + 1])  # the 2nd micro-batch of update 1 (batches of 4, 2 per update)
+    finder, updates, _ = ga_run(4, steps, num_iter=8, end_lr=1e-2, data=data, scaler=scaler, inner_lr=1e-5,
+                                linear=True, **({} if steps else {"accumulation_steps": 2}))
+    expected = lr_sequence(1e-5, 1e-2, 8)
+    assert finder.history["lr"] == expected  # every LR once: the skipped update's LR was tried again
+    assert updates == expected  # 8 real updates, none at a skipped LR twice nor one missing
+    assert all(math.isfinite(loss) and loss < 10 for loss in finder.history["loss"])  # the poisoned loss: not kept
+    assert scaler.get_scale() == 65536.0 / 2  # one skip lowered the scale
+    finder.reset()
+    assert scaler.get_scale() == 65536.0  # reset() restores the scaler too
+
+
+def test_reset_after_a_ga_range_test_restores_the_model_and_the_ga_optimizer_exactly():
+    from aikit.ga.Torch.optim import Optimizer as GAOptimizer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    ga = GAOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4), 3)
+    x, y = regression()
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)
+    for xb, yb in list(loader)[:6]:  # two updates of training first: Adam's moments and step exist
+        nn.functional.mse_loss(model(xb), yb).backward()
+        ga.step()
+    weights, optimizer_state = state(model.state_dict()), state(ga.state_dict())
+    counters = (ga.applied, ga.micro_steps, ga.position)
+    finder = LRFinder(model, ga, nn.MSELoss())
+    finder.range_test(loader, end_lr=1.0, num_iter=7, progress_bar=False)
+    first = list(finder.history["loss"])
+    assert ga.applied == counters[0] + 7
+    finder.reset()
+    assert_same_state(model.state_dict(), weights)
+    assert_same_state(ga.state_dict(), optimizer_state)  # Adam's moments and step, the GA position and count
+    assert (ga.applied, ga.micro_steps, ga.position) == counters
+    finder.range_test(loader, end_lr=1.0, num_iter=7, progress_bar=False)
+    assert finder.history["loss"] == first  # the same test again, to the bit
+
+
+def test_a_ga_range_test_refuses_what_would_not_be_one_lr_per_update():
+    from aikit.ga.Torch.optim import Optimizer as GAOptimizer
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    ga = GAOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4), 4)
+    loader = DataLoader(TensorDataset(*regression()), batch_size=4)
+    finder = LRFinder(model, ga, nn.MSELoss())
+    with pytest.raises(ValueError, match=r"^accumulation_steps=2 through a GA optimizer, which accumulates "
+                                         r"optimizer.steps=4 micro-batches per update itself: leave"):
+        finder.range_test(loader, num_iter=3, accumulation_steps=2)
+    nn.functional.mse_loss(model(torch.ones(2, 4)), torch.ones(2, 1)).backward()
+    ga.step()
+    with pytest.raises(ValueError, match=r"^the GA optimizer is 1 micro-steps into an update: run the range test "
+                                         r"between updates"):
+        finder.range_test(loader, num_iter=3)
+    with pytest.raises(ValueError, match=r"uses the GA optimizer's own: build it with Optimizer\(optimizer, steps, "
+                                         r"scaler=grad_scaler\) and leave grad_scaler out of LRFinder"):
+        LRFinder(model, GAOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4), 4), nn.MSELoss(),
+                 amp_backend="torch", grad_scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(ValueError, match=r"amp_backend='torch' through a GA optimizer without a GradScaler"):
+        LRFinder(model, GAOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4), 4), nn.MSELoss(),
+                 amp_backend="torch")

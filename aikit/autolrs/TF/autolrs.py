@@ -21,7 +21,7 @@ import numpy as np
 
 from aikit.autolrs.plot import plot_progress
 from aikit.core.autolrs import DECISION_SIZE, Action, Controller, Driver, schedule_lrs, write_schedule
-from aikit.core.errors import InvalidState, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 
 
 class AutoLRS(keras.callbacks.Callback):
@@ -65,6 +65,13 @@ class AutoLRS(keras.callbacks.Callback):
             raise InvalidValue(
                 f"AutoLRS sets the learning rate itself, but the optimizer follows {optimizer._learning_rate!r}: "
                 "compile the model with an optimizer built with a float learning_rate"
+            )
+        inner = getattr(optimizer, "inner", optimizer)  # (aikit's GA optimizer: the one it wraps)
+        if isinstance(inner, getattr(keras.optimizers, "ScheduleFreeAdamW", ())):  # (Keras 3.13 and later)
+            raise InvalidType(
+                f"{type(inner).__name__} is Schedule-Free: its averaging of the iterates replaces the LR schedule, "
+                "so AutoLRS's stages, restores and anneal would fight it: train it at its constant LR, or run "
+                "AutoLRS over AdamW or SGD (docs/autolrs.md, 'LR-free optimizers')"
             )
         if not optimizer.built:  # its slots must exist before the first checkpoint
             optimizer.build(self.model.trainable_variables)

@@ -34,9 +34,10 @@ from aikit.core.autolrs import (
     schedule_lrs,
     write_schedule,
 )
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.validate import positive_int
 from aikit.runtime.Torch import collectives, random_state
+from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, lr_free_kind
 
 log = logging.getLogger("aikit.autolrs")
 
@@ -81,6 +82,7 @@ class AutoLRS:
         if listening_host is not None or listening_port is not None:
             log.info("AutoLRS runs in-process: listening_host=%r and listening_port=%r are not used",
                      listening_host, listening_port)
+        refuse_lr_free(optimizer)
         self.model, self.optimizer, self.val_fn = model, optimizer, val_fn
         self.summary_steps = positive_int(summary_steps, "summary_steps")
         first = next(iter(model.parameters()), None)
@@ -135,6 +137,24 @@ class AutoLRS:
         """Resume a saved search (load the model and optimizer as usual). Nothing is set on the
         optimizer here: the saved state already holds the LR of the next step."""
         self._driver.load_state_dict({**state, "slots": {slot: _unportable(state["slots"][slot]) for slot in SLOTS}})
+
+
+def refuse_lr_free(optimizer) -> None:
+    """AutoLRS sets the LR of every step; an LR-free optimizer has no LR for it to search."""
+    kind = lr_free_kind(optimizer)
+    if kind == SCHEDULE_FREE:
+        raise InvalidType(
+            f"{type(optimizer).__name__} is Schedule-Free: its averaging of the iterates replaces the LR schedule "
+            "(and an LR it is given sets the averaging weights), so AutoLRS's stages, restores and anneal would "
+            "fight it: train it at its constant LR, or run AutoLRS over AdamW or SGD (docs/autolrs.md, "
+            "'LR-free optimizers')"
+        )
+    if kind is not None:
+        raise InvalidType(
+            f"{type(optimizer).__name__} estimates its own step size (its lr multiplies the estimate d, 1 by "
+            "default), so an LR searched by AutoLRS would fight the estimate: tune its d_coef instead, or run "
+            "AutoLRS over AdamW or SGD (docs/autolrs.md, 'LR-free optimizers')"
+        )
 
 
 class _TorchTraining:

@@ -30,6 +30,7 @@ One module per idea, none importing a framework:
 
 from aikit.core.autolrs.controller import (
     DIVERGE_WINDOW,
+    MAX_ROLLBACKS,
     PROGRESS,
     RANGE_BELOW_HOT,
     RANGE_DECADES,
@@ -63,6 +64,7 @@ __all__ = [
     "HUBER_K",
     "LENGTH_SCALES",
     "MAX_RATE_PER_SPAN",
+    "MAX_ROLLBACKS",
     "NOISES",
     "PROGRESS",
     "RANGE_BELOW_HOT",

@@ -22,7 +22,7 @@ from aikit.core.autolrs.loss_forecast import failed_forecast, forecast, standard
 from aikit.core.autolrs.search import LogLRSearch
 from aikit.core.autolrs.settings import Settings
 from aikit.core.autolrs.stages import Record, Stage, Trial, plan_stages, stage_length
-from aikit.core.errors import InvalidState, InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue, TrainingFailed
 from aikit.core.lr_range import LossTracker, lr_sequence, suggest
 
 log = logging.getLogger("aikit.autolrs")
@@ -33,6 +33,8 @@ RANGE_DECADES = 3  # min_lr = max_lr / 10**3
 ROLLBACK_FACTOR = 3.0  # a diverged stage is retried at lr / 3 (again and again if needed)
 DIVERGE_WINDOW = 5  # losses averaged to call a divergence (a single noisy batch is not one)
 PROGRESS = 1.5  # a checkpoint's loss this far below the first loss is progress a divergence can lose
+MAX_ROLLBACKS = 8  # rollbacks in a row (LR / 3**8) after which the loss is not the LR's doing: stop
+VAL_FAILED = "val_fn"  # how the reason a trial failed on its validation losses begins
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Action:
 
 _STATE = ("min_lr", "max_lr", "tau", "plan", "steps", "phase", "lr", "rollbacks", "range_test", "_in_phase",
           "_evaluating", "_reference", "_anneal_from", "_kept", "_kept_mark", "_segment_start")
+_STATE_ADDED = {"_rollbacks_in_row": 0, "_last_val_error": ""}  # state added later: the value a state saved
+# before it had
 
 
 class Controller:
@@ -78,6 +82,7 @@ class Controller:
         self.phase = "idle"
         self.lr = math.nan
         self.rollbacks = 0
+        self._rollbacks_in_row = 0  # since the latest checkpoint
         self._in_phase = 0
         self._evaluating = False
         self._reference = math.inf  # the loss at the latest checkpoint (for divergence)
@@ -86,6 +91,7 @@ class Controller:
         self._kept: list[float] = []  # the LR of every step on the kept trajectory
         self._kept_mark = 0  # len(_kept) at the latest checkpoint
         self._segment_start = 0  # the step of the latest checkpoint or restore
+        self._last_val_error = ""  # why val_fn failed last (for the message of a trial that failed on it)
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -154,8 +160,22 @@ class Controller:
         trial.steps.append(self._in_phase)
         trial.losses.append(float(loss))
         if not math.isfinite(loss):
-            trial.failed = "diverged"
+            trial.failed = f"{VAL_FAILED} returned {loss}"
             return self._end_trial()
+        if self._in_phase == self.stage.trial_steps:
+            return self._end_trial()
+        return self._set(self.lr)
+
+    def validation_failed(self, reason: str) -> Action:
+        """Say that the evaluation an ``evaluate`` action asked for could not be made (``val_fn``
+        raised, or gave no number: ``reason``); the trial goes on without that point, and fails
+        if fewer than 3 of its evaluations are left for the forecast."""
+        if not self._evaluating:
+            raise InvalidState("validation_failed() answers an evaluate action; none is pending")
+        self._evaluating = False
+        trial = self.stage.trials[-1]
+        trial.missed += 1
+        self._last_val_error = reason
         if self._in_phase == self.stage.trial_steps:
             return self._end_trial()
         return self._set(self.lr)
@@ -175,7 +195,7 @@ class Controller:
         """Everything the search has seen and decided, as plain numbers, strings, lists and
         dicts (JSON-able). With the adapter's model checkpoints, a preempted run resumes its
         search where it was."""
-        state = {name: copy.deepcopy(getattr(self, name)) for name in _STATE}
+        state = {name: copy.deepcopy(getattr(self, name)) for name in (*_STATE, *_STATE_ADDED)}
         state["options"] = dict(self.settings.given)
         state["rng"] = copy.deepcopy(self.rng.bit_generator.state)
         state["stages"] = [asdict(stage) for stage in self.stages]
@@ -213,6 +233,8 @@ class Controller:
                                                                                              "stop_reason"))
         for name in _STATE:
             setattr(self, name, copy.deepcopy(state[name]))
+        for name, before in _STATE_ADDED.items():
+            setattr(self, name, copy.deepcopy(state.get(name, before)))
         self.rng, self.stages, self.history, self._search = rng, stages, history, search
         if tracker is not None:
             self._tracker = tracker
@@ -233,6 +255,7 @@ class Controller:
             elif not flags.get("restore"):  # (a restore, then a checkpoint of that same state: as before)
                 self._reference = self._recent_loss(0, self.steps)
             self._kept_mark = len(self._kept)
+            self._rollbacks_in_row = 0
         return Action(lr, **flags)
 
     def _recent_loss(self, after: int, upto: int) -> float:
@@ -275,8 +298,10 @@ class Controller:
         if not math.isfinite(losses[-1]):
             lrs, losses = lrs[:-1], losses[:-1]
         if len(losses) < 2:
-            raise InvalidState(f"the LR range test diverged at its first LRs ({self.range_test['lr']}): "
-                               "give min_lr and max_lr")
+            raise TrainingFailed(
+                f"the LR range test stopped at its first LRs {self.range_test['lr']} with losses "
+                f"{self.range_test['loss']}: a loss that is not finite at an LR of {RANGE_START:g} comes from the "
+                "model, the data or the loss function, not the LR; check them (or give min_lr and max_lr)")
         hot = suggest(lrs, losses, method="minimum").lr * 10  # the LR at the lowest loss
         self.max_lr = hot / RANGE_BELOW_HOT
         self.min_lr = self.max_lr / 10**RANGE_DECADES
@@ -360,6 +385,9 @@ class Controller:
 
     def _end_trial(self) -> Action:
         stage, trial = self.stage, self.stage.trials[-1]
+        if not trial.failed and len(trial.losses) < 3:  # validations skipped: too few left to forecast
+            trial.failed = (f"{VAL_FAILED} failed at {trial.missed} of its {trial.missed + len(trial.losses)} "
+                            f"evaluations (last: {self._last_val_error})")
         if not trial.failed:
             trial.score = forecast(trial.steps, trial.losses, at=stage.tau)
             trial.failed = failed_forecast(trial.losses, trial.score)
@@ -375,6 +403,12 @@ class Controller:
         if len(stage.trials) < self.settings.trials:
             return self._start_trial(keep_trial=keep)
         self.phase = "train"
+        if chosen is None and all(t.failed.startswith(VAL_FAILED) for t in stage.trials):
+            raise TrainingFailed(
+                f"every trial of AutoLRS stage {stage.index} failed on its validation loss ("
+                + "; ".join(f"lr={t.lr:.4g}: {t.failed}" for t in stage.trials)
+                + "): val_fn must return the validation loss as a finite number; check it (and the model in "
+                "eval mode), or score trials on training losses (a larger val_tau)")
         if chosen is None:
             stage.lr, stage.kept = min(t.lr for t in stage.trials), None
             log.warning("AutoLRS stage %d: every trial failed; training at the smallest LR tried, %.4g. "
@@ -408,6 +442,9 @@ class Controller:
     def _train_step(self) -> Action:
         if self._diverged():
             self.rollbacks += 1
+            self._rollbacks_in_row += 1
+            if self._rollbacks_in_row > MAX_ROLLBACKS:
+                raise TrainingFailed(self._hopeless())
             lowered = self.lr / ROLLBACK_FACTOR
             if self.phase == "anneal":
                 self._anneal_from /= ROLLBACK_FACTOR
@@ -426,6 +463,19 @@ class Controller:
         if self._in_phase >= self.stage.tau:
             return self._start_stage(checkpoint=True)
         return self._set(self.lr)
+
+    def _hopeless(self) -> str:
+        """Why the run stops after :data:`MAX_ROLLBACKS` rollbacks in a row."""
+        recent = [r.loss for r in self.history[-DIVERGE_WINDOW:]]
+        highest = self.lr * ROLLBACK_FACTOR ** (self._rollbacks_in_row - 1)
+        finite = any(math.isfinite(r.loss) for r in self.history)
+        cause = ("no step has had a finite loss: that comes from the model, the data or the loss function, not the "
+                 "LR; check them" if not finite else
+                 "the loss blows up however low the LR: check the model, the data and the loss (or give a lower "
+                 "min_lr and max_lr)")
+        return (f"AutoLRS rolled back {MAX_ROLLBACKS} times in a row to the checkpoint before step {self.steps} "
+                f"(lowering the LR from {highest:.4g} to {self.lr:.4g}), and the loss still diverged (last losses "
+                f"{[round(x, 6) for x in recent]}): {cause}")
 
     def _start_anneal(self) -> Action:
         self.phase, self._in_phase = "anneal", 0

@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 
 from aikit.core.errors import InvalidValue
-from aikit.core.validate import writable_file
+from aikit.core.validate import checked_float, writable_file
 
 
 def write_schedule(path: str | os.PathLike, schedule: Sequence[tuple[int, float]]) -> None:
@@ -47,11 +47,21 @@ def read_schedule(path: str | os.PathLike) -> list[float]:
 
 def schedule_lrs(schedule: str | os.PathLike | Sequence[float]) -> list[float]:
     """The LRs a ``ReplaySchedule`` replays: a ``step,lr`` CSV's (:func:`read_schedule`) or a
-    list's, as floats; an empty list is refused."""
-    lrs = read_schedule(schedule) if isinstance(schedule, (str, os.PathLike)) else [float(x) for x in schedule]
+    list's, as floats; a list is held to the CSV's rule (numbers, finite and >= 0), and an empty
+    one is refused."""
+    if isinstance(schedule, (str, os.PathLike)):
+        lrs = read_schedule(schedule)
+    else:
+        lrs = [checked_float(_item(lr), f"schedule[{step}]", "a finite number >= 0 (an LR)",
+                             lambda lr: 0 <= lr < math.inf) for step, lr in enumerate(schedule)]
     if not lrs:
         raise InvalidValue("the schedule to replay is empty")
     return lrs
+
+
+def _item(lr: object) -> object:
+    """A one-element tensor's or array's number (a tensor's rows come as 0-d tensors); else ``lr``."""
+    return lr.item() if not isinstance(lr, (str, bytes)) and getattr(lr, "shape", None) == () else lr
 
 
 def replay_lr(lrs: Sequence[float], step: int) -> float:

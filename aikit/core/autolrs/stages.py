@@ -33,6 +33,7 @@ class Trial:
     losses: list[float] = field(default_factory=list)
     score: float = math.nan
     failed: str = ""  # why the trial cannot win ("" if it can)
+    missed: int = 0  # evaluations val_fn failed to give (skipped)
 
 
 @dataclass

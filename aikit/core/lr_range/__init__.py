@@ -15,12 +15,21 @@ The torch and Keras ``LRFinder`` classes (``aikit.lr_finder``) only train, and A
 range test (``aikit.core.autolrs``) uses the same sequence, tracker and suggestions.
 """
 
-from aikit.core.lr_range.driver import ONE_PROCESS, VAL_AVERAGES, OneProcess, RangeTest, Replicas, Trainer
+from aikit.core.lr_range.driver import (
+    MAX_SKIPPED,
+    ONE_PROCESS,
+    VAL_AVERAGES,
+    OneProcess,
+    RangeTest,
+    Replicas,
+    Trainer,
+)
 from aikit.core.lr_range.history import read_history, write_history
 from aikit.core.lr_range.rules import STEP_MODES, LossTracker, lr_sequence, step_mode_name
 from aikit.core.lr_range.suggestions import SUGGESTIONS, Suggestion, suggest, trim
 
 __all__ = [
+    "MAX_SKIPPED",
     "ONE_PROCESS",
     "STEP_MODES",
     "SUGGESTIONS",

@@ -11,7 +11,8 @@ one whose framework owns the loop (Keras ``fit``) calls :meth:`RangeTest.begin_u
 An update is whatever happens between ``begin_update`` and ``end_update``: one batch, several
 accumulated micro-batches, a GA wrapper's micro-steps. The iteration advances only in
 ``end_update``, so an update the framework skipped (an AMP step with inf gradients) can be left
-uncounted by not ending it: the next ``begin_update`` sets the same LRs again.
+uncounted by not ending it: the next ``begin_update`` sets the same LRs again (``run`` does this
+when ``train_update`` returns None).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidValue, TrainingFailed
 from aikit.core.lr_range.rules import LossTracker, lr_sequence
 
 VAL_AVERAGES = ("dataset", "seen")
+MAX_SKIPPED = 30  # updates skipped in a row (AMP) before the test gives up: a GradScaler's scale has halved 30 times
 
 
 class Trainer(Protocol):
@@ -40,9 +42,11 @@ class Trainer(Protocol):
     def set_lrs(self, lrs: Sequence[float]) -> None:
         """Set every param group's LR (one per group, in order) for the next update."""
 
-    def train_update(self) -> float:
+    def train_update(self) -> float | None:
         """Make one update at the LRs set, over however many micro-batches it takes; return its
-        training loss on this replica (the mean over its micro-batches) as a Python float."""
+        training loss on this replica (the mean over its micro-batches) as a Python float, or None
+        when the framework skipped the update (AMP found inf/NaN gradients at a finite loss): the
+        test then makes it again at the same LRs, uncounted."""
 
     def evaluate(self) -> tuple[float, int]:
         """One pass over this replica's validation data, without training: ``(loss_sum, samples)``,
@@ -123,6 +127,13 @@ class RangeTest:
         self.start_lrs = list(start_lrs)
         self._lrs = [lr_sequence(start, *self._sweep) for start in self.start_lrs]
         self.num_iter = len(self._lrs[0])
+        downward = [start for start in self.start_lrs if not start < end_lr]
+        if downward:
+            raise InvalidValue(
+                f"end_lr={end_lr!r} is not above the start LR {downward[0]!r} (start_lr, or the optimizer's LR "
+                "when start_lr is None): the range test climbs from a small LR to a large one; pass a start_lr "
+                "below end_lr"
+            )
         self.tracker = LossTracker(smooth_f, diverge_th)
         if val_average is None:
             val_average = "seen" if replicas.size > 1 else "dataset"
@@ -144,11 +155,26 @@ class RangeTest:
         return self.iteration == self.num_iter or self.tracker.stop_reason is not None
 
     def run(self, trainer: Trainer) -> None:
-        """The whole test, for an adapter that trains one update on demand."""
+        """The whole test, for an adapter that trains one update on demand. An update the
+        framework skipped (``train_update()`` returned None) is made again, uncounted; more than
+        :data:`MAX_SKIPPED` in a row stop the test with :class:`TrainingFailed`."""
         with self.running(trainer):
+            skipped = 0
             while not self.done:
                 self.begin_update()
-                self.end_update(self.trainer.train_update())
+                loss = self.trainer.train_update()
+                if self.replicas.size > 1:  # a replica's skip is every replica's (their gradients are summed)
+                    loss = None if self.replicas.sum([loss is None])[0] else loss
+                if loss is not None:
+                    skipped = 0
+                    self.end_update(loss)
+                    continue
+                skipped += 1
+                if skipped > MAX_SKIPPED:
+                    raise TrainingFailed(
+                        f"{MAX_SKIPPED} updates in a row at lr={self._lrs[0][self.iteration]:.4g} were skipped for "
+                        "inf/NaN gradients although their losses were finite: the gradients are not finite at any "
+                        "loss scale; check the model and the loss (or run the test without mixed precision)")
 
     @contextlib.contextmanager
     def running(self, trainer: Trainer) -> Iterator[RangeTest]:

@@ -55,6 +55,7 @@ from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 from aikit.runtime.Torch import collectives, distributed, random_state
+from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, eval_weights, lr_free_kind
 from aikit.runtime.Torch.state_checks import check_groups
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
@@ -167,18 +168,22 @@ class ElasticState:
                     "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
                 )
         number = self.commits + 1  # counted once written: a failed commit changes nothing
-        if self._sharded():
-            self._commit_shards(number)
-        elif distributed.rank() == 0:
-            encoded = checkpoint.encode(self._payload(number))
-            self._refuse_unknown_commits(number)
-            self._wrote(number, checkpoint.write_encoded(self.directory, number, encoded, fsync=self.fsync))
+        # Schedule-Free's contract: saved in eval mode, so the model's weights saved are the ones to
+        # evaluate (x); back in train mode after, on every worker (the switch moves the weights)
+        with eval_weights(self._objects.values()) as switched:
+            train_mode = [name for name, obj in self._objects.items() if any(obj is s for s in switched)]
+            if self._sharded():
+                self._commit_shards(number, train_mode)
+            elif distributed.rank() == 0:
+                encoded = checkpoint.encode(self._payload(number, train_mode))
+                self._refuse_unknown_commits(number)
+                self._wrote(number, checkpoint.write_encoded(self.directory, number, encoded, fsync=self.fsync))
         self.commits = number
         if _horovod_elastic():
             self._check_every_worker_commits()
             self._horovod_state().check_host_updates()
 
-    def _payload(self, number: int) -> dict:
+    def _payload(self, number: int, train_mode: list[str]) -> dict:
         return {
             "format": FORMAT,
             "commit": number,
@@ -188,6 +193,7 @@ class ElasticState:
             "kinds": {name: _kind(obj) for name, obj in self._objects.items()},
             "objects": {name: _state_of(obj) for name, obj in self._objects.items()},
             "rng": random_state.get_state(),
+            "train_mode": train_mode,
         }
 
     def _sharded(self) -> bool:
@@ -196,13 +202,13 @@ class ElasticState:
         dtensor = sharded.dtensor_type()
         return bool(dtensor) and any(isinstance(t, dtensor) for obj in self._objects.values() for t in _tensors_of(obj))
 
-    def _commit_shards(self, number: int) -> None:
+    def _commit_shards(self, number: int, train_mode: list[str]) -> None:
         """Every rank writes its shards; rank 0, once every rank's are written, the commit file
         that names them all (the marker: a commit killed before it is no commit). A refusal or
         a failure on any rank fails the commit on every rank, before the marker."""
         shards, failure, encoded = {}, None, None
         try:
-            encoded = checkpoint.encode(self._payload(number), sharded=shards)
+            encoded = checkpoint.encode(self._payload(number, train_mode), sharded=shards)
         except AikitError as error:  # every rank must hear of it: DCP's first gather carries it
             failure = error
         folder = checkpoint.shard_directory(self.directory, number)
@@ -319,6 +325,8 @@ class ElasticState:
             else:
                 payload = self._laid_out(payload)
             self._load(payload["objects"])
+            for name in payload.get("train_mode", []):  # the Schedule-Free optimizers the commit saw training
+                self._objects[name].train()
             self._replan()
             rank = distributed.rank()
             _set_rng_state(payload["rng"], rank)
@@ -344,6 +352,11 @@ class ElasticState:
             random_state.check_state(payload.get("rng"))
             if not isinstance(payload.get("objects"), dict):
                 raise InvalidValue("its objects are not a dict")
+            training = payload.get("train_mode", [])
+            if not isinstance(training, list) or any(
+                    not isinstance(name, str) or lr_free_kind(self._objects.get(name)) != SCHEDULE_FREE
+                    for name in training):
+                raise InvalidValue(f"its train_mode {training!r} names what is not a kept Schedule-Free optimizer")
         except AikitError as error:
             raise InvalidValue(f"the checkpoint {self.path} was not written by aikit as it is: {error}; "
                                "restore an intact commit (was it edited?)") from error

@@ -87,6 +87,7 @@ class TraceOptimizer(WrappingOptimizer):
     rule = "linear"
     kind = "trace optimizer"
     takes_weights = True  # accumulate(model, weight=n): the update is the mean over the step's loss terms
+    follows_trace = True
     per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
     _decides_while_training = False  # True: follows an AdaptiveSampler, whose epochs grow while training
 

@@ -12,19 +12,22 @@ validates, in TensorFlow.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidState, InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue, TrainingFailed
 from aikit.core.validate import positive_int
+from aikit.ga.TF.optimizers import Optimizer as GAOptimizer
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
+_SPARE_STEPS = 1000  # fit steps beyond the test's for updates a LossScaleOptimizer skips (fit stops when it is done)
 
 
 class LRFinder(RangeTestResults):
@@ -35,6 +38,10 @@ class LRFinder(RangeTestResults):
     Keras losses are, ``criterion(y_true, y_pred)``. The model (which must be built) and the
     optimizer's variables are saved now, in memory or as a ``.npz`` under ``cache_dir`` with
     ``memory_cache=False``, so that ``reset()`` can restore them.
+
+    Through aikit's GA optimizer (``aikit.ga.TF.optimizers.Optimizer``, as
+    ``aikit.elastic.TF.model.Model`` compiles) each update of the test is the optimizer's
+    ``steps`` batches, at one LR: the range test of the global batch.
 
     Example::
 
@@ -50,12 +57,6 @@ class LRFinder(RangeTestResults):
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if optimizer is None:
             raise InvalidValue("the model has no optimizer: compile it with one or pass optimizer=")
-        if hasattr(optimizer, "inner") and hasattr(optimizer, "accumulated"):  # aikit's GA Optimizer
-            raise InvalidType(
-                f"the optimizer is aikit's GA Optimizer (steps={optimizer.steps}), which updates once per "
-                f"{optimizer.steps} batches, so the range test's LRs would not match its losses: pass its wrapped "
-                "optimizer, LRFinder(model, optimizer=model.optimizer.inner), and feed batches of the global batch"
-            )
         if criterion is None and getattr(model, "loss", None) is None:
             raise InvalidValue("the model has no loss: compile it with one or pass criterion=")
         if not model.built:
@@ -133,6 +134,9 @@ class LRFinder(RangeTestResults):
         batch_size = positive_int(batch_size, "batch_size")
         train = _dataset(train_data, "train_data", batch_size, shuffle).repeat()
         val = None if val_data is None else _dataset(val_data, "val_data", batch_size, shuffle=False)
+        ga = self.optimizer if isinstance(self.optimizer, GAOptimizer) else None
+        if ga is not None:
+            self._check_ga(ga, accumulation_steps)
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if replicas > 1:
             self._check_fit_path(replicas, accumulation_steps)
@@ -140,9 +144,23 @@ class LRFinder(RangeTestResults):
         if replicas == 1:
             test.run(update)
             return
-        with test.running(update):  # fit owns the loop: one batch per update, split over the replicas
-            self.model.fit(train, epochs=1, steps_per_epoch=test.num_iter, verbose=0,
-                           callbacks=[_RangeTestCallback(test)])
+        with test.running(update):  # fit owns the loop: one batch per micro-step, split over the replicas
+            self.model.fit(train, epochs=1, steps_per_epoch=test.num_iter * (ga.steps if ga else 1) + _SPARE_STEPS,
+                           verbose=0, callbacks=[_RangeTestCallback(test, self.optimizer)])
+
+    @staticmethod
+    def _check_ga(ga: GAOptimizer, accumulation_steps: int) -> None:
+        """A range test through the GA optimizer: one update per ``ga.steps`` batches."""
+        if accumulation_steps != 1:
+            raise InvalidValue(
+                f"accumulation_steps={accumulation_steps} through aikit's GA optimizer, which accumulates "
+                f"steps={ga.steps} batches per update itself: leave accumulation_steps out"
+            )
+        if ga.accumulated:
+            raise InvalidValue(
+                f"aikit's GA optimizer has {ga.accumulated} of its {ga.steps} batches accumulated: run the range "
+                "test between updates"
+            )
 
     def _check_fit_path(self, replicas: int, accumulation_steps: int) -> None:
         strategy = type(self.model.distribute_strategy).__name__
@@ -180,21 +198,33 @@ class _Update:
         (lr,) = lrs  # a Keras optimizer has one LR
         self.optimizer.learning_rate = lr
 
-    def train_update(self) -> float:
-        """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
+    def train_update(self) -> float | None:
+        """One update over ``accumulation_steps`` micro-batches (through aikit's GA optimizer: its
+        ``steps``, each applied to it, which updates on the last); returns their mean loss, or None
+        when the update was skipped (a ``LossScaleOptimizer`` found inf/NaN gradients at a finite loss)."""
         if self._batches is None:
             self._batches = iter(self.train)
+        ga = isinstance(self.optimizer, GAOptimizer)
+        steps = self.optimizer.steps if ga else self.accumulation_steps
+        updates = int(self.optimizer.iterations.numpy())  # counts updates applied, not skipped ones
         total_loss, total_grads = 0.0, None
-        for _ in range(self.accumulation_steps):
+        for _ in range(steps):
             batch = next(self._batches, None)
             if batch is None:
                 raise InvalidValue("train_data yields no batches: give the range test data to train on")
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            grads, loss = self._gradients(x, y, sample_weight, self.accumulation_steps)
-            total_grads = grads if total_grads is None else [a + b for a, b in zip(total_grads, grads, strict=True)]
+            grads, loss = self._gradients(x, y, sample_weight, 1 if ga else steps)
+            if ga:  # the GA optimizer sums and averages the micro-batches itself
+                self._apply(grads)
+                loss = loss / steps
+            else:
+                total_grads = grads if total_grads is None else [a + b for a, b in zip(total_grads, grads,
+                                                                                       strict=True)]
             total_loss += float(loss)
-        self._apply(total_grads)
-        return total_loss
+        if not ga:
+            self._apply(total_grads)
+        applied = int(self.optimizer.iterations.numpy()) > updates
+        return total_loss if applied or not math.isfinite(total_loss) else None
 
     def evaluate(self) -> tuple[float, int]:
         running_loss, samples = 0.0, 0
@@ -223,24 +253,44 @@ class _Update:
 
 
 class _RangeTestCallback(keras.callbacks.Callback):
-    """Begins every ``fit`` step as an update of the range test and ends it with the step's own loss.
+    """Begins an update of the range test at the ``fit`` step that starts one and ends it with
+    its own loss (through aikit's GA optimizer an update is its ``steps`` fit steps, their mean).
 
-    Keras hands callbacks the running mean over the epoch; the step's loss is read from the
+    Keras hands callbacks the running mean over the epoch; each step's loss is read from the
     loss tracker's running sums instead (reduced over the replicas), as AutoLRS's callback does.
+    An update the optimizer skipped (its ``iterations`` did not advance: a ``LossScaleOptimizer``
+    found inf/NaN gradients) is not ended, so it is made again at the same LR.
     """
 
-    def __init__(self, test: lr_range.RangeTest):
+    def __init__(self, test: lr_range.RangeTest, optimizer):
         super().__init__()
-        self.test = test
+        self.test, self.optimizer = test, optimizer
+        self.ga = optimizer if isinstance(optimizer, GAOptimizer) else None
         self.sums_before = (0.0, 0.0)
+        self.losses: list[float] = []
+        self.updates = 0
+        self.skipped = 0
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.test.begin_update()
+        if not self.losses:  # the first micro-step of an update
+            self.test.begin_update()
+            self.updates = int(self.optimizer.iterations.numpy())
         self.sums_before = self._loss_sums()
 
     def on_train_batch_end(self, batch, logs=None):
         total, count = self._loss_sums()
-        if self.test.end_update((total - self.sums_before[0]) / (count - self.sums_before[1])):
+        self.losses.append((total - self.sums_before[0]) / (count - self.sums_before[1]))
+        if self.ga is not None and self.ga.accumulated:  # the update is not made yet
+            return
+        loss, self.losses = sum(self.losses) / len(self.losses), []
+        if int(self.optimizer.iterations.numpy()) == self.updates and math.isfinite(loss):
+            self.skipped += 1
+            if self.skipped > lr_range.MAX_SKIPPED:
+                raise TrainingFailed(f"{lr_range.MAX_SKIPPED} updates in a row were skipped for inf/NaN gradients "
+                                     "although their losses were finite: check the model and the loss")
+            return
+        self.skipped = 0
+        if self.test.end_update(loss):
             self.model.stop_training = True
 
     def _loss_sums(self) -> tuple[float, float]:

@@ -12,6 +12,7 @@ torch.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +26,7 @@ from aikit.lr_finder.state_cache import StateCache
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
 from aikit.runtime.Torch import collectives, distributed
 from aikit.runtime.Torch.gradient_sync import sync_skipper
+from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, STEP_SIZE_ESTIMATOR, eval_weights, in_train_mode, lr_free_kind
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 # The names torch_lr_finder.lr_finder has, for users who import from the module.
@@ -60,14 +62,15 @@ class LRFinder(RangeTestResults):
         amp_config: dict | None = None,
         grad_scaler: torch.amp.GradScaler | None = None,
     ):
-        if isinstance(optimizer, WrappingOptimizer):
-            steps = getattr(optimizer, "steps", None)
+        if isinstance(optimizer, WrappingOptimizer) and optimizer.follows_trace:
             raise InvalidType(
-                f"optimizer is an aikit {optimizer.kind}, which updates only once per "
-                f"{steps if steps else 'several'} optimizer.step() calls, so the range test's LRs would not "
-                "match its losses: pass the wrapped optimizer, LRFinder(model, optimizer.optimizer, criterion), "
-                "and range_test(..., accumulation_steps=optimizer.steps) to test at the same global batch"
+                f"optimizer is an aikit {optimizer.kind}, whose updates follow its sampler's batch-size trace, so "
+                "the range test's LRs would not match its losses: pass the wrapped optimizer, "
+                "LRFinder(model, optimizer.optimizer, criterion), with a loader of the global batch"
             )
+        if _is_ga(optimizer):
+            grad_scaler = self._ga_scaler(optimizer, amp_backend, grad_scaler)
+        _check_lr_free(optimizer)
         self.optimizer = optimizer
         self._check_for_scheduler()
         self.model = model
@@ -82,7 +85,7 @@ class LRFinder(RangeTestResults):
                 f"Unknown amp backend: {amp_backend!r}; aikit supports amp_backend='torch' "
                 "(torch.amp autocast + GradScaler) in place of apex"
             )
-        if amp_backend == "torch" and grad_scaler is None:
+        if amp_backend == "torch" and grad_scaler is None and not _is_ga(optimizer):
             raise InvalidValue(
                 "`grad_scaler` is required when using `torch.amp`: pass "
                 "grad_scaler=torch.amp.GradScaler('cuda') (or 'cpu')"
@@ -90,6 +93,8 @@ class LRFinder(RangeTestResults):
         self.amp_backend = amp_backend
         self.amp_config = amp_config
         self.grad_scaler = grad_scaler
+        # what scales each micro-batch's loss: a GA optimizer's own scaler, else grad_scaler under amp
+        self._loss_scaler = grad_scaler if amp_backend or _is_ga(optimizer) else None
 
         first = next(self.model.parameters(), None)
         if first is None:
@@ -101,15 +106,36 @@ class LRFinder(RangeTestResults):
         self.state_cacher.store("optimizer", self.optimizer.state_dict())
         if grad_scaler is not None:
             self.state_cacher.store("grad_scaler", grad_scaler.state_dict())
+        self._applied = getattr(optimizer, "applied", None)  # a GA optimizer's count of updates (for schedulers)
         self.device = device if device else self.model_device
 
     def reset(self) -> None:
-        """Restore the model, the optimizer (state and every group's LR) and the grad scaler."""
+        """Restore the model, the optimizer (state and every group's LR; a GA optimizer's position
+        and update count too) and the grad scaler."""
         self.model.load_state_dict(self.state_cacher.retrieve("model"))
         self.optimizer.load_state_dict(self.state_cacher.retrieve("optimizer"))
+        if self._applied is not None:
+            self.optimizer.applied = self._applied
         if self.grad_scaler is not None:
             self.grad_scaler.load_state_dict(self.state_cacher.retrieve("grad_scaler"))
         self.model.to(self.model_device)
+
+    @staticmethod
+    def _ga_scaler(optimizer: WrappingOptimizer, amp_backend: str | None, grad_scaler):
+        """The GradScaler of a range test through aikit's GA optimizer: the optimizer's own, which
+        unscales and steps once per update (the finder scales each micro-batch's loss with it)."""
+        if grad_scaler is not None and grad_scaler is not optimizer.scaler:
+            raise InvalidValue(
+                "the GA optimizer unscales, steps and updates the GradScaler once per update, so the range test "
+                "uses the GA optimizer's own: build it with Optimizer(optimizer, steps, scaler=grad_scaler) and "
+                "leave grad_scaler out of LRFinder"
+            )
+        if amp_backend == "torch" and optimizer.scaler is None:
+            raise InvalidValue(
+                "amp_backend='torch' through a GA optimizer without a GradScaler: build it with "
+                "Optimizer(optimizer, steps, scaler=torch.amp.GradScaler(...))"
+            )
+        return optimizer.scaler
 
     def range_test(
         self,
@@ -147,38 +173,68 @@ class LRFinder(RangeTestResults):
                                   validate=val_loader is not None, val_average=val_average,
                                   replicas=_Replicas(self.device), progress_bar=progress_bar)
         self._check_for_scheduler()
+        accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
+        if _is_ga(self.optimizer):
+            self._check_ga(accumulation_steps)
         update = _Update(
             self,
             self._wrap(train_loader, "train_loader", DataLoader, TrainDataLoaderIter),
             None if val_loader is None else self._wrap(val_loader, "val_loader", DataLoader, ValDataLoaderIter),
-            positive_int(accumulation_steps, "accumulation_steps"),
+            accumulation_steps,
             non_blocking_transfer,
         )
         self.model.to(self.device)
-        test.run(update)
+        with self._train_mode():
+            test.run(update)
+
+    @contextlib.contextmanager
+    def _train_mode(self):
+        """A Schedule-Free optimizer trains in train mode (its ``y``) and is left in the mode it was in."""
+        switch = lr_free_kind(self.optimizer) == SCHEDULE_FREE and not in_train_mode(self.optimizer)
+        if switch:
+            self.optimizer.train()
+        try:
+            yield
+        finally:
+            if switch:
+                self.optimizer.eval()
 
     # --- one iteration -------------------------------------------------------------------
 
-    def _train_batch(self, train_iter, accumulation_steps: int, non_blocking_transfer: bool = True) -> float:
-        """One update over ``accumulation_steps`` micro-batches; returns their mean loss."""
+    def _train_batch(self, train_iter, accumulation_steps: int, non_blocking_transfer: bool = True) -> float | None:
+        """One update over ``accumulation_steps`` micro-batches (through a GA optimizer: its
+        ``steps``); returns their mean loss, or None when AMP skipped the update for inf/NaN
+        gradients with a finite loss (the range test then makes it again at the same LR)."""
         self.model.train()
         total_loss = None
         self.optimizer.zero_grad()
-        for i in range(accumulation_steps):
+        ga = self.optimizer if _is_ga(self.optimizer) else None
+        steps = accumulation_steps if ga is None else ga.steps
+        for i in range(steps):
             inputs, labels = next(train_iter)
             inputs, labels = self._move_to_device(inputs, labels, non_blocking=non_blocking_transfer)
-            with self._no_sync(last=i == accumulation_steps - 1):
+            with self._no_sync(last=i == steps - 1) if ga is None else ga.accumulate(self.model):
                 with self._autocast():
                     loss = self.criterion(self.model(inputs), labels)
-                loss = loss / accumulation_steps
-                (self.grad_scaler.scale(loss) if self.amp_backend else loss).backward()
-            total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
-        if self.amp_backend:
+                if ga is None:  # a GA optimizer averages the micro-batches' gradients itself
+                    loss = loss / steps
+                (self._loss_scaler.scale(loss) if self._loss_scaler is not None else loss).backward()
+            mean_part = loss.detach() if ga is None else loss.detach() / steps
+            total_loss = mean_part if total_loss is None else total_loss + mean_part
+            if ga is not None:
+                ga.step()
+        if ga is not None:
+            stepped = ga.updated
+        elif self._loss_scaler is not None:
+            scale = self.grad_scaler.get_scale()
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
+            stepped = self.grad_scaler.get_scale() >= scale  # a lowered scale: inf/NaN gradients, skipped
         else:
             self.optimizer.step()
-        return total_loss.item()
+            stepped = True
+        loss = total_loss.item()
+        return loss if stepped or not math.isfinite(loss) else None
 
     def _validation_totals(self, val_iter, non_blocking_transfer: bool = True) -> tuple[float, int]:
         """This rank's validation loss summed over its batches (each batch's mean times
@@ -208,6 +264,19 @@ class LRFinder(RangeTestResults):
         return _move(inputs, self.device, non_blocking), _move(labels, self.device, non_blocking)
 
     # --- setup ----------------------------------------------------------------------------
+
+    def _check_ga(self, accumulation_steps: int) -> None:
+        """A range test through a GA optimizer: one update per ``optimizer.steps`` micro-batches."""
+        if accumulation_steps != 1:
+            raise InvalidValue(
+                f"accumulation_steps={accumulation_steps} through a GA optimizer, which accumulates "
+                f"optimizer.steps={self.optimizer.steps} micro-batches per update itself: leave accumulation_steps out"
+            )
+        if self.optimizer.position:
+            raise InvalidValue(
+                f"the GA optimizer is {self.optimizer.position} micro-steps into an update: run the range test "
+                "between updates (optimizer.position == 0)"
+            )
 
     def _check_for_scheduler(self) -> None:
         for param_group in self.optimizer.param_groups:
@@ -266,7 +335,8 @@ class _Update:
         return self.finder._train_batch(self.train_iter, self.accumulation_steps, self.non_blocking)
 
     def evaluate(self) -> tuple[float, int]:
-        return self.finder._validation_totals(self.val_iter, self.non_blocking)
+        with eval_weights([self.finder.optimizer]):  # Schedule-Free: validate its average x, as eval() is for
+            return self.finder._validation_totals(self.val_iter, self.non_blocking)
 
     def val_dataset_size(self) -> int:
         return len(self.val_iter.dataset)
@@ -295,6 +365,31 @@ class _Replicas:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         collectives.broadcast_([tensor], src=0)
         return tensor.tolist()
+
+
+def _is_ga(optimizer: torch.optim.Optimizer) -> bool:
+    """aikit's GA optimizer (the one wrapper that is not a trace optimizer), known without
+    importing the GA package: importing the finder loads no layer above it."""
+    return isinstance(optimizer, WrappingOptimizer) and not optimizer.follows_trace
+
+
+def _check_lr_free(optimizer: torch.optim.Optimizer) -> None:
+    """A step-size estimator has no LR to test; Schedule-Free's warmup would hide the tested one."""
+    kind = lr_free_kind(optimizer)
+    if kind == STEP_SIZE_ESTIMATOR:
+        raise InvalidType(
+            f"{type(optimizer).__name__} estimates its own step size (its lr multiplies the estimate d, 1 by "
+            "default), so the range test's LRs would not be the steps it takes: tune its d_coef instead, or "
+            "range-test AdamW"
+        )
+    if kind == SCHEDULE_FREE:
+        warming = [g for g in optimizer.param_groups if g.get("k", 0) < g.get("warmup_steps", 0)]
+        if warming:
+            raise InvalidValue(
+                f"{type(optimizer).__name__}'s warmup_steps={warming[0]['warmup_steps']} scales the LR of its first "
+                "steps, so the range test's LRs would not be the ones applied: range-test it built with "
+                "warmup_steps=0 (and give the warmup to the run)"
+            )
 
 
 def _move(obj, device, non_blocking: bool):

@@ -65,6 +65,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` whose groups, state and defaults are ``optimizer``'s."""
 
     kind = "optimizer wrapper"  # what the errors call it
+    follows_trace = False  # True for a trace optimizer: its updates follow its sampler's trace (else: the GA wrapper)
     param_groups = _Wrapped()
     state = _Wrapped()
     defaults = _Wrapped()
@@ -87,6 +88,15 @@ class WrappingOptimizer(torch.optim.Optimizer):
         for name in ("param_groups", "state", "defaults"):
             self.__dict__.pop(f"_base_{name}")
         self.__dict__["optimizer"] = optimizer
+
+    def __getattr__(self, name: str) -> Any:
+        """``train()`` and ``eval()`` of a wrapped optimizer that has them (Schedule-Free's), so
+        the calls its contract asks for (with the model's mode, before saving) reach it through the
+        wrapper; other optimizers have neither, as without the wrapper."""
+        inner = self.__dict__.get("optimizer")
+        if name in ("train", "eval") and hasattr(inner, name):
+            return getattr(inner, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if "optimizer" not in self.__dict__:
