@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from aikit.core.errors import CheckpointError
+from aikit.core.schedule import world_problem
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
@@ -253,6 +254,22 @@ class ElasticState:
                     check_groups(obj, saved[name])
             except ValueError as error:
                 raise ValueError(f"the checkpoint {self.path} cannot be restored into {name}=: {error}") from error
+        self._check_world(saved)
+
+    def _check_world(self, saved: dict) -> None:
+        """A balanced sampler (every replica the same whole micro-batches of every step) whose
+        steps still to train do not fit this world is refused with the world sizes that do
+        (Megatron #3913); the steps trained before need not fit."""
+        opt = self.optimizer
+        if opt is None or not getattr(opt.sampler, "balanced", False):
+            return
+        name = next(name for name, obj in self._objects.items() if obj is opt)
+        position, schedule = saved[name]["trace"], opt.sampler.schedule
+        first = schedule.epoch_bounds(position["epoch"])[0] + position["step"]
+        problem = world_problem(schedule.trace, first, schedule.minibatch_size, distributed.world_size())
+        if problem:
+            raise ValueError(f"the checkpoint {self.path} cannot resume on {distributed.world_size()} replica(s): "
+                             f"{problem}; resume on one of those, or with another trace")
 
     def _load(self, saved: dict) -> None:
         """Load every kept object, in one order whatever the keyword order: the objects aikit
