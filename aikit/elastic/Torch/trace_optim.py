@@ -126,7 +126,7 @@ class TraceOptimizer(WrappingOptimizer):
             raise InvalidType(f"lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
                               f"step_decay) for a LinearRule, RootRule, Seesaw or Constant optimizer, got "
                               f"{lr_decay!r:.60} for {type(self).__name__}")
-        if lr_decay is None and rule_name(self.rule) == "seesaw":
+        if lr_decay is None and self.rule == "seesaw":
             raise InvalidValue(f"{type(self).__name__} needs lr_decay, the LR decay over samples its trace was made "
                                "from (aikit.core.ramp.seesaw_schedule's decay): Seesaw's LR is base x decay x "
                                "sqrt(B / ref_batchsize)")
