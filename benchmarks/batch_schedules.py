@@ -2,7 +2,7 @@
 
 For each task and seed:
 
-* **fixed**: a grid of global batches (``--batches``), each with LRs ``g * sqrt(B / B_ref)`` for
+* **fixed**: a grid of global batches (the task's), each with LRs ``g * sqrt(B / B_ref)`` for
   ``g`` in the task's grid; a batch's tuned LR is the one that reaches the target in the fewest
   updates. The best fixed batch is the one fastest to the target.
 * **warmup**: nanochat's staged ramp to the best fixed batch at its tuned LR (a quarter of it over
@@ -12,9 +12,18 @@ For each task and seed:
   Seesaw from the same batch and LR (the batch doubles where the cosine halves, up to
   ``--seesaw-max``; LR x 1/sqrt(2) there): equal samples.
 * **adaptive**: aikit's ``AdaptiveSampler``/``AdaptiveOptimizer`` from their defaults at the base
-  batch and its tuned LR (``max_batch``, ``max_device_batch``: the task's), and any ``--variants``.
+  batch and its tuned LR (``max_batch``, ``max_device_batch``: the task's; the LR rule AdaScale for
+  SGD, sqrt for AdamW), and any ``--variants``.
+* **settle**: the controller as a batch-size warmup: an adaptive run deciding early (5 noise
+  estimates, every 5 updates) for the first tenth of the budget, then the batch it chose, fixed,
+  with nothing more measured.
 
-The target of a seed is the best fixed run's final metric less ``--below`` points. Time is the
+Tasks: ``mnist1d`` (the small CNN of ``adaptive_mnist1d.py``, SGD with momentum) and ``lm`` (the
+small GPT of ``examples/gpt_stdlib.py`` over the standard library's bytes, 64 tokens a sample,
+AdamW). By default a small grid and budget (under a minute of CPU for ``mnist1d``'s 3 seeds);
+``--full`` runs the measurement docs/adaptive.md reports.
+
+The target of a seed is the best fixed run's final metric less the task's ``below``. Time is the
 training thread's CPU time (``time.thread_time``), evaluations excluded: on a shared machine it is
 what the wall time of an unshared core would be (the wall time is kept too). The adaptive
 controller is given the same clock. At levels of the metric on the way to the target, the
@@ -22,8 +31,9 @@ controller is given the same clock. At levels of the metric on the way to the ta
 is set beside the batch the controller's goodput *predicts* best where the adaptive run reached it;
 ``--plot`` draws both.
 
-    nice -n 10 python benchmarks/batch_schedules.py --task mnist1d --seeds 0 1 2 \\
-        --plot docs/adaptive_mnist1d.png --json batch_schedules.json
+    python benchmarks/batch_schedules.py                     # small: ratios and medians in a minute
+    nice -n 10 python benchmarks/batch_schedules.py --task mnist1d --full --plot schedules.png
+    nice -n 10 python benchmarks/batch_schedules.py --task lm --full --json lm.json
 """
 
 from __future__ import annotations
@@ -101,6 +111,7 @@ class Task:
     max_batch: int
     below: float  # the target: the best fixed final metric less this
     metric_name: str = "validation accuracy"
+    rule: str = "adascale"  # the adaptive run's LR rule (AdaScale's gain is SGD's; Adam takes sqrt)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -120,11 +131,53 @@ def mnist1d_task(args) -> Task:
     return Task("MNIST-1D CNN", TensorDataset(x, y), (xv, yv), (xt, yt), ConvBase,
                 lambda model, xb, yb: nn.functional.cross_entropy(model(xb), yb), accuracy,
                 lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                batches=[32, 64, 128, 256, 512], lr_grid=[0.063, 0.089, 0.126], lr_ref=100, epochs=args.epochs or 30,
-                eval_every=700, max_device=1024, max_batch=1024, below=0.02)
+                batches=[32, 64, 128, 256, 512] if args.full else [32, 64, 128],
+                lr_grid=[0.063, 0.089, 0.126] if args.full else [0.126], lr_ref=100,
+                epochs=args.epochs or (30 if args.full else 10), eval_every=700, max_device=1024, max_batch=1024,
+                below=0.02)
 
 
-TASKS = {"mnist1d": mnist1d_task}
+def lm_task(args) -> Task:
+    """The small GPT of ``examples/gpt_stdlib.py`` (pre-norm blocks, causal attention) over bytes
+    of the standard library's sources, packed into windows of ``context + 1`` bytes so that every
+    sample is ``context`` tokens (the unit of a Megatron schedule in tokens); AdamW, and the metric
+    the validation loss negated (nats per byte, higher is better)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    from gpt_stdlib import TinyGPT
+
+    from aikit.datasets import stdlib_text
+
+    context, sequences = 64, 2048
+    train_text, val_text = stdlib_text(max_len=256, max_bytes=int(sequences * (context + 1) / 0.7),
+                                       val_fraction=0.25)
+
+    def packed(pieces: list[np.ndarray], count: int) -> torch.Tensor:
+        flat = np.concatenate(pieces)
+        count = min(count, len(flat) // (context + 1))
+        return torch.from_numpy(flat[:count * (context + 1)].reshape(count, context + 1))
+
+    train_windows, val_windows = packed(train_text, sequences), packed(val_text, 512)
+    split = len(val_windows) // 2
+
+    def loss(model, xb, yb):
+        return nn.functional.cross_entropy(model(xb).flatten(0, 1), yb.flatten())
+
+    def negative_loss(model, xs, ys):
+        with torch.no_grad():
+            return -float(loss(model, xs, ys))
+
+    validation, test = val_windows[:split], val_windows[split:]
+    return Task("byte-level GPT on stdlib sources", TensorDataset(train_windows[:, :-1], train_windows[:, 1:]),
+                (validation[:, :-1], validation[:, 1:]), (test[:, :-1], test[:, 1:]),
+                lambda: TinyGPT(context=context, width=64, layers=2, heads=4), loss, negative_loss,
+                lambda model, lr: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0),
+                batches=[8, 16, 32, 64] if args.full else [8, 32, 128],
+                lr_grid=[4e-3, 8e-3] if args.full else [8e-3], lr_ref=32,
+                epochs=args.epochs or (3 if args.full else 2), eval_every=512, max_device=256, max_batch=512,
+                below=0.05, metric_name="negative validation loss (nats per byte)", rule="sqrt")
+
+
+TASKS = {"mnist1d": mnist1d_task, "lm": lm_task}
 
 
 def validation_loss(task: Task, model: nn.Module) -> float:
@@ -142,12 +195,16 @@ def evaluate(task: Task, model: nn.Module, split: tuple[torch.Tensor, torch.Tens
 
 
 def train(task: Task, model, sampler, optimizer, clock: Clock, budget: int,
-          metric: Callable[[], float] | None = None) -> dict:
+          metric: Callable[[], float] | None = None, after: dict | None = None) -> dict:
     """Train until ``budget`` samples (or the trace's end); the curve ``(samples, updates, cpu,
-    wall, metric)`` every ``eval_every`` samples, and the final test metric."""
+    wall, metric)`` every ``eval_every`` samples, and the final test metric. ``after``: the run
+    this one goes on from (its curve, samples, updates and next epoch)."""
     metric = metric or (lambda: evaluate(task, model, task.validation))
     loader_data = task.train
-    curve, samples, updates, next_eval, epoch = [], 0, 0, task.eval_every, 0
+    curve, samples, updates, epoch = [], 0, 0, 0
+    if after is not None:
+        curve, samples, updates, epoch = list(after["curve"]), after["samples"], after["updates"], after["epoch"]
+    next_eval = (samples // task.eval_every + 1) * task.eval_every
     while samples < budget:
         try:
             sampler.set_epoch(epoch)
@@ -167,7 +224,8 @@ def train(task: Task, model, sampler, optimizer, clock: Clock, budget: int,
         epoch += 1
     if not curve or curve[-1][0] != samples:
         curve.append((samples, updates, clock(), clock.wall(), clock.paused(metric)))
-    return {"curve": curve, "test": evaluate(task, model, task.test)}
+    return {"curve": curve, "test": evaluate(task, model, task.test), "samples": samples, "updates": updates,
+            "epoch": epoch}
 
 
 def tuned(lr_grid_value: float, batch: int, task: Task) -> float:
@@ -190,7 +248,7 @@ def trace_run(task: Task, trace, optimizer_class, lr: float, seed: int, **option
     return train(task, model, sampler, optimizer, Clock(), task.budget)
 
 
-def adaptive_run(task: Task, base: int, lr: float, seed: int, rule: str = "adascale",
+def adaptive_run(task: Task, base: int, lr: float, seed: int, rule: str | None = None,
                  **options) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
     """An adaptive run; beside each evaluation, the controller's batch, noise scale and goodput
     of every batch of the grid (its prediction)."""
@@ -198,7 +256,7 @@ def adaptive_run(task: Task, base: int, lr: float, seed: int, rule: str = "adasc
     model, clock = task.model(), Clock()
     sampler = AdaptiveSampler(len(task.train), base_batch=base, max_batch=options.pop("max_batch", task.max_batch),
                               max_device_batch=task.max_device, seed=seed, **options)
-    optimizer = AdaptiveOptimizer(task.optimizer(model, lr), sampler, rule, clock=clock)
+    optimizer = AdaptiveOptimizer(task.optimizer(model, lr), sampler, rule or task.rule, clock=clock)
     records, grid = [], np.array([b for b in task.batches if sampler.controller.split.runs(np.array([b]))[0]])
 
     def record() -> float:
@@ -213,6 +271,31 @@ def adaptive_run(task: Task, base: int, lr: float, seed: int, rule: str = "adasc
     run = train(task, model, sampler, optimizer, clock, task.budget, metric=record)
     run["controller"] = records
     return run, sampler, optimizer
+
+
+def settle_run(task: Task, base: int, lr: float, seed: int, epochs: int, **options) -> dict:
+    """The controller as a warmup: an adaptive run (linear LR rule, or sqrt where the task's rule
+    is sqrt (Adam); deciding from 5 noise estimates every 5 updates) for the first ``epochs``
+    epochs, then the rest of the budget at the batch it chose, with nothing measured (a
+    ``CustomSampler`` trace and a plain trace optimizer at the rule's LR for that batch)."""
+    torch.manual_seed(seed)
+    model, clock = task.model(), Clock()
+    sampler = AdaptiveSampler(len(task.train), base_batch=base, max_batch=task.max_batch,
+                              max_device_batch=task.max_device, seed=seed,
+                              **{"min_estimates": 5, "interval": 5, **options})
+    inner = task.optimizer(model, lr)
+    rule = "sqrt" if task.rule == "sqrt" else "linear"
+    adaptive = AdaptiveOptimizer(inner, sampler, rule, clock=clock)
+    first = train(task, model, sampler, adaptive, clock, epochs * len(task.train))
+    adaptive.unhook()
+    batch = sampler.controller.batch
+    for group in inner.param_groups:
+        group["lr"] = lr * (batch / base) ** (0.5 if rule == "sqrt" else 1)  # the rule's LR at the settled batch
+    fixed = CustomSampler(len(task.train), batch, max_device_batch=task.max_device, seed=seed)
+    run = train(task, model, fixed, ConstantOptimizer(inner, fixed), clock, task.budget, after=first)
+    run["history"] = adaptive.history
+    run["settled"] = batch
+    return run
 
 
 def to_target(run: dict, target: float) -> tuple[float, float, float]:
@@ -254,10 +337,13 @@ def main() -> None:
     parser.add_argument("--task", choices=sorted(TASKS), default="mnist1d")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, help="the budget in epochs (default: the task's)")
+    parser.add_argument("--full", action="store_true",
+                        help="the measurement of docs/adaptive.md: the task's whole grid and budget (minutes, not "
+                             "seconds); without it a small grid and budget that run in about a minute")
     parser.add_argument("--seesaw-max", type=int, default=8, help="Seesaw grows the batch up to this many times")
     parser.add_argument("--plot", help="draw the adaptive run, its predicted and the measured best batch here")
     parser.add_argument("--json", help="write every curve here")
-    parser.add_argument("--runs", nargs="+", default=["fixed", "warmup", "cosine", "seesaw", "adaptive"])
+    parser.add_argument("--runs", nargs="+", default=["fixed", "warmup", "cosine", "seesaw", "adaptive", "settle"])
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="an adaptive run with other AdaptiveSampler options, e.g. 'fast:min_estimates=5'")
     args = parser.parse_args()
@@ -296,7 +382,7 @@ def one_seed(task: Task, seed: int, args) -> dict:
     base = min(task.batches)
     if "warmup" in args.runs:
         warmup = schedule_trace(staged_schedule(best_batch, task.budget), samples=task.budget)
-        runs[f"warmup to {best_batch}"] = trace_run(task, warmup, RootRuleOptimizer, tuned_lr[best_batch], seed,
+        runs["warmup to best fixed"] = trace_run(task, warmup, RootRuleOptimizer, tuned_lr[best_batch], seed,
                                                     ref_batchsize=best_batch)
     decay = cosine_decay(task.budget)
     if "cosine" in args.runs:
@@ -309,6 +395,9 @@ def one_seed(task: Task, seed: int, args) -> dict:
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed)
         runs[f"adaptive from {base}"] = run
         runs[f"adaptive from {base}"]["history"] = optimizer.history
+    if "settle" in args.runs:
+        runs[f"settle from {base}"] = settle_run(task, base, tuned_lr[base], seed, max(1, task.epochs // 10))
+        print(f"  settle from {base}: the controller settled on batch {runs[f'settle from {base}']['settled']}")
     for text in args.variant:
         name, options = parse_variant(text)
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed, **options)
