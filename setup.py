@@ -10,7 +10,12 @@ VERSION = re.search(r'^__version__ = "([^"]+)"', (HERE / "aikit" / "__init__.py"
 DATA = ["scikit-learn>=1.3"]  # aikit.datasets: the embedded digits
 PLOT = ["matplotlib>=3.6"]  # LRFinder.plot, AutoLRS.plot, `aikit trace plot`
 TORCH = ["torch>=2.1", "safetensors>=0.4.3"]  # safetensors: ElasticState checkpoints
+# TensorFlow is one module shipped by several distributions (tensorflow, tensorflow-cpu, ...); pip
+# cannot ask for "any of them", so as Hugging Face transformers does there are two extras: tf brings
+# `tensorflow`, tf-cpu the CPU-only `tensorflow-cpu` (an environment that has one keeps it: take the
+# extra that names it, or no framework extra and `keras`)
 TF = ["tensorflow>=2.16", "keras>=3.3"]
+TF_CPU = ["tensorflow-cpu>=2.16", "keras>=3.3"]
 LIGHTNING = ["lightning>=2.2"]
 HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.0"]  # Trainer needs accelerate
 DOCS = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"]
@@ -30,6 +35,7 @@ setup(
         # a framework extra brings what its adapters, examples and plots import
         "torch": [*TORCH, *DATA, *PLOT],
         "tf": [*TF, *DATA, *PLOT],
+        "tf-cpu": [*TF_CPU, *DATA, *PLOT],
         "data": DATA,
         "plot": PLOT,
         "lightning": [*LIGHTNING, *TORCH],

@@ -1,14 +1,15 @@
 """The ``aikit`` command: plans and batch-size traces from the shell.
 
-aikit plan --global-batch-size 256 --max-gpu-batch-size 64 [--gpus N] [--policy ragged]
-aikit trace check trace.csv --minibatch-size 32 --replicas 8 --dataset-size 60000
+aikit plan --global-batch-size 256 --max-device-batch 64 [--gpus N] [--policy ragged]
+aikit trace check trace.csv --micro-batch 32 --replicas 8 --dataset-size 60000
+(--max-gpu-batch-size and --minibatch-size, the names of Run:AI's AIkit Elastic and eth-easl, say the same)
 aikit trace plot trace.csv -o trace.png [--dataset-size 60000]
 aikit trace make ramp --start 64 --end 1024 --steps 500 -o trace.csv
 aikit trace make schedule "0:768 250B:1536 500B:3072" --seq-length 4096 --tokens 1T -o trace.csv
 aikit trace make rampup 16 8 300000 --global-batch-size 1024 --samples 1M -o trace.csv
 aikit trace make stages --batch 1024 --samples 10M -o trace.csv
 aikit trace make seesaw --start 64 --max-batch 512 --cosine --samples 1M -o trace.csv
-aikit trace check --schedule "0:768 250B:1536" --seq-length 4096 --tokens 1T --minibatch-size 4 --dataset-size ...
+aikit trace check --schedule "0:768 250B:1536" --seq-length 4096 --tokens 1T --micro-batch 4 --dataset-size ...
 
 Numbers are read as ASCII digits only (Python's ``int()`` also takes ``6_4`` and Arabic-Indic
 digits, and reads them as 64); sample and token counts take Megatron's K, M, B, T suffixes.
@@ -20,7 +21,6 @@ import argparse
 import math
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from aikit.core.errors import AikitError, InvalidValue
 from aikit.core.scaling import cosine_decay, step_decay
 from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, schedule_trace
-from aikit.core.validate import positive_int
+from aikit.core.validate import aliased, positive_int, writable_file
 from aikit.optional import require
 
 
@@ -53,18 +53,22 @@ def amount(text: str) -> int:
 
 def plan_rows(args: argparse.Namespace) -> tuple[str, int]:
     """The table's text and how many of its rows were refused."""
-    plan_module.positive_int(args.global_batch_size, "--global-batch-size")
-    plan_module.positive_int(args.max_gpu_batch_size, "--max-gpu-batch-size")
-    counts = [plan_module.positive_int(args.gpus, "--gpus")] if args.gpus is not None else list(range(1, 9))
+    positive_int(args.global_batch_size, "--global-batch-size")
+    bound, name = aliased(args.max_device_batch, args.max_gpu_batch_size, "--max-device-batch",
+                          "--max-gpu-batch-size", "Run:AI's AIkit Elastic")
+    if bound is None:
+        raise InvalidValue("give --max-device-batch, the most samples one device holds")
+    positive_int(bound, name)
+    counts = [positive_int(args.gpus, "--gpus")] if args.gpus is not None else list(range(1, 9))
     refused = 0
     header = f"{'GPUs':>4}  {'used':>4}  {'GA steps':>8}  {'micro-batch':>11}  {'global':>6}  note"
     rows = [
-        f"global batch {args.global_batch_size}, at most {args.max_gpu_batch_size} per device, policy {args.policy!r}",
+        f"global batch {args.global_batch_size}, at most {bound} per device, policy {args.policy!r}",
         header,
     ]
     for n in counts:
         try:
-            p = plan_module.make_plan(args.global_batch_size, args.max_gpu_batch_size, n, policy=args.policy)
+            p = plan_module.make_plan(args.global_batch_size, bound, n, policy=args.policy)
         except ValueError as error:
             rows.append(f"{n:>4}  {'-':>4}  {'-':>8}  {'-':>11}  {'-':>6}  refused: {error}")
             refused += 1
@@ -101,27 +105,29 @@ def checked_trace(args: argparse.Namespace) -> tuple[Trace, ramp.BatchSchedule |
 
 
 def cmd_trace_check(args: argparse.Namespace) -> int:
-    if (args.minibatch_size is None) == (args.max_device_batch is None):
-        raise InvalidValue("give --minibatch-size (one micro-batch size) or --max-device-batch (each step split "
+    micro, micro_name = aliased(args.micro_batch, args.minibatch_size, "--micro-batch", "--minibatch-size", "eth-easl")
+    if (micro is None) == (args.max_device_batch is None):
+        raise InvalidValue(f"give {micro_name} (one micro-batch size) or --max-device-batch (each step split "
                            "evenly, as an adaptive run's trace replays), one of them")
     if args.noise_every is not None and args.max_device_batch is None:
         raise InvalidValue("--noise-every splits steps that --max-device-batch would run whole: "
                            "give --max-device-batch")
     grown = {"max_device_batch": args.max_device_batch, "noise_every": args.noise_every}
-    for name, value in {"minibatch_size": args.minibatch_size, **grown}.items():
+    for option, value in {micro_name: micro, "--max-device-batch": args.max_device_batch,
+                          "--noise-every": args.noise_every}.items():
         if value is not None:
-            positive_int(value, f"--{name.replace('_', '-')}")  # 0 refused, as CustomSampler refuses it
+            positive_int(value, option)  # 0 refused, as CustomSampler refuses it
     trace, batch_schedule = checked_trace(args)
     sizes = trace.sizes
     print(f"{trace}: {len(sizes)} steps, {sum(sizes.tolist())} samples, batch sizes {sizes.min()}..{sizes.max()}")
     if batch_schedule is not None:
         print_stages(batch_schedule, sizes)
-    minibatch = args.minibatch_size or 1
-    checked_settings(args.dataset_size, args.replicas, args.max_device_batch or minibatch,
-                     bound=args.max_device_batch is not None)  # refused as CustomSampler does
-    problems = schedule_problems(trace, args.dataset_size, args.replicas, minibatch, args.balanced, **grown)
+    micro, name = micro or 1, micro_name[2:].replace("-", "_")  # problems name it as CustomSampler's argument
+    checked_settings(args.dataset_size, args.replicas, args.max_device_batch or micro,
+                     bound=args.max_device_batch is not None, name=name)  # refused as CustomSampler does
+    problems = schedule_problems(trace, args.dataset_size, args.replicas, micro, args.balanced, **grown, name=name)
     if not problems:
-        schedule = Schedule(trace, args.dataset_size, args.replicas, minibatch, balanced=args.balanced, **grown)
+        schedule = Schedule(trace, args.dataset_size, args.replicas, micro, balanced=args.balanced, **grown)
         try:
             schedule.epoch(0)  # as CustomSampler does when it is built: the trace must cover its first epoch
         except TraceExhaustedError as error:
@@ -149,7 +155,7 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
-    writable(args.output)
+    writable_file(args.output, "give a file name with -o")
     require("matplotlib", "aikit trace plot").use("Agg")
     import matplotlib.pyplot as plt
 
@@ -173,17 +179,6 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     fig.savefig(args.output, dpi=120)
     print(f"wrote {args.output}")
     return 0
-
-
-def writable(output: str) -> Path:
-    """``output``, or an error naming its missing folder (before any work is done)."""
-    path = Path(output)
-    if not path.parent.is_dir():
-        raise InvalidValue(f"cannot write {path}: the folder {path.parent} does not exist; create it "
-                           f"(mkdir -p {path.parent}) or write elsewhere with -o")
-    if path.is_dir():
-        raise InvalidValue(f"cannot write {path}: it is a folder; give a file name with -o")
-    return path
 
 
 def print_stages(schedule: ramp.BatchSchedule, sizes: np.ndarray) -> None:
@@ -226,7 +221,7 @@ def made_schedule(args: argparse.Namespace) -> ramp.BatchSchedule:
 
 
 def cmd_trace_make(args: argparse.Namespace) -> int:
-    writable(args.output)
+    writable_file(args.output, "give a file name with -o")
     schedule = None
     if args.kind == "constant":
         trace = trace_module.constant(multiple_of(args.start, args.multiple_of, "--start"), args.steps)
@@ -258,7 +253,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="GA steps and micro-batches for 1..8 devices (or --gpus N)")
     p.add_argument("--global-batch-size", type=whole_number, required=True)
-    p.add_argument("--max-gpu-batch-size", type=whole_number, required=True)
+    p.add_argument("--max-device-batch", type=whole_number, help="the most samples one device holds (required)")
+    p.add_argument("--max-gpu-batch-size", type=whole_number, help="the same, by Run:AI's AIkit Elastic's name")
     p.add_argument("--gpus", type=whole_number, help="plan for this many devices only (default: table for 1..8)")
     p.add_argument("--policy", choices=plan_module.POLICIES, default="ragged")
     p.set_defaults(run=cmd_plan)
@@ -268,14 +264,15 @@ def parser() -> argparse.ArgumentParser:
     )
     c = t.add_parser("check", help="epochs, steps, samples and every problem of a trace")
     source_options(c)
-    c.add_argument("--minibatch-size", type=whole_number, help="samples per micro-batch, fixed")
+    c.add_argument("--micro-batch", type=whole_number, help="samples per micro-batch, fixed")
+    c.add_argument("--minibatch-size", type=whole_number, help="the same, by eth-easl's name")
     c.add_argument("--max-device-batch", type=whole_number,
                    help="instead: each step split evenly in micro-batches of at most this (an adaptive run's trace)")
     c.add_argument("--noise-every", type=whole_number,
                    help="with --max-device-batch: every k-th step in two halves at least")
     c.add_argument("--replicas", type=whole_number, default=1)
     c.add_argument("--dataset-size", type=whole_number, required=True)
-    c.add_argument("--balanced", action="store_true", help="require multiples of minibatch x replicas (XLA)")
+    c.add_argument("--balanced", action="store_true", help="require multiples of micro-batch x replicas (XLA)")
     c.add_argument("--when-exhausted", choices=trace_module.EXHAUSTION_POLICIES, default=None)
     c.add_argument("--strict-steps", action="store_true",
                    help="refuse a step column that restarts or skips (default: read sizes in file order, warn)")

@@ -24,6 +24,9 @@ EXTRAS = {
     "lightning": ("PyTorch Lightning", "lightning"),
     "transformers": ("Hugging Face Transformers", "huggingface"),
 }
+# TensorFlow's module comes in several distributions, so as in Hugging Face transformers its extra
+# has a CPU-only twin: tf brings `tensorflow`, tf-cpu `tensorflow-cpu` (never both in one environment)
+TWIN = {"tf": ("tf-cpu", "TensorFlow's CPU-only build, tensorflow-cpu")}
 
 
 def require(module: str, user: str) -> types.ModuleType:
@@ -42,9 +45,16 @@ def require(module: str, user: str) -> types.ModuleType:
         what, extra = EXTRAS[top]
         raise ModuleNotFoundError(
             f"{user} needs {what} (module {top!r}), which is not installed: "
-            f"pip install '{DISTRIBUTION}[{extra}]'",
+            f"pip install '{DISTRIBUTION}[{extra}]'{_twin(extra)}",
             name=error.name,
         ) from error
+
+
+def _twin(extra: str) -> str:
+    if extra not in TWIN:
+        return ""
+    twin, what = TWIN[extra]
+    return f" (or '{DISTRIBUTION}[{twin}]' for {what})"
 
 
 def __getattr__(module: str) -> types.ModuleType:

@@ -10,7 +10,7 @@ the clock paused, so wall times count training only. Each of ``--seeds`` repeats
 * **Fixed grid**: global batches ``--batches``, each with LRs ``g * sqrt(B / 100)`` for ``g`` in
   ``--lrs`` (its tuned LR is the grid point that reaches the target in the fewest updates), through
   ``CustomSampler(max_device_batch=...)`` + ``ConstantOptimizer`` (the engine of the adaptive run).
-* **Adaptive**: ``AdaptiveSampler(base_batch=--base, max_batch=--max-batch,
+* **Adaptive**: ``AdaptiveSampler(ref_batch_size=--base, max_batch=--max-batch,
   max_device_batch=--max-device)`` and ``AdaptiveOptimizer``, one run per LR rule of ``--rules``
   (default AdaScale's gain), from the tuned LR of the base batch (default: the grid's smallest): a
   user who starts small and lets aikit grow it. ``--also-from`` adds runs from other batches of
@@ -126,7 +126,7 @@ def adaptive_run(data, lr: float, args, seed: int, rule: str = "adascale", base:
                  ) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
     torch.manual_seed(seed)
     model, clock = ConvBase(), Clock()
-    sampler = AdaptiveSampler(len(data[0]), base_batch=base or args.base, max_batch=args.max_batch,
+    sampler = AdaptiveSampler(len(data[0]), ref_batch_size=base or args.base, max_batch=args.max_batch,
                               max_device_batch=args.max_device, seed=seed, noise_every=getattr(args, "noise_every", 4),
                               min_estimates=getattr(args, "min_estimates", None))
     optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), sampler, rule,

@@ -383,14 +383,14 @@ def one_seed(task: Task, seed: int, args) -> dict:
     if "warmup" in args.runs:
         warmup = schedule_trace(staged_schedule(best_batch, task.budget), samples=task.budget)
         runs["warmup to best fixed"] = trace_run(task, warmup, RootRuleOptimizer, tuned_lr[best_batch], seed,
-                                                    ref_batchsize=best_batch)
+                                                    ref_batch_size=best_batch)
     decay = cosine_decay(task.budget)
     if "cosine" in args.runs:
         runs[f"cosine at {base}"] = trace_run(task, base, ConstantOptimizer, tuned_lr[base], seed, lr_decay=decay)
     if "seesaw" in args.runs:
         seesaw = schedule_trace(seesaw_schedule(base, decay, max_batch=base * args.seesaw_max), samples=task.budget)
         runs[f"seesaw from {base}"] = trace_run(task, seesaw, SeesawOptimizer, tuned_lr[base], seed,
-                                                ref_batchsize=base, lr_decay=decay)
+                                                ref_batch_size=base, lr_decay=decay)
     if "adaptive" in args.runs:
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed)
         runs[f"adaptive from {base}"] = run

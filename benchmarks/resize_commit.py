@@ -36,9 +36,9 @@ def main() -> None:
     torch.manual_seed(0)
     x, y, _, _ = digits()
     x, y = torch.as_tensor(x), torch.as_tensor(y)
-    sampler = CustomSampler(len(x), 128, minibatch_size=16)
+    sampler = CustomSampler(len(x), 128, micro_batch=16)
     net = model()
-    opt = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), sampler, ref_batchsize=128)
+    opt = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), sampler, ref_batch_size=128)
     epoch, batches = 0, iter(sampler)
     update_s, commit_s, nosync_s = [], [], []
     with tempfile.TemporaryDirectory() as directory:

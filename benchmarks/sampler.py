@@ -48,7 +48,7 @@ class Sized:
 def adaptive_update_seconds(first: int, count: int) -> float:
     """Seconds per update of an adaptive run's schedule work for updates ``first..first+count-1``
     (the updates before are decided untimed)."""
-    schedule = AdaptiveSampler(DATASET, base_batch=MINIBATCH, max_batch=4096, max_device_batch=256, seed=0).schedule
+    schedule = AdaptiveSampler(DATASET, ref_batch_size=MINIBATCH, max_batch=4096, max_device_batch=256, seed=0).schedule
     schedule.extend(first)
     start = time.perf_counter()
     for done in range(first + 1, first + count + 1):
@@ -70,7 +70,7 @@ def main() -> None:
     all_epochs = median_seconds(lambda: Schedule(trace, DATASET, REPLICAS, MINIBATCH).full_epochs(), repeats)
     epochs = Schedule(trace, DATASET, REPLICAS, MINIBATCH).full_epochs()
 
-    sampler = CustomSampler(DATASET, trace, num_replicas=REPLICAS, rank=0, minibatch_size=MINIBATCH, verbose=False)
+    sampler = CustomSampler(DATASET, trace, num_replicas=REPLICAS, rank=0, micro_batch=MINIBATCH, verbose=False)
     batches = len(sampler)
     ours = median_seconds(lambda: sum(1 for _ in sampler), repeats) / batches
     torch_sampler = DistributedSampler(Sized(), num_replicas=REPLICAS, rank=0, shuffle=True, seed=0)

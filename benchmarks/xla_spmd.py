@@ -59,9 +59,9 @@ def child(devices: int, rounds: int, updates: int, trace_steps: int) -> dict:
 
     def model_and_optimizer(trace, seed=0):
         model = new_model(seed)
-        sampler = CustomSampler(data, trace, minibatch_size=MICRO, when_exhausted="cycle")
+        sampler = CustomSampler(data, trace, micro_batch=MICRO, when_exhausted="cycle")
         optimizer = LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), sampler,
-                                        ref_batchsize=GLOBAL)
+                                        ref_batch_size=GLOBAL)
         return model, sampler, optimizer
 
     def train(model, sampler, optimizer, epoch, stop_after, marks=None):

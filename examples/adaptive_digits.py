@@ -1,6 +1,6 @@
 """Train a small CNN on the embedded digits with aikit choosing the global batch while training.
 
-The AdaptiveSampler starts at --base-batch and its goodput controller (Pollux/AdaptDL's
+The AdaptiveSampler starts at --ref-batch-size and its goodput controller (Pollux/AdaptDL's
 throughput x statistical efficiency) moves the global batch between updates as the measured
 gradient noise scale grows; the AdaptiveOptimizer accumulates the micro-batches, measures the
 noise from their gradients, all-reduces once per update and scales the LR by AdaScale's gain.
@@ -44,12 +44,12 @@ def model() -> nn.Module:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=FULL_EPOCHS)
-    parser.add_argument("--base-batch", type=int, default=32, help="global batch the LR is tuned for (the start)")
+    parser.add_argument("--ref-batch-size", type=int, default=32, help="global batch the LR is tuned for (the start)")
     parser.add_argument("--max-batch", type=int, default=512)
     parser.add_argument("--micro-batch", type=int, default=16, help="samples per device per micro-batch")
     parser.add_argument("--max-device-batch", type=int,
                         help="instead of --micro-batch: the per-device batch grows with the global batch up to this")
-    parser.add_argument("--lr", type=float, default=0.05, help="LR at --base-batch")
+    parser.add_argument("--lr", type=float, default=0.05, help="LR at --ref-batch-size")
     parser.add_argument("--rule", default="adascale", choices=["adascale", "sqrt", "linear", "constant"])
     parser.add_argument("--plot", help="save the batch / noise scale / LR plot here (PNG)")
     parser.add_argument("--trace-out", help="write the batches taken as a step,batchsize trace here")
@@ -69,14 +69,14 @@ def main() -> int:
         warnings.simplefilter("ignore")
         per_device = ({"micro_batch": args.micro_batch} if args.max_device_batch is None
                       else {"max_device_batch": args.max_device_batch})
-        sampler = AdaptiveSampler(data, base_batch=args.base_batch, max_batch=args.max_batch, **per_device)
+        sampler = AdaptiveSampler(data, ref_batch_size=args.ref_batch_size, max_batch=args.max_batch, **per_device)
     net = model()
     optimizer = AdaptiveOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9), sampler, args.rule)
     loader = sampler.loader(data)
     master = sampler.rank == 0
     if master:
         print(f"{sampler.num_replicas} replica(s), {len(data)} training images, global batch "
-              f"{args.base_batch}..{args.max_batch} in micro-batches of "
+              f"{args.ref_batch_size}..{args.max_batch} in micro-batches of "
               f"{args.micro_batch if args.max_device_batch is None else f'up to {args.max_device_batch}'}, "
               f"LR rule {args.rule}")
 

@@ -35,10 +35,10 @@ from aikit.ga.TF.noise import NoiseOptimizer
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--base-batch", type=int, default=96, help="the batch the LR is tuned for (the start)")
+    parser.add_argument("--ref-batch-size", type=int, default=96, help="the batch the LR is tuned for (the start)")
     parser.add_argument("--max-batch", type=int, default=512)
     parser.add_argument("--max-device-batch", type=int, default=64, help="the largest micro-batch one device holds")
-    parser.add_argument("--lr", type=float, default=0.08, help="SGD's LR at --base-batch")
+    parser.add_argument("--lr", type=float, default=0.08, help="SGD's LR at --ref-batch-size")
     parser.add_argument("--rule", default="adascale", choices=["adascale", "sqrt", "linear", "constant"])
     parser.add_argument("--cpu-replicas", type=int, default=0,
                         help="split the CPU into this many logical devices under MirroredStrategy")
@@ -62,7 +62,7 @@ def main() -> int:
                                   keras.layers.Dense(10)])
         model.compile(NoiseOptimizer(keras.optimizers.SGD(args.lr, momentum=0.9)),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    controller = GoodputController(args.max_device_batch, replicas, base_batch=args.base_batch,
+    controller = GoodputController(args.max_device_batch, replicas, ref_batch_size=args.ref_batch_size,
                                    max_batch=args.max_batch, policy="error")  # Keras: equal micro-batches
     rows = fit_adaptive(model, x_train, y_train, controller, base_lr=args.lr, rule=args.rule, epochs=args.epochs,
                         trace_path=args.trace)

@@ -60,12 +60,12 @@ def main() -> int:
     torch.manual_seed(0)
     x_train, y_train, x_test, y_test = digits()
     dataset = TensorDataset(torch.as_tensor(x_train), torch.as_tensor(y_train))
-    sampler = CustomSampler(dataset, args.trace, minibatch_size=args.batch_size)
+    sampler = CustomSampler(dataset, args.trace, micro_batch=args.batch_size)
     loader = DataLoader(dataset, batch_sampler=sampler)
     net = model()
     # under Horovod elastic a worker that joins must not broadcast on its own: the state's sync does it
     optimizer = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9), sampler,
-                                    ref_batchsize=args.ref_batch_size, broadcast=not args.horovod)
+                                    ref_batch_size=args.ref_batch_size, broadcast=not args.horovod)
     state = ElasticState(args.checkpoint_dir, model=net, optimizer=optimizer)
 
     def train(state: ElasticState) -> None:

@@ -59,7 +59,7 @@ def main() -> float:
     model = DigitsNet()
     callbacks = []
     if args.mode == "plan":
-        batching, lr, optimizer = plan_arguments(global_batch_size=256, max_gpu_batch_size=64), 3e-3, "adamw_torch"
+        batching, lr, optimizer = plan_arguments(global_batch_size=256, max_device_batch=64), 3e-3, "adamw_torch"
     else:
         batching, lr, optimizer = {"per_device_train_batch_size": 32}, 0.1, "sgd"
         xv, yv = torch.from_numpy(x_test), torch.from_numpy(y_test)

@@ -67,11 +67,11 @@ def main() -> float:
     callbacks, sampler = [], None
     if args.mode == "plan":
         model = Digits(train, lr=3e-3, optimizer="adam")
-        callbacks.append(ElasticPlan(global_batch_size=256, max_gpu_batch_size=64))
+        callbacks.append(ElasticPlan(global_batch_size=256, max_device_batch=64))
     elif args.mode == "trace":
-        sampler = CustomSampler(len(train), args.trace, minibatch_size=16, when_exhausted="repeat_last")
+        sampler = CustomSampler(len(train), args.trace, micro_batch=16, when_exhausted="repeat_last")
         model = Digits(train, lr=0.05, optimizer="sgd", sampler=sampler)
-        callbacks.append(TraceBatchSize(sampler, ref_batchsize=128, rule="linear"))
+        callbacks.append(TraceBatchSize(sampler, ref_batch_size=128, rule="linear"))
     else:
         model = Digits(train, lr=0.1, optimizer="sgd")
 

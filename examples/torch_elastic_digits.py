@@ -23,7 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 import aikit.elastic.Torch
-from aikit.core.windows import micro_batch_slices
+from aikit.core.plan import micro_batch_slices
 from aikit.datasets import digits
 from aikit.elastic.Torch import distributed
 from aikit.ga.Torch.optim import Optimizer
@@ -40,7 +40,7 @@ def cnn() -> nn.Module:
 def main() -> float:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--global-batch-size", type=int, default=256)
-    parser.add_argument("--max-gpu-batch-size", type=int, default=64)
+    parser.add_argument("--max-device-batch", type=int, default=64)
     parser.add_argument("--gpus", type=int, default=None, help="devices to plan for (default: found)")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--lr", type=float, default=5e-3)
@@ -60,7 +60,7 @@ def main() -> float:
     elif multi_process:
         torch.distributed.init_process_group("nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{distributed.local_rank()}" if cuda else "cpu")
-    plan = aikit.elastic.Torch.init(args.global_batch_size, args.max_gpu_batch_size, gpus=args.gpus)
+    plan = aikit.elastic.Torch.init(args.global_batch_size, args.max_device_batch, gpus=args.gpus)
     master = aikit.elastic.Torch.master
     if master:
         print(aikit.elastic.Torch.summary(), flush=True)

@@ -52,11 +52,11 @@ def main() -> int:
     x_train, y_train, x_test, y_test = digits()
     train_dataset = TensorDataset(torch.as_tensor(x_train), torch.as_tensor(y_train))
 
-    train_sampler = CustomSampler(train_dataset, args.trace, minibatch_size=args.batch_size)
+    train_sampler = CustomSampler(train_dataset, args.trace, micro_batch=args.batch_size)
     train_loader = DataLoader(train_dataset, batch_sampler=train_sampler)
     net = model()
     optimizer = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum),
-                                    train_sampler, ref_batchsize=args.ref_batch_size, log_steps=args.log_steps)
+                                    train_sampler, ref_batch_size=args.ref_batch_size, log_steps=args.log_steps)
     master = train_sampler.rank == 0
     if master:
         print(f"{train_sampler.num_replicas} replica(s), {len(train_dataset)} training images, trace {args.trace}")

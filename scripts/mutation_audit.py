@@ -35,7 +35,7 @@ ELASTIC_TESTS = "tests/horovod/test_horovod_elastic_ga.py"
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
     ("core: world scaling dropped", "aikit/core/ga.py",
-     "return samples * averaging_replicas / window", "return samples / window", CORE_TESTS),
+     "return unit * averaging_replicas / total_weight", "return unit / total_weight", CORE_TESTS),
     ("core: common size is the largest, not the most frequent", "aikit/core/ga.py",
      "return max(base + (2 * extra > parts), 1)", "return max(base + (extra > 0), 1)", CORE_TESTS),
     ("core: short window factor inverted", "aikit/core/ga.py",
@@ -67,8 +67,7 @@ MUTANTS = [
      "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped",
      GA_TESTS),
     ("engine: weight applied after clipping", "aikit/runtime/Torch/accumulator.py",
-     "        if scale != 1 and grads:\n            mul_(grads, scale)\n",
-     "        if scale != 1 and grads:\n            pass\n", GA_TESTS),
+     "not read\n            mul_(grads, scale)\n", "not read\n            pass\n", GA_TESTS),
     ("engine: replicas' folded factors summed as they are", "aikit/runtime/Torch/accumulator.py",
      "        if self.carried != 1:  # each replica folded its own factor: unfold it before summing\n"
      "            self._rescale(self.carried)\n            self.carried = 1.0\n", "", REDUCE_TESTS),

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # aikit as users install it: build the sdist and the wheel, `twine check` them, then install the
-# wheel into a fresh virtual environment per extra — none, torch, tf, and torch+tf with the
+# wheel into a fresh virtual environment per extra — none, torch, tf-cpu (into an environment that
+# has tensorflow-cpu already: no second TensorFlow may come with it), and torch+tf-cpu with the
 # trainer integrations — and, from a folder outside the checkout, run every CLI command and every
 # example's quickest mode, and check that a missing optional dependency names the extra to install.
+# The tf extra (the full `tensorflow`) is checked in the wheel's metadata, not installed: on this
+# CPU machine the test stack is tensorflow-cpu.
 #
 #   bash scripts/test_wheel.sh [PYTHON]     # PYTHON: one with `build` and `twine` (default: python)
 #
@@ -62,9 +65,33 @@ build() {
     "$PY" -m twine check --strict "$WORK"/dist/*
 }
 
-make_env() {  # make_env NAME SPEC: a fresh virtual environment with the wheel installed as SPEC
+make_env() {  # make_env NAME SPEC [FIRST]: a fresh virtual environment with the wheel installed as SPEC,
+    # after FIRST (what the user had installed before aikit, e.g. their TensorFlow build)
     "$PY" -m venv "$WORK/$1"
+    if [[ -n "${3:-}" ]]; then
+        quiet "$WORK/$1/bin/python" -m pip install --no-compile -c "$ROOT/requirements/test.txt" "$3"
+    fi
     quiet "$WORK/$1/bin/python" -m pip install --no-compile -c "$ROOT/requirements/test.txt" "$2"
+}
+
+one_tensorflow() {  # the environment holds one TensorFlow distribution, never tensorflow beside tensorflow-cpu
+    local found
+    found="$("$WORK/$1/bin/python" -m pip list --format=freeze | grep -iE '^tensorflow([-_]cpu)?==' || true)"
+    if [[ "$(grep -c . <<<"$found")" != 1 ]]; then
+        echo "expected one TensorFlow distribution in $1, found: ${found:-none}" >&2
+        exit 1
+    fi
+    echo "wheel test: $1: one TensorFlow: $found"
+}
+
+tf_extras() {  # the wheel's metadata: tf brings tensorflow, tf-cpu tensorflow-cpu, nothing else any TensorFlow
+    local requires
+    requires="$("$PY" -c 'import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+metadata = next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
+print(wheel.read(metadata).decode())' "$WHEEL" | grep -iE '^Requires-Dist: tensorflow')"
+    [[ "$requires" == $'Requires-Dist: tensorflow>=2.16; extra == "tf"\nRequires-Dist: tensorflow-cpu>=2.16; extra == "tf-cpu"' ]] \
+        || { echo "the wheel's TensorFlow requirements are not tf: tensorflow, tf-cpu: tensorflow-cpu:" >&2; echo "$requires" >&2; exit 1; }
 }
 
 installed_check() {  # the environment's aikit is the wheel's (the distribution $DIST), not the checkout's
@@ -78,10 +105,10 @@ installed_check() {  # the environment's aikit is the wheel's (the distribution 
 
 cli() {  # every CLI command
     local bin="$WORK/$1/bin"
-    quiet "$bin/aikit" plan --global-batch-size 256 --max-gpu-batch-size 64
-    quiet "$bin/aikit" plan --global-batch-size 100 --max-gpu-batch-size 30 --gpus 3
+    quiet "$bin/aikit" plan --global-batch-size 256 --max-device-batch 64
+    quiet "$bin/aikit" plan --global-batch-size 100 --max-device-batch 30 --gpus 3
     quiet "$bin/aikit" trace make ramp --start 32 --end 256 --steps 50 --multiple-of 32 -o ramp.csv
-    quiet "$bin/aikit" trace check ramp.csv --minibatch-size 32 --replicas 2 --dataset-size 1000
+    quiet "$bin/aikit" trace check ramp.csv --micro-batch 32 --replicas 2 --dataset-size 1000
     if [[ "$1" == core ]]; then
         fails_naming plot "$bin/aikit" trace plot ramp.csv -o ramp.png
     else
@@ -108,6 +135,7 @@ torch_examples() {
     quiet "$python" examples/elastic_resize_digits.py --epochs 1 --target 0 --checkpoint-dir "$WORK/ckpt"
     quiet "$python" examples/lr_finder_digits.py --framework torch --out lr  # 100 iterations: seconds
     quiet "$python" examples/autolrs_digits.py --framework torch --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
+    quiet "$python" examples/gpt_stdlib.py --quick --threads 1  # 8 updates of a 31k-parameter GPT
 }
 
 tf_examples() {
@@ -131,16 +159,22 @@ VERSION="$("$PY" -c "import re; print(re.search(r'^__version__ = \"([^\"]+)\"', 
 step "build + twine check" build
 WHEEL="$WORK/dist/${DIST//-/_}-$VERSION-py3-none-any.whl"  # file names spell the distribution aikit_elastic
 [[ -f "$WHEEL" && -f "$WORK/dist/${DIST//-/_}-$VERSION.tar.gz" ]] || { ls "$WORK/dist" >&2; echo "expected $WHEEL and its sdist" >&2; exit 1; }
+step "tf and tf-cpu extras in the metadata" tf_extras
 mkdir "$WORK/run" && cp -r "$ROOT/examples" "$WORK/run/"  # examples as a user copies them, no checkout around
 cd "$WORK/run"
 for env in core torch tf all; do
+    first=""
     case "$env" in
         core) spec="$WHEEL" ;;
-        all) spec="$DIST[torch,tf,lightning,huggingface] @ file://$WHEEL" ;;
+        tf) spec="$DIST[tf-cpu] @ file://$WHEEL" first=tensorflow-cpu ;;  # a user who has tensorflow-cpu
+        all) spec="$DIST[torch,tf-cpu,lightning,huggingface] @ file://$WHEEL" ;;
         *) spec="$DIST[$env] @ file://$WHEEL" ;;
     esac
-    step "$env: fresh venv + pip install" make_env "$env" "$spec"
+    step "$env: fresh venv + pip install" make_env "$env" "$spec" "$first"
     installed_check "$env"
+    if [[ "$env" == tf || "$env" == all ]]; then
+        one_tensorflow "$env"
+    fi
     step "$env: CLI" cli "$env"
 done
 step "core: missing extras named" core

@@ -172,6 +172,14 @@ def test_importing_an_adapter_loads_nothing_above_it(module, above):
     assert [name for name in loaded if name.startswith(above)] == []
 
 
+def test_autolrs_loads_the_core_it_needs_and_not_the_trace_reader():
+    """The core's names load with their module on first use: AutoLRS needs core.autolrs (and
+    lr_range), not the trace reader, the schedule or the pandas they import."""
+    loaded = loaded_after("import aikit.autolrs.Torch, sys; assert 'pandas' not in sys.modules")
+    assert "aikit.core.autolrs" in loaded and "aikit.core.lr_range" in loaded
+    assert [name for name in loaded if name in ("aikit.core.trace", "aikit.core.schedule", "aikit.core.scaling")] == []
+
+
 def test_the_runtime_package_loads_no_module_of_aikit_by_itself():
     loaded = loaded_after("import aikit.runtime.Torch")
     assert loaded == ["aikit", "aikit.optional", "aikit.runtime", "aikit.runtime.Torch"]

@@ -1,21 +1,41 @@
 """The backend-agnostic core: plans, traces, schedules and LR arithmetic.
 
 Nothing here imports torch or tensorflow; the per-framework adapters apply what it computes.
+The names below load with their module on first use (PEP 562), so an adapter that needs one
+part of the core (``aikit.autolrs.Torch`` needs ``core.autolrs``) loads that part, not pandas
+and the trace reader with it.
 """
 
-from aikit.core.plan import Plan, make_plan
-from aikit.core.scaling import scale_factor, scaled_lr
-from aikit.core.schedule import EpochSchedule, Schedule
-from aikit.core.trace import Trace, TraceExhaustedError, load_trace
+import importlib
+import sys
 
-__all__ = [
-    "EpochSchedule",
-    "Plan",
-    "Schedule",
-    "Trace",
-    "TraceExhaustedError",
-    "load_trace",
-    "make_plan",
-    "scale_factor",
-    "scaled_lr",
-]
+from aikit.core import plan as _plan
+
+# micro_batch_slices lives with the plan it slices; ``aikit.core.windows``, its old module, stays importable
+sys.modules[f"{__name__}.windows"] = _plan
+
+_HOME = {
+    "EpochSchedule": "schedule",
+    "Plan": "plan",
+    "Schedule": "schedule",
+    "Trace": "trace",
+    "TraceExhaustedError": "trace",
+    "load_trace": "trace",
+    "make_plan": "plan",
+    "scale_factor": "scaling",
+    "scaled_lr": "scaling",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    """``aikit.core.Plan`` and the rest of :data:`__all__`, and any submodule, imported on first use."""
+    if name in _HOME:
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as error:
+        if error.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

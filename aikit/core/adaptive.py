@@ -37,8 +37,8 @@ import numpy as np
 from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker
 from aikit.core.scaling import adaptive_lr, adaptive_rule_name
-from aikit.core.schedule import EpochSchedule, checked_settings, flag, numpy_permutation, seed_value
-from aikit.core.validate import non_negative_int, positive_int
+from aikit.core.schedule import EpochSchedule, checked_settings, numpy_permutation, seed_value
+from aikit.core.validate import checked_bool, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from aikit.core.goodput import GoodputController
@@ -59,6 +59,8 @@ class AdaptiveSchedule:
     thousands of updates costs the new updates each time, not the epoch.
     """
 
+    micro_name = "micro_batch"  # what messages call the micro-batch (a Schedule's may be eth-easl's minibatch_size)
+
     def __init__(self, dataset_size: int, controller: GoodputController, seed: int = 42, shuffle: bool = True,
                  lookahead: int = 0) -> None:
         split = controller.split
@@ -66,10 +68,10 @@ class AdaptiveSchedule:
             raise InvalidValue(f"an adaptive run deals equal micro-batches: its controller must plan with "
                                f"policy='error', got policy={controller.policy!r}")
         self.split = split
-        self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
+        self.dataset_size, self.num_replicas, self.micro_batch = checked_settings(
             dataset_size, split.devices, split.per_device, bound=split.grows)  # with grows: the most per device
-        self.max_device_batch = self.minibatch_size if split.grows else None
-        self.seed, self.shuffle = seed_value(seed), flag(shuffle, "shuffle")
+        self.max_device_batch = self.micro_batch if split.grows else None
+        self.seed, self.shuffle = seed_value(seed), checked_bool(shuffle, "shuffle")
         self.permutation = numpy_permutation  # the sample order of CustomSampler's default, so a replay matches
         self.controller = controller
         self.lookahead = non_negative_int(lookahead, "lookahead")
@@ -83,11 +85,11 @@ class AdaptiveSchedule:
     @property
     def samples_left_out(self) -> int:
         """Samples each epoch leaves out with a fixed micro-batch: fewer than one micro-batch."""
-        return 0 if self.split.grows else self.dataset_size % self.minibatch_size
+        return 0 if self.split.grows else self.dataset_size % self.micro_batch
 
     def micro_sizes(self, sizes: list[int] | np.ndarray, first: int) -> np.ndarray | None:
         """The micro-batch of updates ``first, first + 1, ...`` of ``sizes`` where it grows with the
-        batch (None: ``minibatch_size`` always)."""
+        batch (None: ``micro_batch`` always)."""
         return self.split.micro_sizes(sizes, first)
 
     # --- deciding ---------------------------------------------------------------------------------
@@ -132,7 +134,7 @@ class AdaptiveSchedule:
                 self.permutation(self.seed, epoch, self.dataset_size) if self.shuffle else np.arange(self.dataset_size))
             columns = cached[2] if cached else _Columns(self.micro_sizes if self.split.grows else None)
             sizes, micro = columns.extended(self.sizes, first, end)
-            view = EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas, complete, micro)
+            view = EpochSchedule(epoch, first, sizes, order, self.micro_batch, self.num_replicas, complete, micro)
             self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
             self._views[epoch] = cached = (end, view, columns)
         return cached[1]
@@ -140,11 +142,12 @@ class AdaptiveSchedule:
     # --- checkpoints ------------------------------------------------------------------------------
     def settings(self) -> dict:
         c, split = self.controller, self.split
-        per_device = {"max_device_batch": self.minibatch_size, "noise_every": split.noise_every} if split.grows \
-            else {"micro_batch": self.minibatch_size}
+        per_device = {"max_device_batch": self.micro_batch, "noise_every": split.noise_every} if split.grows \
+            else {"micro_batch": self.micro_batch}
         return {"dataset_size": self.dataset_size, **per_device,
                 "num_replicas": self.num_replicas, "seed": self.seed, "shuffle": self.shuffle,
-                "base_batch": c.base_batch, "min_batch": c.min_batch, "max_batch": c.max_batch}
+                # "base_batch": the key states saved before ref_batch_size was its name keep
+                "base_batch": c.ref_batch_size, "min_batch": c.min_batch, "max_batch": c.max_batch}
 
     def identity(self) -> dict:
         """What fixes every update's samples, for ``ElasticState``'s resume check."""
@@ -215,7 +218,7 @@ class AdaptiveSchedule:
         if step < end - starts[epoch]:
             update = starts[epoch] + step
             grown = self.micro_sizes([sizes[update]], update)
-            total = sizes[update] // (self.minibatch_size if grown is None else int(grown[0]))
+            total = sizes[update] // (self.micro_batch if grown is None else int(grown[0]))
             mine = (total - rank + self.num_replicas - 1) // self.num_replicas
             return None if 0 <= micro <= mine else f"no micro-batch {micro} of step {step} for rank {rank}"
         return None if micro == 0 else f"no micro-batch {micro} past the end of epoch {epoch}"
@@ -338,9 +341,9 @@ def history_row(epoch: int, step: int, batch: int, ga_steps: int, micro_batch: i
 def learning_rate(controller: GoodputController, base_lr: float, batch: int, rule: str, step: int = 0,
                   warmup_steps: int = 0) -> float:
     """The LR of an update at ``batch``: :func:`aikit.core.scaling.adaptive_lr` over
-    ``controller.base_batch`` with the controller's smoothed noise (None before a first estimate)."""
+    ``controller.ref_batch_size`` with the controller's smoothed noise (None before a first estimate)."""
     noise = controller.noise
-    return adaptive_lr(base_lr, batch, controller.base_batch, rule, noise.smoothed if noise.updates else None,
+    return adaptive_lr(base_lr, batch, controller.ref_batch_size, rule, noise.smoothed if noise.updates else None,
                        step, warmup_steps)
 
 

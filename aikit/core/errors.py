@@ -14,6 +14,11 @@ from __future__ import annotations
 class AikitError(Exception):
     """Base of every error aikit raises on purpose."""
 
+    # Exception's own __init__ (not ValueError's or TypeError's): TensorFlow re-raises an error from
+    # traced code as its own type only then, so an InvalidValue raised inside a tf.function stays one
+    # rather than becoming a StagingError, which is no ValueError.
+    __init__ = Exception.__init__
+
 
 class InvalidValue(AikitError, ValueError):
     """An argument or a file entry with a value aikit cannot use; the message names it and the fix."""
@@ -21,6 +26,12 @@ class InvalidValue(AikitError, ValueError):
 
 class InvalidType(AikitError, TypeError, ValueError):
     """An argument of the wrong type (``dataset_size='100'``, ``seed=1.7``); the message names it."""
+
+
+class InvalidState(AikitError, RuntimeError):
+    """A call the program is not ready for (``init()`` not called yet, ``step()`` before
+    ``set_epoch()``, a process group not initialised, Keras on another backend); the message names
+    what to do first. A ``RuntimeError``, as these refusals were before they had a name."""
 
 
 class TraceFileError(InvalidValue):

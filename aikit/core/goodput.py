@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, gains
 from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, make_plan
 from aikit.core.schedule import split_minimums
-from aikit.core.validate import checked_float, non_negative_int, positive_int
+from aikit.core.validate import aliased, checked_bool, checked_float, non_negative_int, positive_int
 
 __all__ = ["BatchSplit", "GoodputController", "ThroughputModel"]
 
@@ -199,9 +199,10 @@ class GoodputController:
     Args:
         max_device_batch: the most samples one device holds in a micro-batch.
         devices: devices (replicas) training.
-        base_batch: the batch the LR was tuned for; statistical efficiency is relative to it.
+        ref_batch_size: the batch the LR was tuned for; statistical efficiency is relative to
+            it, and the run starts there (``base_batch=``, its name in aikit 0.1, says the same).
         max_batch: the largest global batch to consider.
-        min_batch: the smallest (default ``base_batch``: as in AdaptDL, the batch only grows
+        min_batch: the smallest (default ``ref_batch_size``: as in AdaptDL, the batch only grows
             above the one the user started with).
         threshold: change the batch only for a predicted goodput gain above this fraction.
         decay: smoothing of the noise estimates (:class:`~aikit.core.gradient_noise.NoiseTracker`).
@@ -231,7 +232,7 @@ class GoodputController:
         max_device_batch: int,
         devices: int = 1,
         *,
-        base_batch: int,
+        ref_batch_size: int | None = None,
         max_batch: int,
         min_batch: int | None = None,
         threshold: float = 0.05,
@@ -242,22 +243,27 @@ class GoodputController:
         interval: int = 10,
         fixed_micro_batch: bool = False,
         noise_every: int | None = None,
+        base_batch: int | None = None,
     ) -> None:
         self.max_device_batch = positive_int(max_device_batch, "max_device_batch")
         self.devices = positive_int(devices, "devices")
-        self.base_batch = positive_int(base_batch, "base_batch")
+        ref, name = aliased(ref_batch_size, base_batch, "ref_batch_size", "base_batch", "aikit 0.1")
+        if ref is None:
+            raise InvalidValue("ref_batch_size is required: the global batch the LR was tuned for (the run starts "
+                               "there)")
+        self.ref_batch_size = positive_int(ref, name)
         self.max_batch = positive_int(max_batch, "max_batch")
-        self.min_batch = self.base_batch if min_batch is None else positive_int(min_batch, "min_batch")
-        if not self.min_batch <= self.base_batch <= self.max_batch:
+        self.min_batch = self.ref_batch_size if min_batch is None else positive_int(min_batch, "min_batch")
+        if not self.min_batch <= self.ref_batch_size <= self.max_batch:
             raise InvalidValue(
-                f"need min_batch <= base_batch <= max_batch, got {self.min_batch}, {self.base_batch}, "
-                f"{self.max_batch}: the run starts at base_batch and moves within the bounds"
+                f"need min_batch <= {name} <= max_batch, got {self.min_batch}, {self.ref_batch_size}, "
+                f"{self.max_batch}: the run starts at {name} and moves within the bounds"
             )
         threshold = checked_float(threshold, "threshold", "a non-negative fraction (0.05 for 5 %)",
                                   lambda fraction: 0 <= fraction < math.inf)
         max_change = checked_float(max_change, "max_change", "a factor above 1 (2.0: at most double or halve)",
                                    lambda factor: 1 < factor <= math.inf)
-        make_plan(self.base_batch, self.max_device_batch, self.devices, policy=policy)  # the policy can run it
+        make_plan(self.ref_batch_size, self.max_device_batch, self.devices, policy=policy)  # the policy can run it
         self.threshold, self.policy, self.max_change = float(threshold), policy, float(max_change)
         self.throughput = ThroughputModel()
         self.noise = NoiseTracker(decay)
@@ -265,13 +271,12 @@ class GoodputController:
             non_negative_int(min_estimates, "min_estimates")
         self.interval = positive_int(interval, "interval")
         self.split = self._split(fixed_micro_batch, noise_every)
-        self.batch = self.base_batch
+        self.batch = self.ref_batch_size
         self.batches: list[int] = []  # the global batch of every update so far: a replayable trace
         self.changes: list[tuple[int, int, int, float]] = []  # (update, old batch, new batch, predicted gain)
 
     def _split(self, fixed_micro_batch: object, noise_every: object) -> BatchSplit | None:
-        if not isinstance(fixed_micro_batch, (bool, np.bool_)):
-            raise InvalidType(f"fixed_micro_batch must be True or False, got {fixed_micro_batch!r:.60}")
+        checked_bool(fixed_micro_batch, "fixed_micro_batch")
         noise_every = None if noise_every is None else positive_int(noise_every, "noise_every")
         if self.policy != "error":
             if fixed_micro_batch or noise_every:
@@ -279,6 +284,11 @@ class GoodputController:
                                    f"policy='error', got policy={self.policy!r}")
             return None
         return BatchSplit(self.max_device_batch, self.devices, not fixed_micro_batch, noise_every)
+
+    @property
+    def base_batch(self) -> int:
+        """:attr:`ref_batch_size` by its name in aikit 0.1."""
+        return self.ref_batch_size
 
     def plan(self, batch: int) -> Plan:
         """The plan ``batch`` runs with on these devices."""
@@ -319,7 +329,7 @@ class GoodputController:
                 found = found[np.unique(np.geomspace(1, len(found), CANDIDATES).round().astype(np.int64) - 1)]
         else:
             found = np.unique(np.geomspace(low, self.max_batch, CANDIDATES).round().astype(np.int64) // unit * unit)
-        found = np.unique(np.concatenate([found, [self.min_batch, self.base_batch, self.max_batch, self.batch]]))
+        found = np.unique(np.concatenate([found, [self.min_batch, self.ref_batch_size, self.max_batch, self.batch]]))
         return found[(found > 0) & self._runs(found)]
 
     def _runs(self, batches: np.ndarray) -> np.ndarray:
@@ -345,7 +355,7 @@ class GoodputController:
         micro, steps = self.plans(batches)
         samples_per_second = batches / self.throughput.seconds(micro, steps)
         noise = self.noise.smoothed
-        efficiency = gains(noise.trace, noise.grad_sq, batches, self.base_batch) * self.base_batch / batches
+        efficiency = gains(noise.trace, noise.grad_sq, batches, self.ref_batch_size) * self.ref_batch_size / batches
         return samples_per_second * efficiency
 
     def propose(self) -> int | None:

@@ -58,6 +58,10 @@ class NoiseEstimate:
         return self.trace / self.grad_sq if self.grad_sq > 0 else math.inf
 
 
+def _finite_non_negative(number: float) -> bool:
+    return 0 <= number < math.inf
+
+
 def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_sq_norm: float) -> NoiseEstimate:
     """Unbiased ``|G|²`` and ``tr(Σ)`` from one update's parts (see the module docstring).
 
@@ -74,8 +78,7 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
     parts = []
     for j, (norm, samples) in enumerate(zip(part_sq_norms, part_samples, strict=True)):
         samples = non_negative_int(samples, f"part_samples[{j}]")
-        if not (math.isfinite(norm) and norm >= 0):
-            raise InvalidValue(f"part_sq_norms[{j}] must be a finite squared norm (>= 0), got {norm!r}")
+        norm = checked_float(norm, f"part_sq_norms[{j}]", "a finite squared norm (>= 0)", _finite_non_negative)
         if samples:
             parts.append((float(norm), samples))
     total = sum(samples for _, samples in parts)
@@ -85,10 +88,9 @@ def estimate(part_sq_norms: Sequence[float], part_samples: Sequence[int], mean_s
 def estimate_from_totals(weighted_sq_norms: float, parts: int, samples: int, mean_sq_norm: float) -> NoiseEstimate:
     """:func:`estimate` from sums that replicas can add up in one all-reduce: ``weighted_sq_norms``
     is ``Σ_j b_j |g_j|²`` over the ``parts`` non-empty parts holding ``samples = Σ_j b_j`` samples."""
-    if not (math.isfinite(weighted_sq_norms) and weighted_sq_norms >= 0):
-        raise InvalidValue(f"weighted_sq_norms must be a finite sum of squared norms (>= 0), got {weighted_sq_norms!r}")
-    if not (math.isfinite(mean_sq_norm) and mean_sq_norm >= 0):
-        raise InvalidValue(f"mean_sq_norm must be a finite squared norm (>= 0), got {mean_sq_norm!r}")
+    weighted_sq_norms = checked_float(weighted_sq_norms, "weighted_sq_norms", "a finite sum of squared norms (>= 0)",
+                                      _finite_non_negative)
+    mean_sq_norm = checked_float(mean_sq_norm, "mean_sq_norm", "a finite squared norm (>= 0)", _finite_non_negative)
     parts, samples = non_negative_int(parts, "parts"), non_negative_int(samples, "samples")
     if parts < 2:
         raise InvalidValue(
@@ -116,27 +118,28 @@ def update_estimates(weighted_sq_norms: Sequence[float], parts: int, samples: in
     return [estimate_from_totals(weighted, parts, samples, mean)
             for weighted, mean in zip(weighted_sq_norms, mean_sq_norms, strict=True)]
 
-def gain(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:
-    """AdaScale's gain of ``batch`` over ``base_batch``: how many base-batch steps one step is
-    worth, in ``[1, batch / base_batch]`` for ``batch >= base_batch``. Negative estimates (noise)
-    count as zero: with no measured signal a step is worth ``batch / base_batch`` base steps."""
-    batch, base_batch = positive_int(batch, "batch"), positive_int(base_batch, "base_batch")
-    return float(gains(trace, grad_sq, np.asarray(batch), base_batch))
+def gain(trace: float, grad_sq: float, batch: int, ref_batch_size: int) -> float:
+    """AdaScale's gain of ``batch`` over ``ref_batch_size`` (the batch the LR was tuned for,
+    AdaScale's base batch): how many reference-batch steps one step is worth, in
+    ``[1, batch / ref_batch_size]`` for ``batch >= ref_batch_size``. Negative estimates (noise)
+    count as zero: with no measured signal a step is worth ``batch / ref_batch_size`` of them."""
+    batch, ref_batch_size = positive_int(batch, "batch"), positive_int(ref_batch_size, "ref_batch_size")
+    return float(gains(trace, grad_sq, np.asarray(batch), ref_batch_size))
 
 
-def gains(trace: float, grad_sq: float, batches: np.ndarray, base_batch: int) -> np.ndarray:
+def gains(trace: float, grad_sq: float, batches: np.ndarray, ref_batch_size: int) -> np.ndarray:
     """:func:`gain` of many batches at once (positive ints, unchecked): a controller scores
     every candidate batch at each decision."""
     trace, grad_sq = max(trace, 0.0), max(grad_sq, 0.0)
     if trace == 0 and grad_sq == 0:
         return np.ones(np.shape(batches))
-    return (trace / base_batch + grad_sq) / (trace / batches + grad_sq)
+    return (trace / ref_batch_size + grad_sq) / (trace / batches + grad_sq)
 
 
-def efficiency(trace: float, grad_sq: float, batch: int, base_batch: int) -> float:
+def efficiency(trace: float, grad_sq: float, batch: int, ref_batch_size: int) -> float:
     """Pollux's statistical efficiency of ``batch``: progress per sample relative to
-    ``base_batch`` (1 at the base batch, falling towards ``base_batch / batch`` as noise vanishes)."""
-    return gain(trace, grad_sq, batch, base_batch) * positive_int(base_batch, "base_batch") / batch
+    ``ref_batch_size`` (1 there, falling towards ``ref_batch_size / batch`` as noise vanishes)."""
+    return gain(trace, grad_sq, batch, ref_batch_size) * positive_int(ref_batch_size, "ref_batch_size") / batch
 
 
 class NoiseTracker:

@@ -29,12 +29,13 @@ import bisect
 import math
 import random
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import sample_weight
-from aikit.core.validate import index_in, positive_int
+from aikit.core.validate import aliased, checked_int, index_in, positive_int
 
 POLICIES = ("ragged", "fewer_devices", "error")
 
@@ -46,6 +47,9 @@ class Plan:
     ``gpus`` devices each run ``steps`` micro-batches per update. Micro-batch ``d`` of step
     ``s`` (``size(s, d)``) has ``G // (gpus * steps)`` samples, one more for the first
     ``G % (gpus * steps)`` of them in step order: a plan is a few numbers, whatever ``G``.
+
+    The fields keep the names of Run:AI's AIkit Elastic's table (``max_gpu_batch_size``, and
+    ``batch_size`` for the per-device batch); :attr:`max_device_batch` is the bound by aikit's name.
     """
 
     global_batch_size: int
@@ -55,6 +59,11 @@ class Plan:
     steps: int  # GA steps per update (1 when no accumulation is needed)
     policy: str = "ragged"
     rank: int = 0
+
+    @property
+    def max_device_batch(self) -> int:
+        """The most samples one device holds in a micro-batch (``max_gpu_batch_size``, Run:AI's name)."""
+        return self.max_gpu_batch_size
 
     @property
     def _split(self) -> tuple[int, int]:
@@ -127,26 +136,77 @@ class Plan:
         return "\n".join(lines)
 
 
-def nearest_even_batches(global_batch_size: int, max_gpu_batch_size: int, gpus: int) -> tuple[int, int]:
+def micro_batch_slices(plan: Plan, device: int | None = None) -> list[slice]:
+    """One slice per GA step into a window of ``plan.global_batch_size`` samples: the samples
+    ``device`` processes in that step, or with ``device=None`` the whole step over all devices
+    (the batch a DataParallel loader yields). A device sitting a step out gets an empty slice.
+
+    An update consumes ``G`` consecutive samples (a *window* of a shuffled epoch), laid out step
+    by step and, inside a step, device by device: a GA step over all devices is one contiguous
+    chunk, what a single-process ``torch.nn.DataParallel`` loader yields and scatters. Every rank
+    of a multi-process run slices the same window (same seed) and takes its own pieces, so no
+    sample is lost or repeated."""
+    if device is not None:
+        device = checked_int(device, "device", 0, plan.gpus - 1, f"an integer in [0, {plan.gpus - 1}] for this plan")
+    starts = list(accumulate((size for step in plan.micro_batch_sizes for size in step), initial=0))
+    n = plan.gpus
+    if device is None:
+        return [slice(starts[s * n], starts[(s + 1) * n]) for s in range(plan.steps)]
+    return [slice(starts[s * n + device], starts[s * n + device + 1]) for s in range(plan.steps)]
+
+
+def nearest_even_batches(global_batch_size: int, max_device_batch: int, gpus: int) -> tuple[int, int]:
     """The closest global batches below and above G that split evenly over ``gpus`` devices."""
-    steps = math.ceil(global_batch_size / (gpus * max_gpu_batch_size))
+    steps = math.ceil(global_batch_size / (gpus * max_device_batch))
     below = (global_batch_size // (gpus * steps)) * gpus * steps
     above = math.ceil(global_batch_size / (gpus * steps)) * gpus * steps
     return below, above
 
 
+def checked_max_device_batch(max_device_batch: object, max_gpu_batch_size: object = None) -> int:
+    """The per-device bound given by aikit's name or Run:AI's, as a positive int, or the error that
+    names the one written (both refused; neither: the argument is required)."""
+    value, name = aliased(max_device_batch, max_gpu_batch_size, "max_device_batch", "max_gpu_batch_size",
+                          "Run:AI's AIkit Elastic")
+    if value is None:
+        raise InvalidValue("max_device_batch is required: the most samples one device holds in a micro-batch "
+                           "(Run:AI's AIkit Elastic's max_gpu_batch_size, the second argument of init)")
+    return positive_int(value, name)
+
+
+def devices_here(gpus: object, available: int, where: str, global_batch_size: int, max_device_batch: int) -> int:
+    """The devices ``init`` plans for: ``gpus`` (None: all ``available``), at most the ``available``
+    devices found ``where``. ``init`` plans the machine it runs on; a plan for more devices than
+    it has is one for another machine, which :func:`make_plan` and ``aikit plan --gpus`` make."""
+    if gpus is None:
+        return available
+    gpus = positive_int(gpus, "gpus")
+    if gpus > available:
+        g, m = global_batch_size, max_device_batch
+        raise InvalidValue(
+            f"gpus={gpus} but only {available} device(s) can be used here ({where}): pass gpus={available} or fewer, "
+            f"or leave gpus out; init plans the machine it runs on, so for a machine with {gpus} devices run "
+            f"`aikit plan --global-batch-size {g} --max-device-batch {m} --gpus {gpus}` or call "
+            f"aikit.core.plan.make_plan({g}, {m}, {gpus})"
+        )
+    return gpus
+
+
 def make_plan(
     global_batch_size: int,
-    max_gpu_batch_size: int,
+    max_device_batch: int | None = None,
     gpus: int = 1,
     *,
     policy: str = "ragged",
     rank: int = 0,
+    max_gpu_batch_size: int | None = None,
 ) -> Plan:
     """Plan GA steps and micro-batches for ``gpus`` devices; see the module docstring.
+    ``max_device_batch`` is the most samples one device holds (``max_gpu_batch_size=``, Run:AI's
+    AIkit Elastic's name, says the same). Any ``gpus`` plans: for a machine you are not on too.
     Constant time and memory in ``G`` (``fewer_devices`` searches the divisors of ``G``)."""
     g = positive_int(global_batch_size, "global_batch_size")
-    m = positive_int(max_gpu_batch_size, "max_gpu_batch_size")
+    m = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
     n = positive_int(gpus, "gpus")
     if policy not in POLICIES:
         raise InvalidValue(f"policy must be one of {POLICIES}, got {policy!r}")

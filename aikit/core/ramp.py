@@ -418,7 +418,7 @@ def _fraction(value: object, what: str, where: str) -> Fraction:
     try:
         if isinstance(text, str):
             if not re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?\s*(%|/\s*[0-9]+)?\s*", text, re.ASCII):
-                raise ValueError(text)
+                raise InvalidValue(text)  # caught below, with the entry named
             fraction = Fraction(text.strip().rstrip("%").replace(" ", "")) / (100 if text.strip().endswith("%") else 1)
         else:
             fraction = Fraction(text)

@@ -38,7 +38,7 @@ def rule_name(rule: str) -> str:
     """The canonical name of a rule, or a ValueError listing the rules."""
     name = ALIASES.get(rule, rule)
     if name not in RULES:
-        raise ValueError(f"LR rule must be one of {RULES}, got {rule!r}")
+        raise InvalidValue(f"LR rule must be one of {RULES}, got {rule!r}")
     return name
 
 
@@ -50,8 +50,7 @@ def scale_factor(batch_size: int, ref_batch_size: int, rule: str = "linear") -> 
 
 def warmup_fraction(step: int, warmup_steps: int) -> float:
     """Progress through warmup after ``step`` updates (1.0 once warmup is over, or without it)."""
-    if warmup_steps < 0 or step < 0:
-        raise ValueError(f"step and warmup_steps must be >= 0, got step={step}, warmup_steps={warmup_steps}")
+    step, warmup_steps = non_negative_int(step, "step"), non_negative_int(warmup_steps, "warmup_steps")
     return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
 
 
@@ -67,8 +66,7 @@ def scaled_lr(
     """The LR for update ``step`` at ``batch_size``: the rule's factor, ramped in by warmup, of
     ``base_lr`` times ``decay`` (an LR decay's value at the samples trained before the update)."""
     _check_lr(base_lr)
-    if not (isinstance(decay, (int, float)) and 0 <= decay <= 1):
-        raise ValueError(f"decay must be a multiplier in [0, 1], got {decay!r}")
+    checked_float(decay, "decay", "a multiplier in [0, 1]", lambda value: 0 <= value <= 1)
     factor = scale_factor(batch_size, ref_batch_size, rule)
     fraction = warmup_fraction(step, warmup_steps)
     base = base_lr if decay == 1 else base_lr * decay
@@ -78,36 +76,38 @@ def scaled_lr(
 
 
 def adaptive_rule_name(rule: str) -> str:
-    """The canonical name of an adaptive run's rule: one of :data:`ADAPTIVE_RULES`."""
-    name = ALIASES.get(rule, rule)
-    if name not in ADAPTIVE_RULES:
-        raise ValueError(f"LR rule must be one of {ADAPTIVE_RULES}, got {rule!r}")
-    return name
+    """The canonical name of an adaptive run's rule: ``adascale`` or one of :data:`RULES`."""
+    if rule == "adascale":
+        return rule
+    try:
+        return rule_name(rule)
+    except ValueError:
+        raise InvalidValue(f"LR rule must be one of {ADAPTIVE_RULES}, got {rule!r}") from None
 
 
 def adaptive_lr(
     base_lr: float,
     batch_size: int,
-    base_batch: int,
+    ref_batch_size: int,
     rule: str,
     noise: NoiseEstimate | None,
     step: int = 0,
     warmup_steps: int = 0,
 ) -> float:
     """The LR of an adaptive run's update at ``batch_size``: with ``adascale``, ``base_lr`` times
-    AdaScale's gain over ``base_batch`` from the smoothed ``noise`` (``base_lr`` itself at the base
-    batch or before a first estimate); otherwise :func:`scaled_lr` of the rule (with its warmup)."""
+    AdaScale's gain over ``ref_batch_size`` from the smoothed ``noise`` (``base_lr`` itself at
+    ``ref_batch_size`` or before a first estimate); otherwise :func:`scaled_lr` of the rule (with
+    its warmup)."""
     if adaptive_rule_name(rule) != "adascale":
-        return scaled_lr(base_lr, batch_size, base_batch, rule, step, warmup_steps)
+        return scaled_lr(base_lr, batch_size, ref_batch_size, rule, step, warmup_steps)
     _check_lr(base_lr)
-    if noise is None or batch_size == base_batch:
+    if noise is None or batch_size == ref_batch_size:
         return base_lr
-    return base_lr * gain(noise.trace, noise.grad_sq, batch_size, base_batch)
+    return base_lr * gain(noise.trace, noise.grad_sq, batch_size, ref_batch_size)
 
 
 def _check_lr(base_lr: float) -> None:
-    if not (isinstance(base_lr, (int, float)) and base_lr >= 0 and math.isfinite(base_lr)):
-        raise ValueError(f"base_lr must be a finite number >= 0, got {base_lr!r}")
+    checked_float(base_lr, "base_lr", "a finite number >= 0", lambda lr: 0 <= lr < math.inf)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ epoch, identical on every replica): ``numpy.random.default_rng([seed, epoch])`` 
 ``torch.randperm`` order that way; the core imports no framework). Trace steps are packed into the epoch in order while
 their samples fit; a step never straddles two epochs, so the step that would overflow opens
 the next epoch and the epoch's last few samples (fewer than that step needs) are left out of
-that epoch only. Each step of global batch ``B`` is cut into ``B / minibatch_size`` full
+that epoch only. Each step of global batch ``B`` is cut into ``B / micro_batch`` full
 micro-batches (static shapes), dealt round-robin to the replicas: micro-batch ``j`` goes to
 replica ``j % num_replicas``. With ``max_device_batch`` instead, each step is split evenly over
 the replicas in the fewest micro-batches of at most that many samples
@@ -34,7 +34,7 @@ from aikit.core.ga import sample_weight
 from aikit.core.plan import even_micro_batches, even_split_problems
 from aikit.core.ramp import world_fit_problem
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
-from aikit.core.validate import non_negative_int, positive_int
+from aikit.core.validate import aliased, checked_bool, non_negative_int, positive_int
 
 MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
 MAX_REPLICAS = 2**31 - 1
@@ -57,10 +57,15 @@ class EpochSchedule:
     first_step: int  # index of the epoch's first step in the trace
     batch_sizes: np.ndarray  # global batch of each step of the epoch
     order: np.ndarray  # permutation of the data set; steps consume it front to back
-    minibatch_size: int
+    micro_batch: int  # samples per micro-batch (with max_device_batch: that bound, the unit of micro-batch counts)
     num_replicas: int
     complete: bool  # False for the last epoch of a 'stop' trace, cut short by the trace's end
-    step_minibatch: np.ndarray | None = None  # each step's micro-batch where it varies (max_device_batch)
+    step_micro_batch: np.ndarray | None = None  # each step's micro-batch where it varies (max_device_batch)
+
+    @property
+    def minibatch_size(self) -> int:
+        """:attr:`micro_batch` by eth-easl's name."""
+        return self.micro_batch
 
     def __len__(self) -> int:
         return len(self.batch_sizes)
@@ -72,10 +77,10 @@ class EpochSchedule:
 
     @cached_property
     def micro_sizes(self) -> np.ndarray:
-        """Samples in each step's micro-batches: ``minibatch_size``, or the step's own where it varies."""
-        if self.step_minibatch is None:
-            return np.full(len(self.batch_sizes), self.minibatch_size, dtype=np.int64)
-        return self.step_minibatch
+        """Samples in each step's micro-batches: ``micro_batch``, or the step's own where it varies."""
+        if self.step_micro_batch is None:
+            return np.full(len(self.batch_sizes), self.micro_batch, dtype=np.int64)
+        return self.step_micro_batch
 
     def micro_size(self, step: int) -> int:
         """Samples in each micro-batch of ``step``."""
@@ -102,13 +107,13 @@ class EpochSchedule:
 
     def micro_batch_ids(self, step: int, replica: int) -> range:
         """Which of the epoch's micro-batches ``replica`` processes in ``step``: micro-batch ``b``
-        holds ``order[b * minibatch_size : (b + 1) * minibatch_size]``, and a step's ``j``-th goes
+        holds ``order[b * micro_batch : (b + 1) * micro_batch]``, and a step's ``j``-th goes
         to replica ``j % num_replicas`` (eth-easl's ``get_batch_assignments``). Needs one
         micro-batch size for the epoch."""
-        if self.step_minibatch is not None:
+        if self.step_micro_batch is not None:
             raise InvalidValue("micro-batch ids number micro-batches of one size; this schedule's vary by step "
                                "(max_device_batch): use micro_batches(step, replica)")
-        first = int(self.offsets[step]) // self.minibatch_size
+        first = int(self.offsets[step]) // self.micro_batch
         return range(first + replica, first + int(self.micro_batches_per_step[step]), self.num_replicas)
 
     def micro_batches(self, step: int, replica: int) -> list[np.ndarray]:
@@ -139,10 +144,12 @@ def split_minimums(first: int, end: int, min_micro_batches: int, noise_every: in
 
 
 def schedule_problems(
-    trace: Trace, dataset_size: int, num_replicas: int, minibatch_size: int, balanced: bool = False, *,
+    trace: Trace, dataset_size: int, num_replicas: int, micro_batch: int, balanced: bool = False, *,
     max_device_batch: int | None = None, min_micro_batches: int = 1, noise_every: int | None = None,
+    name: str = "micro_batch",
 ) -> list[str]:
-    """Every reason ``trace`` cannot be scheduled with these settings (empty when it can)."""
+    """Every reason ``trace`` cannot be scheduled with these settings (empty when it can);
+    ``name``: what the caller called the micro-batch (eth-easl's ``minibatch_size``)."""
     if max_device_batch is not None:
         if noise_every and not trace.is_finite:  # a repeated row may fall on any step: it must split both ways
             minimums = [min_micro_batches, max(min_micro_batches, 2)]
@@ -152,8 +159,8 @@ def schedule_problems(
         for least in minimums:
             problems = problems or even_split_problems(trace.sizes, max_device_batch, num_replicas, least)
     else:
-        unit = minibatch_size * (num_replicas if balanced else 1)
-        what = "minibatch_size x num_replicas" if balanced else "minibatch_size"
+        unit = micro_batch * (num_replicas if balanced else 1)
+        what = f"{name} x num_replicas" if balanced else name
         problems = multiple_problems(trace, unit, what)
     for row in np.flatnonzero(trace.sizes > dataset_size).tolist():
         problems.append(
@@ -163,7 +170,7 @@ def schedule_problems(
     return problems
 
 
-def world_problem(trace: Trace, from_step: int, minibatch_size: int, num_replicas: int) -> str | None:
+def world_problem(trace: Trace, from_step: int, micro_batch: int, num_replicas: int) -> str | None:
     """Why the steps of ``trace`` from ``from_step`` on cannot each be dealt to ``num_replicas``
     replicas as the same number of whole micro-batches (Megatron's condition), with the world
     sizes that can; None when they can. The steps before were trained already, maybe on another
@@ -171,22 +178,23 @@ def world_problem(trace: Trace, from_step: int, minibatch_size: int, num_replica
     sizes = trace.sizes
     if trace.when_exhausted != "cycle":
         sizes = sizes[min(from_step, len(sizes) - 1):]  # past the end the last size repeats (or the trace ends)
-    return world_fit_problem(sizes, minibatch_size, num_replicas, f"the trace from step {from_step} on")
+    return world_fit_problem(sizes, micro_batch, num_replicas, f"the trace from step {from_step} on")
 
 
-def checked_settings(dataset_size: object, num_replicas: object, minibatch_size: object,
-                     bound: bool = False) -> tuple[int, int, int]:
+def checked_settings(dataset_size: object, num_replicas: object, micro_batch: object,
+                     bound: bool = False, name: str = "micro_batch") -> tuple[int, int, int]:
     """The data set size, replica count and micro-batch as ints a schedule can use, or an aikit
-    error naming the one that is not. ``bound``: ``minibatch_size`` is ``max_device_batch``, the
-    most one device holds, which may exceed the data set (it is not a size the schedule cuts)."""
+    error naming the one that is not (the micro-batch as ``name``). ``bound``: ``micro_batch`` is
+    ``max_device_batch``, the most one device holds, which may exceed the data set (it is not a
+    size the schedule cuts)."""
     size = at_most(positive_int(dataset_size, "dataset_size"), MAX_DATASET_SIZE, "dataset_size",
                    "each epoch shuffles a permutation of the whole data set in memory")
     replicas = at_most(positive_int(num_replicas, "num_replicas"), MAX_REPLICAS, "num_replicas")
     if bound:
-        return size, replicas, positive_int(minibatch_size, "max_device_batch")
-    minibatch = at_most(positive_int(minibatch_size, "minibatch_size"), size, "minibatch_size",
-                        f"a micro-batch cannot hold more than the data set's {size} samples")
-    return size, replicas, minibatch
+        return size, replicas, positive_int(micro_batch, "max_device_batch")
+    micro = at_most(positive_int(micro_batch, name), size, name,
+                    f"a micro-batch cannot hold more than the data set's {size} samples")
+    return size, replicas, micro
 
 
 def at_most(value: int, limit: int, name: str, why: str = "") -> int:
@@ -200,35 +208,40 @@ def seed_value(seed: object) -> int:
     return non_negative_int(seed, "seed")
 
 
-def flag(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidType(f"{name} must be True or False, got {value!r:.60}")
-    return bool(value)
-
-
 class Schedule:
-    """Cuts a trace into epochs over a data set and deals each step to replicas."""
+    """Cuts a trace into epochs over a data set and deals each step to replicas.
+
+    ``micro_batch`` (default 32; ``minibatch_size=``, eth-easl's name, says the same) fixes every
+    micro-batch; ``max_device_batch`` instead splits each step evenly (see the module docstring).
+    """
 
     def __init__(
         self,
         trace: Trace | str | list[int] | int,
         dataset_size: int,
         num_replicas: int = 1,
-        minibatch_size: int = 32,
+        micro_batch: int | None = None,
         seed: int = 42,
         shuffle: bool = True,
         balanced: bool = False,
         permutation: Permutation = numpy_permutation,
         *,
+        minibatch_size: int | None = None,
         max_device_batch: int | None = None,
         min_micro_batches: int = 1,
         noise_every: int | None = None,
     ):
         self.trace = load_trace(trace)
+        micro, self.micro_name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
         grows = max_device_batch is not None  # each step split evenly: its micro-batch is a function of its batch
-        self.dataset_size, self.num_replicas, self.minibatch_size = checked_settings(
-            dataset_size, num_replicas, max_device_batch if grows else minibatch_size, bound=grows)
-        self.max_device_batch = self.minibatch_size if grows else None
+        if grows and micro is not None:
+            raise InvalidValue(f"give {self.micro_name} (one micro-batch size) or max_device_batch (each step split "
+                               "evenly, its micro-batch growing with it), not both")
+        # with max_device_batch, micro_batch holds that bound: the unit eth-easl's micro-batch counts use
+        self.dataset_size, self.num_replicas, self.micro_batch = checked_settings(
+            dataset_size, num_replicas, max_device_batch if grows else 32 if micro is None else micro, bound=grows,
+            name=self.micro_name)
+        self.max_device_batch = self.micro_batch if grows else None
         self.min_micro_batches, self.noise_every = 1, None
         if grows:
             self.min_micro_batches = positive_int(min_micro_batches, "min_micro_batches")
@@ -236,8 +249,8 @@ class Schedule:
         elif noise_every is not None:
             raise InvalidValue("noise_every splits steps that max_device_batch would run whole: give max_device_batch")
         self.seed = seed_value(seed)
-        self.shuffle = flag(shuffle, "shuffle")
-        self.balanced = flag(balanced, "balanced")
+        self.shuffle = checked_bool(shuffle, "shuffle")
+        self.balanced = checked_bool(balanced, "balanced")
         if not callable(permutation):
             raise InvalidType(
                 f"permutation must be a function (seed, epoch, dataset_size) -> order, got {permutation!r:.60}")
@@ -250,11 +263,16 @@ class Schedule:
         self._starts = [0]  # first trace step of each epoch found so far
         self._tail: tuple[int, int] | None = None  # (start, end) of the trace's last, partial epoch
 
+    @property
+    def minibatch_size(self) -> int:
+        """:attr:`micro_batch` by eth-easl's name."""
+        return self.micro_batch
+
     def problems(self) -> list[str]:
         """Every reason the trace cannot run with these settings (empty when it can)."""
-        return schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.minibatch_size, self.balanced,
+        return schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.micro_batch, self.balanced,
                                  max_device_batch=self.max_device_batch, min_micro_batches=self.min_micro_batches,
-                                 noise_every=self.noise_every)
+                                 noise_every=self.noise_every, name=self.micro_name)
 
     def _find_epochs(self, count: int | float) -> None:
         """Extend the known epoch starts to ``count`` complete epochs, or to the trace's end."""
@@ -262,7 +280,7 @@ class Schedule:
             start = self._starts[-1]
             # every step holds at least one micro-batch, so an epoch has at most this many steps
             smallest = int(self.trace.sizes.min())
-            span = self.dataset_size // (smallest if self.max_device_batch else max(self.minibatch_size, smallest)) + 1
+            span = self.dataset_size // (smallest if self.max_device_batch else max(self.micro_batch, smallest)) + 1
             if self.trace.is_finite:
                 span = min(span, len(self.trace) - start)
             used = np.cumsum(self.trace.window(start, start + span))
@@ -317,7 +335,7 @@ class Schedule:
         micro = None if self.max_device_batch is None else even_micro_batches(
             sizes, self.max_device_batch, self.num_replicas,
             split_minimums(first, end, self.min_micro_batches, self.noise_every))
-        return EpochSchedule(epoch, first, sizes, order, self.minibatch_size, self.num_replicas, complete, micro)
+        return EpochSchedule(epoch, first, sizes, order, self.micro_batch, self.num_replicas, complete, micro)
 
     def _order(self, epoch: int) -> np.ndarray:
         """The epoch's permutation; one from a ``permutation`` of the user's is checked to be one."""

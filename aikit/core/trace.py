@@ -46,7 +46,7 @@ from aikit.core.ramp import (
     staged_schedule,
     threshold_schedule,
 )
-from aikit.core.validate import positive_int
+from aikit.core.validate import positive_int, writable_file
 
 __all__ = ["EXHAUSTION_POLICIES", "BatchSchedule", "Trace", "TraceExhaustedError", "TraceStepWarning", "constant",
            "linear_ramp", "linear_schedule", "load_trace", "multiple_problems", "rampup", "read_csv_trace",
@@ -172,6 +172,7 @@ class Trace:
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write the trace as ``step,batchsize`` CSV."""
+        path = writable_file(path, "give a file name, e.g. trace.csv")
         pd.DataFrame({"step": np.arange(len(self)), "batchsize": self.sizes}).to_csv(path, index=False)
 
 

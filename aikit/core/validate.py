@@ -1,5 +1,6 @@
 """Checking the numbers users pass: one helper per kind, each raising the named errors of
-:mod:`aikit.core.errors` with the argument's name, what it must be, and the value it got.
+:mod:`aikit.core.errors` with the argument's name, what it must be, and the value it got; and
+:func:`aliased`, the one way a setting takes the name the original system gave it.
 
 A bool is refused wherever a number is wanted (``True`` is an ``int`` to Python, never a batch
 size to a user), and so is a string that looks like a number (``"0.5"``): the caller gets an
@@ -10,8 +11,12 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from collections.abc import Callable
 from numbers import Real
+from pathlib import Path
+
+import numpy as np
 
 from aikit.core.errors import InvalidType, InvalidValue
 
@@ -66,6 +71,40 @@ def checked_float(value: object, name: str, wanted: str, valid: Callable[[float]
 def positive_float(value: object, name: str) -> float:
     """``value`` as a finite float > 0 (an LR, a duration), or an aikit error naming it."""
     return checked_float(value, name, "a finite number > 0", lambda number: 0 < number < math.inf)
+
+
+def aliased(value: object, alias_value: object, name: str, alias: str, origin: str) -> tuple[object, str]:
+    """One setting that has two names: ``name`` (aikit's) and ``alias`` (``origin``'s, the name the
+    original system's users write). Returns the value given (None when neither was) and the name
+    the caller used, so that a message about the value names what the user wrote; both given is
+    an :class:`InvalidValue`, even when they agree (one of them is a leftover)."""
+    if alias_value is None:
+        return value, name
+    if value is not None:
+        raise InvalidValue(f"{name} and {alias} are one setting ({alias} is {origin}'s name for it): give one, "
+                           f"got {name}={value!r:.60} and {alias}={alias_value!r:.60}")
+    return alias_value, alias
+
+
+def checked_bool(value: object, name: str) -> bool:
+    """``value`` as a bool (NumPy's included), or an :class:`InvalidType` naming it: a switch is
+    ``True`` or ``False``, never a truthy string or number."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidType(f"{name} must be True or False, got {value!r:.60}")
+    return bool(value)
+
+
+def writable_file(path: str | os.PathLike, fix: str = "give a file name") -> Path:
+    """``path`` as a :class:`~pathlib.Path` a file can be written to, or an :class:`InvalidValue`
+    saying why not (a folder, or in a folder that does not exist) and ``fix``, before any work is
+    done, where ``open()`` would raise ``IsADirectoryError`` or ``FileNotFoundError`` after it."""
+    path = Path(path)
+    if path.is_dir():
+        raise InvalidValue(f"cannot write {path}: it is a folder; {fix}")
+    if not path.parent.is_dir():
+        raise InvalidValue(f"cannot write {path}: the folder {path.parent} does not exist; create it "
+                           f"(mkdir -p {path.parent}) or write elsewhere")
+    return path
 
 
 def checked_choice(value: object, name: str, choices: tuple[str, ...]) -> str:

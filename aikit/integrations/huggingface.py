@@ -15,28 +15,33 @@ from transformers import TrainerCallback
 
 import aikit.autolrs.Torch
 import aikit.elastic.Torch
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.plan import nearest_even_batches
 
 __all__ = ["AutoLRSCallback", "plan_arguments"]
 
 
-def plan_arguments(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = None) -> dict[str, int]:
-    """``per_device_train_batch_size`` and ``gradient_accumulation_steps`` for ``TrainingArguments``.
+def plan_arguments(global_batch_size: int, max_device_batch: int | None = None, gpus: int | None = None, *,
+                   max_gpu_batch_size: int | None = None) -> dict[str, int]:
+    """``per_device_train_batch_size`` and ``gradient_accumulation_steps`` for ``TrainingArguments``:
+    ``global_batch_size`` samples per update, at most ``max_device_batch`` per device
+    (``max_gpu_batch_size=``, Run:AI's AIkit Elastic's name, says the same).
 
     The plan is :func:`aikit.elastic.Torch.init`'s for the processes of this run (torchrun's
-    ``WORLD_SIZE``, or 1) or for ``gpus``. The Trainer gives every device the same batch, so an
-    uneven split is refused with the nearest global batches that split evenly. Every update
-    holds exactly ``global_batch_size`` samples when the data set is a multiple of it and
-    ``dataloader_drop_last=True``: the Trainer divides each micro-batch loss by the GA steps, so
-    a short last batch, or an epoch's last update with fewer micro-batches, is weighted wrongly.
+    ``WORLD_SIZE``, or 1) or for ``gpus`` of the GPUs one process finds (at most those). The
+    Trainer gives every device the same batch, so an uneven split is refused with the nearest
+    global batches that split evenly. Every update holds exactly ``global_batch_size`` samples
+    when the data set is a multiple of it and ``dataloader_drop_last=True``: the Trainer divides
+    each micro-batch loss by the GA steps, so a short last batch, or an epoch's last update with
+    fewer micro-batches, is weighted wrongly.
     """
-    plan = aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size, gpus=gpus)
+    plan = aikit.elastic.Torch.init(global_batch_size, max_device_batch, gpus=gpus,
+                                    max_gpu_batch_size=max_gpu_batch_size)
     if not plan.is_even or plan.gpus != plan.available_gpus:
-        below, above = nearest_even_batches(plan.global_batch_size, plan.max_gpu_batch_size, plan.available_gpus)
-        raise ValueError(
+        below, above = nearest_even_batches(plan.global_batch_size, plan.max_device_batch, plan.available_gpus)
+        raise InvalidValue(
             f"global_batch_size {plan.global_batch_size} does not split evenly over {plan.available_gpus} device(s) "
-            f"with at most {plan.max_gpu_batch_size} samples each, and the Trainer gives every device the same "
+            f"with at most {plan.max_device_batch} samples each, and the Trainer gives every device the same "
             f"batch: use global_batch_size {below} or {above}"
         )
     return {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.steps}
@@ -84,7 +89,7 @@ class AutoLRSCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if not self._losses:
-            raise RuntimeError("AutoLRSCallback saw no training loss in this step: did the model compute one?")
+            raise InvalidState("AutoLRSCallback saw no training loss in this step: did the model compute one?")
         step_loss = sum(self._losses) / len(self._losses)
         self._losses.clear()
         self._deciding = True

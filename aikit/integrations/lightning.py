@@ -23,7 +23,8 @@ from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_set
 import aikit.autolrs.Torch
 import aikit.elastic.Torch
 from aikit.core.errors import InvalidValue
-from aikit.core.plan import Plan, nearest_even_batches
+from aikit.core.plan import Plan, checked_max_device_batch, nearest_even_batches
+from aikit.core.validate import aliased
 from aikit.elastic.Torch import ConstantOptimizer, CustomSampler, LinearRuleOptimizer, RootRuleOptimizer
 
 __all__ = ["AutoLRS", "AutoLRSCallback", "ElasticPlan", "TraceBatchSize"]
@@ -33,7 +34,7 @@ TRACE_OPTIMIZERS = {"linear": LinearRuleOptimizer, "sqrt": RootRuleOptimizer, "c
 
 class ElasticPlan(Callback):
     """Train ``global_batch_size`` samples per update on whatever devices the Trainer has, at
-    most ``max_gpu_batch_size`` per device.
+    most ``max_device_batch`` per device (``max_gpu_batch_size=``, Run:AI's AIkit Elastic's name, says the same).
 
     At ``setup`` the plan for ``trainer.world_size`` devices sets ``trainer.accumulate_grad_batches``
     to its GA steps and the module's ``batch_size_attr`` (an attribute or hparam of the module or
@@ -47,9 +48,10 @@ class ElasticPlan(Callback):
     training starts: use ``drop_last=True`` and a data set that fills whole updates.
     """
 
-    def __init__(self, global_batch_size: int, max_gpu_batch_size: int, batch_size_attr: str = "batch_size"):
+    def __init__(self, global_batch_size: int, max_device_batch: int | None = None, batch_size_attr: str = "batch_size",
+                 *, max_gpu_batch_size: int | None = None):
         self.global_batch_size = global_batch_size
-        self.max_gpu_batch_size = max_gpu_batch_size
+        self.max_device_batch = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
         self.batch_size_attr = batch_size_attr
         self.plan: Plan | None = None
 
@@ -57,22 +59,22 @@ class ElasticPlan(Callback):
         if stage != "fit":
             return
         devices = trainer.world_size
-        plan = aikit.elastic.Torch.init(self.global_batch_size, self.max_gpu_batch_size, gpus=devices)
+        plan = aikit.elastic.Torch.init(self.global_batch_size, self.max_device_batch, gpus=devices)
         if not plan.is_even or plan.gpus != devices:
-            below, above = nearest_even_batches(plan.global_batch_size, plan.max_gpu_batch_size, devices)
-            raise ValueError(
+            below, above = nearest_even_batches(plan.global_batch_size, plan.max_device_batch, devices)
+            raise InvalidValue(
                 f"global_batch_size {plan.global_batch_size} does not split evenly over {devices} device(s) "
-                f"with at most {plan.max_gpu_batch_size} samples each, and Lightning gives every device the "
+                f"with at most {plan.max_device_batch} samples each, and Lightning gives every device the "
                 f"same batch: use global_batch_size {below} or {above}"
             )
         owned = self.plan.steps if self.plan is not None else 1  # a second fit() finds our own value
         if trainer.accumulate_grad_batches not in (1, owned):
-            raise ValueError(
+            raise InvalidValue(
                 f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and ElasticPlan both set "
                 "the GA steps: leave accumulate_grad_batches at 1, the plan sets it"
             )
         if not lightning_hasattr(pl_module, self.batch_size_attr):
-            raise ValueError(
+            raise InvalidValue(
                 f"ElasticPlan sets the per-device batch through `{self.batch_size_attr}`, which neither "
                 f"{type(pl_module).__name__} nor its hparams or datamodule has: define it and build the train "
                 "DataLoader with it"
@@ -84,7 +86,7 @@ class ElasticPlan(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         batches, steps = trainer.num_training_batches, self.plan.steps
         if batches != float("inf") and batches % steps:
-            raise ValueError(
+            raise InvalidValue(
                 f"an epoch has {batches} micro-batches per device, not a multiple of the plan's {steps} GA steps: "
                 f"the last update would hold fewer than {self.plan.global_batch_size} samples; make the data set "
                 f"a multiple of {self.plan.global_batch_size} or drop the rest"
@@ -94,7 +96,7 @@ class ElasticPlan(Callback):
         drop_last = getattr(getattr(loader, "batch_sampler", None), "drop_last", True)
         per_update = self.plan.batch_size * trainer.world_size
         if not drop_last and hasattr(dataset, "__len__") and len(dataset) % per_update:
-            raise ValueError(
+            raise InvalidValue(
                 f"the data set's {len(dataset)} samples leave a short last micro-batch, which Lightning would "
                 f"weigh as a full one: pass drop_last=True to the DataLoader"
             )
@@ -102,7 +104,8 @@ class ElasticPlan(Callback):
 
 class TraceBatchSize(Callback):
     """The global batch follows ``sampler``'s trace; the LR follows ``rule`` (``"linear"``,
-    ``"sqrt"`` or ``"constant"``) against ``ref_batchsize``.
+    ``"sqrt"`` or ``"constant"``) against ``ref_batch_size``, the global batch the LR was tuned
+    for (``ref_batchsize=``, eth-easl's name, says the same).
 
     Build the train loader with ``DataLoader(dataset, batch_sampler=sampler)``; at
     ``on_fit_start`` the module's one optimizer is wrapped in the matching trace optimizer
@@ -114,35 +117,38 @@ class TraceBatchSize(Callback):
     for several processes write the loop with the same sampler and optimizer under torchrun.
     """
 
-    def __init__(self, sampler: CustomSampler, ref_batchsize: int | None = None, rule: str = "linear",
-                 *, warmup_steps: int = 0, log_steps: int | None = None):
+    def __init__(self, sampler: CustomSampler, ref_batch_size: int | None = None, rule: str = "linear",
+                 *, warmup_steps: int = 0, log_steps: int | None = None, ref_batchsize: int | None = None):
         if rule not in TRACE_OPTIMIZERS:
-            raise ValueError(f"rule must be one of {tuple(TRACE_OPTIMIZERS)}, got {rule!r}")
+            raise InvalidValue(f"rule must be one of {tuple(TRACE_OPTIMIZERS)}, got {rule!r}")
         if not isinstance(sampler, CustomSampler):
-            raise ValueError(f"TraceBatchSize needs the CustomSampler that feeds the train loader, got {sampler!r}")
-        self.sampler, self.ref_batchsize, self.rule = sampler, ref_batchsize, rule
+            raise InvalidValue(f"TraceBatchSize needs the CustomSampler that feeds the train loader, got {sampler!r}")
+        self.sampler, self.rule = sampler, rule
+        # the name written goes on to the trace optimizer, whose messages then name it
+        self.ref_batch_size, self._ref_name = aliased(ref_batch_size, ref_batchsize, "ref_batch_size", "ref_batchsize",
+                                                      "eth-easl")
         self.warmup_steps, self.log_steps = warmup_steps, log_steps
         self.optimizer = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if trainer.world_size > 1:
-            raise ValueError(
+            raise InvalidValue(
                 f"TraceBatchSize runs in one process, this Trainer has {trainer.world_size}: Lightning's DDP "
                 "all-reduces every micro-batch; train several processes with CustomSampler and "
                 "LinearRuleOptimizer in a torchrun loop"
             )
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
-            raise ValueError(
+            raise InvalidValue(
                 "TraceBatchSize accumulates each trace step itself: leave Trainer's accumulate_grad_batches "
                 "at 1 and gradient_clip_val unset (clip inside the module if needed)"
             )
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"TraceBatchSize wraps one optimizer, the module configured {len(trainer.optimizers)}")
+            raise InvalidValue(f"TraceBatchSize wraps one optimizer, the module configured {len(trainer.optimizers)}")
         inner = trainer.optimizers[0]
         if self.optimizer is None or self.optimizer.optimizer is not inner:
             self.optimizer = TRACE_OPTIMIZERS[self.rule](
-                inner, self.sampler, self.ref_batchsize, self.log_steps, warmup_steps=self.warmup_steps
-            )
+                inner, self.sampler, log_steps=self.log_steps, warmup_steps=self.warmup_steps,
+                **{self._ref_name: self.ref_batch_size})
         trainer.strategy.optimizers = [self.optimizer]
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

@@ -11,7 +11,7 @@ import os
 import tempfile
 import weakref
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 
 
 class StateCache:
@@ -45,7 +45,7 @@ class StateCache:
             return copy.deepcopy(self.cached[key])
         path = self.cached[key]
         if not os.path.exists(path):
-            raise RuntimeError(f"Failed to load state in {path}. File doesn't exist anymore.")
+            raise InvalidState(f"Failed to load state in {path}. File doesn't exist anymore.")
         return self._read(path)
 
     def _write(self, state, path: str) -> None:

@@ -99,7 +99,7 @@ anything = st.one_of(st.integers(-(2**70), 2**70), st.integers(-3, 70), st.float
 def test_make_plan_answers_any_input_in_bounded_time(g, m, n, rank, policy):
     result = outcome(lambda: make_plan(g, m, n, policy=policy, rank=rank))
     if isinstance(result, Exception):
-        assert any(name in str(result) for name in ("global_batch_size", "max_gpu_batch_size", "gpus", "policy",
+        assert any(name in str(result) for name in ("global_batch_size", "max_device_batch", "gpus", "policy",
                                                     "rank"))
     else:
         assert result.samples_per_update == g and result.batch_size <= m and result.gpus <= n
@@ -112,7 +112,7 @@ def test_make_plan_answers_any_input_in_bounded_time(g, m, n, rank, policy):
 def test_schedule_answers_any_input_naming_the_argument(trace, dataset_size, num_replicas, minibatch_size, seed):
     result = outcome(lambda: Schedule(trace, dataset_size, num_replicas, minibatch_size, seed))
     if isinstance(result, Exception):
-        assert any(name in str(result) for name in ("trace", "dataset_size", "num_replicas", "minibatch_size",
+        assert any(name in str(result) for name in ("trace", "dataset_size", "num_replicas", "micro_batch",
                                                     "seed"))
 
 
@@ -126,6 +126,6 @@ def test_custom_sampler_answers_any_input_naming_the_argument(dataset, trace, re
     result = outcome(lambda: sampler.CustomSampler(dataset, trace, seed, replicas, rank, minibatch))
     if isinstance(result, Exception):
         assert any(name in str(result) for name in ("data set", "dataset", "trace", "num_replicas", "rank",
-                                                    "minibatch_size", "seed", "epoch 0"))
+                                                    "micro_batch", "seed", "epoch 0"))
     else:
         assert len(result) == int(result.epoch_schedule.counts(result.rank).sum())

@@ -1,7 +1,8 @@
-"""aikit.core.ga: every weighting makes the update the plain mean over the window's samples.
+"""aikit.core.ga: every weighting makes the update the plain mean over the window's samples, or
+over its loss terms (tokens).
 
-The reference is numpy's mean over all samples' gradients of a window; the micro-batch
-gradients are means over their own samples, as a mean loss gives them."""
+The reference is numpy's mean over all samples' (terms') gradients of a window; the micro-batch
+gradients are means over their own samples (terms), as a mean loss gives them."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from aikit.core.ga import (
     accumulated_divisor,
     common_size,
     equal_weight,
+    mean_scale,
     reduction_name,
     relative_weight,
     sample_weight,
     short_window_factor,
+    term_count,
 )
 from aikit.core.plan import make_plan
 
@@ -51,6 +54,36 @@ def test_sample_weights_make_the_window_mean_when_summed_or_averaged(sizes, aver
     ]
     reduced = sum(per_replica) / world  # DDP/Horovod average, or a plain sum
     np.testing.assert_allclose(reduced, expected, rtol=1e-12, atol=1e-12)
+
+
+@given(windows, st.booleans())
+def test_term_counts_summed_at_the_update_make_the_mean_over_every_term(counts, averaged):
+    """A language model's micro-batches hold different numbers of tokens (0 for an idle replica
+    or a sequence whose labels are all ignored): weighing each mean by its count and dividing
+    once by the total over every replica gives the mean over all the tokens, whatever the
+    split, where the mean of the micro-batch means does not."""
+    means, expected = gradients(counts, seed=7)
+    replicas = len(counts[0])
+    world = replicas if averaged else 1
+    per_replica = [sum((n * means[s][r] for s, step in enumerate(counts) if (n := step[r])), np.zeros(3))
+                   for r in range(replicas)]
+    reduced = sum(per_replica) / world  # DDP/FSDP average, the reduce-at-update optimizer sums
+    total = sum(map(sum, counts))
+    np.testing.assert_allclose(reduced * mean_scale(total, 1, world), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_mean_of_micro_batch_means_is_not_the_token_mean():
+    """torchtune #1875's (x1/n1)+(x2/n2) != (x1+x2)/(n1+n2): the bug weight= exists for."""
+    (first, second), expected = gradients([[1], [9]], seed=3)
+    assert not np.allclose((first[0] + second[0]) / 2, expected)
+    np.testing.assert_allclose((1 * first[0] + 9 * second[0]) * mean_scale(10), expected, rtol=1e-12)
+
+
+@given(windows)
+def test_sample_weights_are_the_weighting_models_case_with_the_total_known_in_advance(sizes):
+    total = sum(map(sum, sizes))
+    for n in (n for step in sizes for n in step):
+        assert sample_weight(n, total) == mean_scale(total, n)
 
 
 @given(windows)
@@ -121,6 +154,11 @@ def test_the_common_size_is_the_size_most_micro_batches_of_a_plan_share(g, m, n)
         (lambda: reduction_name(None), "reduction must be 'mean' or 'sum', got None"),
         (lambda: short_window_factor(8, 0), "an update with no samples has no mean gradient"),
         (lambda: short_window_factor(8, 9), "the update held 9 samples, more than the 8 of its global batch"),
+        (lambda: term_count(-2), r"weight must be an integer >= 0, got -2; the number of loss terms whose mean"),
+        (lambda: term_count(2.5), r"weight must be an integer >= 0, got 2.5; .*int\(\(labels != -100\).sum\(\)\)"),
+        (lambda: term_count(True), r"weight must be an integer >= 0, got True"),
+        (lambda: mean_scale(0), r"this update's micro-batches hold 0 loss terms on every replica together, so it "
+                                r"has no mean gradient"),
     ],
 )
 def test_impossible_windows_are_refused_by_name(call, message):

@@ -24,7 +24,8 @@ def run(blocked: str, code: str) -> subprocess.CompletedProcess:
                                                 "installed: pip install 'aikit-elastic[torch]'"),
         ("torch", "import aikit.lr_finder.Torch", "pip install 'aikit-elastic[torch]'"),
         ("tensorflow", "import aikit.autolrs.TF", "needs TensorFlow (module 'tensorflow'), which is not installed: "
-                                                  "pip install 'aikit-elastic[tf]'"),
+                                                  "pip install 'aikit-elastic[tf]' (or 'aikit-elastic[tf-cpu]' for "
+                                                  "TensorFlow's CPU-only build, tensorflow-cpu)"),
         ("sklearn", "from aikit.datasets import digits; digits()",
          "aikit.datasets needs scikit-learn (module 'sklearn'), which is not installed: "
          "pip install 'aikit-elastic[data]'"),

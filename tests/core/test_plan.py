@@ -58,10 +58,10 @@ def test_more_devices_than_samples_leaves_the_extra_devices_out():
     ("args", "message"),
     [
         ((0, 64), "global_batch_size must be a positive integer, got 0"),
-        ((256, -1), "max_gpu_batch_size must be a positive integer, got -1"),
+        ((256, -1), "max_device_batch must be a positive integer, got -1"),
         ((256.0, 64), "global_batch_size must be a positive integer, got 256.0"),
         ((256, 64, 0), "gpus must be a positive integer, got 0"),
-        ((256, True), "max_gpu_batch_size must be a positive integer, got True"),
+        ((256, True), "max_device_batch must be a positive integer, got True"),
         (("256", 64), "global_batch_size must be a positive integer, got '256'"),
     ],
 )

@@ -31,7 +31,7 @@ def test_warmup_ramps_the_scale_from_one():
         (lambda: scale_factor(64, -1), "ref_batch_size must be a positive integer, got -1"),
         (lambda: scale_factor(64, 128, "cubic"), "LR rule must be one of"),
         (lambda: scaled_lr(-0.1, 64, 128), "base_lr must be a finite number >= 0, got -0.1"),
-        (lambda: scaled_lr(0.1, 64, 128, step=-1, warmup_steps=3), "must be >= 0"),
+        (lambda: scaled_lr(0.1, 64, 128, step=-1, warmup_steps=3), "step must be a non-negative integer, got -1"),
     ],
 )
 def test_bad_arguments(call, message):

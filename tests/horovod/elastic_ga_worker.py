@@ -25,7 +25,7 @@ import torch
 from hvd_case import ELASTIC, data, model
 
 import aikit.elastic.Torch
-from aikit.core.windows import micro_batch_slices
+from aikit.core.plan import micro_batch_slices
 from aikit.elastic.Torch import horovod
 
 

@@ -133,7 +133,7 @@ def train(case: Case, engine: str = "horovod") -> dict:
     (hvd.init() done by the caller), or ``Optimizer(reduce=True)`` under torchrun without DDP."""
     import aikit.elastic
     import aikit.elastic.Torch
-    from aikit.core.windows import micro_batch_slices
+    from aikit.core.plan import micro_batch_slices
     from aikit.elastic.Torch import distributed
     from aikit.ga.Torch.optim import Optimizer
     from aikit.runtime.Torch.collectives import broadcast_

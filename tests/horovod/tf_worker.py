@@ -13,7 +13,7 @@ import numpy as np
 
 import aikit.elastic
 import aikit.elastic.TF
-from aikit.core.windows import micro_batch_slices
+from aikit.core.plan import micro_batch_slices
 from aikit.elastic.TF import horovod
 
 G, M, UPDATES = 8, 2, 5

@@ -77,9 +77,12 @@ def test_plan_arguments_give_big_batch_steps(tmp_path):
 
 
 def test_plan_arguments_refuse_an_uneven_split():
-    with pytest.raises(ValueError, match=r"global_batch_size 100 does not split evenly over 3 device\(s\) with at "
-                                         r"most 30 samples each.*use global_batch_size 96 or 102"):
-        plan_arguments(100, 30, gpus=3)
+    with pytest.raises(ValueError, match=r"global_batch_size 7 does not split evenly over 1 device\(s\) with at "
+                                         r"most 3 samples each.*use global_batch_size 6 or 9"):
+        plan_arguments(7, 3)
+    with pytest.raises(ValueError, match=r"gpus=3 but only 1 device\(s\) can be used here .*make_plan\(100, 30, 3\)"):
+        plan_arguments(100, 30, gpus=3)  # a plan for this machine, as init's
+    assert plan_arguments(64, max_gpu_batch_size=16) == plan_arguments(64, max_device_batch=16)
 
 
 def test_autolrs_callback_equals_the_hook_called_by_hand(tmp_path):

@@ -135,7 +135,7 @@ def test_model_needs_init_and_a_keras_model(monkeypatch):
     with pytest.raises(TypeError, match=r"Model wraps a keras\.Model, got str"):
         elastic_tf.model.Model("not a model")
     monkeypatch.setattr(elastic_tf, "plan", None)
-    with pytest.raises(RuntimeError, match=r"aikit.elastic.TF.init\(global_batch_size, max_gpu_batch_size\)"):
+    with pytest.raises(RuntimeError, match=r"aikit.elastic.TF.init\(global_batch_size, max_device_batch\)"):
         elastic_tf.model.Model(mlp())
 
 

@@ -55,7 +55,7 @@ def run(name: str) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     import aikit.elastic.Torch
-    from aikit.core.windows import micro_batch_slices
+    from aikit.core.plan import micro_batch_slices
     from aikit.elastic.Torch import distributed
     from aikit.ga.Torch.optim import Optimizer
 

@@ -1,5 +1,6 @@
 """Issue 13's bad inputs to the PyTorch adapters: CustomSampler's types and the LR finder's
-empty data and empty model, each an aikit error naming the argument and the fix."""
+empty data and empty model, each an aikit error naming the argument and the fix; issue 29's:
+AutoLRS on a model without parameters, a range test's history written to a folder."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
+from aikit.autolrs.Torch import AutoLRS
 from aikit.cli import main
 from aikit.core.errors import AikitError, InvalidType, InvalidValue
 from aikit.core.trace import Trace
@@ -83,3 +85,28 @@ def test_trace_check_refuses_exactly_what_custom_sampler_refuses(tmp_path, capsy
             "--replicas", str(replicas)] + (["--when-exhausted", when_exhausted] if when_exhausted else [])
     assert (main(argv) == 0) == accepted
     capsys.readouterr()
+
+
+# ---- issue 29: the last raw errors a new user met, each now named with its fix ------------------
+
+
+def test_autolrs_names_a_model_without_parameters():
+    """``next(model.parameters())`` raised a bare StopIteration."""
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    with pytest.raises(InvalidValue) as raised:
+        AutoLRS(torch.nn.ReLU(), optimizer, lambda: 0.0, 1e-4, 1e-1)
+    assert str(raised.value) == ("AutoLRS got a model without parameters (ReLU): give it the model whose parameters "
+                                 "the optimizer trains")
+
+
+def test_lr_finder_to_csv_into_a_folder_is_named(tmp_path):
+    """open() raised IsADirectoryError; a missing folder raised FileNotFoundError."""
+    test = finder()
+    test.range_test(loader(16), num_iter=3, progress_bar=False)
+    with pytest.raises(InvalidValue) as raised:
+        test.to_csv(tmp_path)
+    assert str(raised.value) == f"cannot write {tmp_path}: it is a folder; give a file name, e.g. lr_finder.csv"
+    with pytest.raises(InvalidValue, match=r"the folder .*missing does not exist; create it \(mkdir -p .*missing\)"):
+        test.to_csv(tmp_path / "missing" / "lr.csv")
+    test.to_csv(tmp_path / "lr.csv")
+    assert (tmp_path / "lr.csv").read_text().startswith("lr,loss\n")

@@ -3,7 +3,8 @@ batch for all devices (``batch_size * gpus``; DataParallel scatters it), and eve
 exactly ``global_batch_size`` samples and equals a big-batch step.
 
 Without GPUs DataParallel runs the module itself; with them it scatters the same batch and
-gathers the outputs before the loss, so the gradient is the same.
+gathers the outputs before the loss, so the gradient is the same. ``init`` plans only the
+devices it finds, so these CPU tests give aikit's detection the machine's GPU count.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import aikit.elastic.Torch
-from aikit.core.windows import micro_batch_slices
+from aikit.core.plan import micro_batch_slices
 from aikit.ga.Torch.optim import Optimizer
+from aikit.runtime.Torch import distributed
 
 UPDATES = 3
 
@@ -23,6 +25,11 @@ UPDATES = 3
 def single_process(monkeypatch):
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
+
+
+def gpus_found(monkeypatch, count: int) -> None:
+    """A one-process machine with ``count`` GPUs, as aikit's detection sees it."""
+    monkeypatch.setattr(distributed, "device_count", lambda: count)
 
 
 def model() -> torch.nn.Module:
@@ -68,7 +75,8 @@ def train(loader, weighted: bool) -> tuple[torch.nn.Module, list[int]]:
 
 
 @pytest.mark.parametrize("gpus", [None, 2, 4])
-def test_seed_recipe_loader_batch_is_batch_size_times_gpus(gpus):
+def test_seed_recipe_loader_batch_is_batch_size_times_gpus(monkeypatch, gpus):
+    gpus_found(monkeypatch, gpus or 1)
     plan = aikit.elastic.Torch.init(32, 8, gpus=gpus)
     assert plan.is_even
     ds = dataset(32 * UPDATES)
@@ -79,9 +87,10 @@ def test_seed_recipe_loader_batch_is_batch_size_times_gpus(gpus):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-9)
 
 
-def test_ragged_plan_loader_yields_the_plans_step_batches():
+def test_ragged_plan_loader_yields_the_plans_step_batches(monkeypatch):
     """3 devices, G=32, at most 8 each: steps of [6, 6, 5] and [5, 5, 5] samples, i.e. the
     loader yields 17 then 15 per update (``plan.step_batch_sizes``)."""
+    gpus_found(monkeypatch, 3)
     plan = aikit.elastic.Torch.init(32, 8, gpus=3)
     assert plan.step_batch_sizes == (17, 15)
     ds = dataset(32 * UPDATES)

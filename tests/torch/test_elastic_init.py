@@ -19,6 +19,12 @@ def single_process(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+def gpus_found(monkeypatch, count: int) -> None:
+    """A one-process machine with ``count`` GPUs, as aikit's detection sees it (this CPU machine
+    has none; ``init`` plans only the devices it finds)."""
+    monkeypatch.setattr(distributed, "device_count", lambda: count)
+
+
 def torchrun_env(monkeypatch, world: int, rank: int) -> None:
     """The variables torchrun sets before the script has called init_process_group."""
     monkeypatch.setenv("WORLD_SIZE", str(world))
@@ -46,12 +52,34 @@ def test_aikit_elastic_answers_with_the_latest_init():
 
 
 @pytest.mark.parametrize(("gpus", "steps"), [(1, 4), (2, 2), (4, 1)])
-def test_seed_002_table(gpus, steps):
-    elastic.init(256, 64, gpus=gpus)
+def test_seed_002_table(monkeypatch, gpus, steps):
+    """Seed 002's table: GA steps by the GPUs available, found by init or picked with gpus=."""
+    gpus_found(monkeypatch, gpus)
+    elastic.init(256, 64)
+    assert (elastic.steps, elastic.gpus, elastic.batch_size) == (steps, gpus, 64)
+    gpus_found(monkeypatch, 4)
+    elastic.init(256, 64, gpus=gpus)  # DataParallel on some of the GPUs
     assert (elastic.steps, elastic.gpus, elastic.batch_size) == (steps, gpus, 64)
 
 
-def test_three_devices_get_exact_ragged_micro_batches():
+def test_more_gpus_than_this_machine_has_are_refused_naming_the_plan_for_another_machine(monkeypatch):
+    """init plans the machine it runs on (as Keras' init does): a count it does not have would
+    give each device more than max_device_batch; aikit plan and make_plan plan other machines."""
+    for gpus in (4, 10**18):
+        with pytest.raises(ValueError) as raised:
+            elastic.init(256, 64, gpus=gpus)
+        assert str(raised.value) == (
+            f"gpus={gpus} but only 1 device(s) can be used here (one process): pass gpus=1 or fewer, or leave gpus "
+            f"out; init plans the machine it runs on, so for a machine with {gpus} devices run `aikit plan "
+            f"--global-batch-size 256 --max-device-batch 64 --gpus {gpus}` or call "
+            f"aikit.core.plan.make_plan(256, 64, {gpus})")
+    gpus_found(monkeypatch, 2)
+    with pytest.raises(ValueError, match=r"gpus=3 but only 2 device\(s\) can be used here"):
+        elastic.init(256, 64, gpus=3)
+
+
+def test_three_devices_get_exact_ragged_micro_batches(monkeypatch):
+    gpus_found(monkeypatch, 3)
     plan = elastic.init(256, 64, gpus=3)
     assert plan.micro_batch_sizes == ((43, 43, 43), (43, 42, 42))
     assert elastic.batch_size == 43 <= 64
@@ -83,7 +111,7 @@ def test_a_plan_that_leaves_a_process_idle_is_refused(monkeypatch):
     ("args", "message"),
     [
         ((0, 64), "global_batch_size must be a positive integer, got 0"),
-        ((256, -1), "max_gpu_batch_size must be a positive integer, got -1"),
+        ((256, -1), "max_device_batch must be a positive integer, got -1"),
         ((256, 64, 0), "gpus must be a positive integer, got 0"),
         ((256, 64, 2.0), "gpus must be a positive integer, got 2.0"),
         ((100, 30, 1, "even"), r"policy must be one of \('ragged', 'fewer_devices', 'error'\), got 'even'"),

@@ -114,7 +114,7 @@ def test_a_balanced_sampler_needs_only_the_steps_still_to_train_to_fit_its_world
     with pytest.raises(ValueError, match=r"3 replicas cannot .* batch 8 is 2 micro-batches; world sizes that fit: 1, "
                                          r"2$"):
         next(iter(three))
-    with pytest.raises(ValueError, match="balanced deals whole micro-batches of minibatch_size to every replica"):
+    with pytest.raises(ValueError, match="balanced deals whole micro-batches of micro_batch to every replica"):
         CustomSampler(40, trace, max_device_batch=8, balanced=True)
     assert np.array_equal(CustomSampler(40, trace, minibatch_size=4, num_replicas=2, rank=1).schedule.trace.sizes,
                           trace)  # not balanced: idle replicas, as before

@@ -149,7 +149,7 @@ def test_misuse_gets_errors_that_say_what_to_do():
     data = dataset(40)
     model = make_model()
     sampler = CustomSampler(data, [8, 8, 8, 8, 8], minibatch_size=MINIBATCH)
-    with pytest.raises(ValueError, match="LinearRuleOptimizer needs ref_batchsize"):
+    with pytest.raises(ValueError, match=r"LinearRuleOptimizer needs ref_batch_size \(eth-easl's ref_batchsize\)"):
         LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler)
     with pytest.raises(ValueError, match="needs the CustomSampler that feeds it, got 3"):
         ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), 3)

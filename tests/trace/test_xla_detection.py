@@ -36,11 +36,13 @@ def test_spmd_micro_batch_is_minibatch_times_devices_and_refuses_steps_that_leav
     assert str(raised.value) == (
         "trace trace.csv does not fill the 4-device SPMD mesh in every micro-step (a step that leaves a device "
         "without samples would need dummy samples):\n"
-        "  row 1 (step 1): batch size 48 is not a multiple of minibatch_size x SPMD devices (16 x 4 =) 64; use 64\n"
-        "  row 2 (step 2): batch size 16 is not a multiple of minibatch_size x SPMD devices (16 x 4 =) 64; use 64"
+        "  row 1 (step 1): batch size 48 is not a multiple of micro_batch x SPMD devices (16 x 4 =) 64; use 64\n"
+        "  row 2 (step 2): batch size 16 is not a multiple of micro_batch x SPMD devices (16 x 4 =) 64; use 64"
     )
-    with pytest.raises(ValueError, match="minibatch_size must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="micro_batch must be a positive integer, got 0"):
         spmd.micro_batch(Trace([64]), 0, 4)
+    with pytest.raises(ValueError, match="minibatch_size must be a positive integer, got 0"):  # the name written
+        spmd.micro_batch(Trace([64]), 0, 4, "minibatch_size")
 
 
 def test_without_torch_xla_nothing_is_xla(monkeypatch):

@@ -21,7 +21,7 @@ import numpy as np
 
 from aikit.autolrs.plot import plot_progress
 from aikit.core.autolrs import DECISION_SIZE, Action, Controller, Driver, schedule_lrs, write_schedule
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 
 
 class AutoLRS(keras.callbacks.Callback):
@@ -100,7 +100,7 @@ class AutoLRS(keras.callbacks.Callback):
     def _loss_sums(self) -> tuple[float, float]:
         tracker = next((m for m in self.model.metrics if m.name == "loss"), None)
         if tracker is None:
-            raise RuntimeError("AutoLRS needs the model's loss tracker: compile the model with a loss")
+            raise InvalidState("AutoLRS needs the model's loss tracker: compile the model with a loss")
         return float(tracker.total.numpy()), float(tracker.count.numpy())
 
 

@@ -83,8 +83,12 @@ class AutoLRS:
                      listening_host, listening_port)
         self.model, self.optimizer, self.val_fn = model, optimizer, val_fn
         self.summary_steps = positive_int(summary_steps, "summary_steps")
+        first = next(iter(model.parameters()), None)
+        if first is None:
+            raise InvalidValue(f"AutoLRS got a model without parameters ({type(model).__name__}): give it the model "
+                               "whose parameters the optimizer trains")
         self.controller = Controller(min_lr, max_lr, **options)
-        self.device = next(model.parameters()).device
+        self.device = first.device
         self.replicas, self.rank = collectives.world(self.device)
         self._training = _TorchTraining(model, optimizer, val_fn, self.device, self.replicas, self.rank)
         self._driver = Driver(self.controller, self._training, self.summary_steps)

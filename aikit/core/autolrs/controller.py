@@ -22,7 +22,7 @@ from aikit.core.autolrs.loss_forecast import failed_forecast, forecast, standard
 from aikit.core.autolrs.search import LogLRSearch
 from aikit.core.autolrs.settings import Settings
 from aikit.core.autolrs.stages import Record, Stage, Trial, plan_stages, stage_length
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.lr_range import LossTracker, lr_sequence, suggest
 
 log = logging.getLogger("aikit.autolrs")
@@ -102,7 +102,7 @@ class Controller:
         """The first action, before any step. ``current_lr``: the optimizer's own LR, which
         the first warmup step keeps (as in the original AutoLRS)."""
         if self.phase != "idle":
-            raise RuntimeError("Controller.begin() was already called")
+            raise InvalidState("Controller.begin() was already called")
         warmup_steps, warmup_lr = self.settings.warmup_steps, self.settings.warmup_lr
         if warmup_steps:
             self.phase = "warmup"
@@ -112,9 +112,9 @@ class Controller:
     def step(self, loss: float) -> Action:
         """Report the training loss of the step just taken; returns what to do next."""
         if self.phase == "idle":
-            raise RuntimeError("call Controller.begin() before the first step")
+            raise InvalidState("call Controller.begin() before the first step")
         if self._evaluating:
-            raise RuntimeError("an evaluate action is pending: report the validation loss with validation() first")
+            raise InvalidState("an evaluate action is pending: report the validation loss with validation() first")
         loss = float(loss)
         self.steps += 1
         self._in_phase += 1
@@ -148,7 +148,7 @@ class Controller:
     def validation(self, loss: float) -> Action:
         """Report the validation loss asked for by an ``evaluate`` action."""
         if not self._evaluating:
-            raise RuntimeError("validation() answers an evaluate action; none is pending")
+            raise InvalidState("validation() answers an evaluate action; none is pending")
         self._evaluating = False
         trial = self.stage.trials[-1]
         trial.steps.append(self._in_phase)
@@ -275,7 +275,7 @@ class Controller:
         if not math.isfinite(losses[-1]):
             lrs, losses = lrs[:-1], losses[:-1]
         if len(losses) < 2:
-            raise RuntimeError(f"the LR range test diverged at its first LRs ({self.range_test['lr']}): "
+            raise InvalidState(f"the LR range test diverged at its first LRs ({self.range_test['lr']}): "
                                "give min_lr and max_lr")
         hot = suggest(lrs, losses, method="minimum").lr * 10  # the LR at the lowest loss
         self.max_lr = hot / RANGE_BELOW_HOT

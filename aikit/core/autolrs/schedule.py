@@ -9,12 +9,13 @@ import os
 from collections.abc import Sequence
 
 from aikit.core.errors import InvalidValue
+from aikit.core.validate import writable_file
 
 
 def write_schedule(path: str | os.PathLike, schedule: Sequence[tuple[int, float]]) -> None:
     """Save ``(step, lr)`` pairs as a CSV with a ``step,lr`` header (floats by ``repr``, so
     reading them back gives the same bits)."""
-    with open(path, "w", newline="") as handle:
+    with open(writable_file(path, "give a file name, e.g. lr_schedule.csv"), "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "lr"])
         for step, lr in schedule:

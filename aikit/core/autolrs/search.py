@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from aikit.core.errors import InvalidState
+
 LENGTH_SCALES = np.geomspace(0.03, 3.0, 25)  # in units of the whole log-LR range
 NOISES = (1e-6, 1e-3, 1e-2, 1e-1)  # relative to the signal variance: forecasts are noisy
 DESIGN = (0.5, 5 / 6, 1 / 6)  # the spread start's positions in the log range
@@ -83,7 +85,7 @@ class LogLRSearch:
             return self.to_lr(float(self.rng.uniform()))
         free = np.min(np.abs(self.grid[:, None] - np.asarray(self.x)[None, :]), axis=1) >= self.min_gap
         if not free.any():
-            raise RuntimeError(f"no untried LR left at min_gap={self.min_gap}; lower it or run fewer trials")
+            raise InvalidState(f"no untried LR left at min_gap={self.min_gap}; lower it or run fewer trials")
         mean, std = GaussianProcess(np.asarray(self.x), self._filled_scores()).predict(self.grid[free])
         return self.to_lr(float(self.grid[free][int(np.argmin(mean - self.kappa * std))]))
 

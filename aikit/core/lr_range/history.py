@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 import os
 
+from aikit.core.validate import writable_file
+
 
 def write_history(path: str | os.PathLike, history: dict) -> None:
     """Save a ``{"lr": [...], "loss": [...]}`` history as CSV with an ``lr,loss`` header;
     floats are written with ``repr`` so reading them back gives the same bits."""
-    with open(path, "w", newline="") as handle:
+    with open(writable_file(path, "give a file name, e.g. lr_finder.csv"), "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["lr", "loss"])
         writer.writerows(zip(history["lr"], history["loss"], strict=True))

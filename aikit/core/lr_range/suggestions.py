@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 
 
 class Suggestion(NamedTuple):
@@ -95,7 +95,7 @@ def suggest(
     if len(lrs) != len(losses):
         raise InvalidValue(f"lrs and losses differ in length: {len(lrs)} != {len(losses)}")
     if len(lrs) < skip_start + skip_end + 2:
-        raise RuntimeError(
+        raise InvalidState(
             f"Need at least {skip_start + skip_end + 2} iterations to suggest a learning rate. Got {len(lrs)}"
         )
     lr_part = np.asarray(trim(list(lrs), skip_start, skip_end), dtype=float)

@@ -1,4 +1,4 @@
-"""Elastic training for TensorFlow/Keras: ``aikit.elastic.TF.init(global_batch_size, max_gpu_batch_size)``.
+"""Elastic training for TensorFlow/Keras: ``aikit.elastic.TF.init(global_batch_size, max_device_batch)``.
 
 ``init`` finds the devices (TPU, several GPUs, several workers from ``TF_CONFIG``, or one
 device), plans GA steps and micro-batches with :func:`aikit.core.plan.make_plan`, and
@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import aikit.elastic
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.plan import POLICIES, Plan, make_plan
+from aikit.core.plan import POLICIES, Plan, checked_max_device_batch, devices_here, make_plan
 from aikit.core.validate import positive_int
 from aikit.runtime.moved import keep_old_paths
 from aikit.runtime.published import publish
@@ -32,11 +32,12 @@ from aikit.elastic.TF import model  # noqa: E402  (needs Keras on TF first)
 from aikit.elastic.TF.adaptive import fit_adaptive  # noqa: E402
 from aikit.elastic.TF.model import Model, current_plan  # noqa: E402
 from aikit.elastic.TF.trace import fit_trace  # noqa: E402
+from aikit.ga.TF.optimizers import MAX_STEPS  # noqa: E402
 
 models = model
 aikit.elastic.models = model  # Run:AI's AIkit Elastic writes aikit.elastic.models.Model(model)
 
-MAX_KERAS_STEPS = 2**63 - 1  # the GA optimizer's steps live in an int64 variable
+MAX_KERAS_STEPS = MAX_STEPS  # the GA optimizer's steps live in an int64 variable
 
 # "ragged" needs micro-batches of different sizes, which Keras' fit cannot feed
 KERAS_POLICIES = tuple(p for p in POLICIES if p != "ragged")
@@ -47,14 +48,16 @@ strategy: tf.distribute.Strategy | None = None
 
 def init(
     global_batch_size: int,
-    max_gpu_batch_size: int,
+    max_device_batch: int | None = None,
     gpus: int | None = None,
     *,
     policy: str = "fewer_devices",
     strategy: tf.distribute.Strategy | None = None,
     verbose: bool = True,
+    max_gpu_batch_size: int | None = None,
 ) -> Plan:
-    """Plan an update of ``global_batch_size`` samples with at most ``max_gpu_batch_size`` per device.
+    """Plan an update of ``global_batch_size`` samples with at most ``max_device_batch`` per device
+    (Run:AI's AIkit Elastic's ``max_gpu_batch_size``, accepted by that name too).
 
     ``gpus`` defaults to the replicas of ``strategy`` (or of the strategy found, see
     :mod:`aikit.runtime.TF.strategies`, also ``aikit.elastic.TF.strategies``). Keras feeds
@@ -63,7 +66,7 @@ def init(
     split (``policy="error"``).
     """
     g = positive_int(global_batch_size, "global_batch_size")
-    m = positive_int(max_gpu_batch_size, "max_gpu_batch_size")
+    m = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
     if policy not in KERAS_POLICIES:
         raise InvalidValue(
             f"policy must be one of {KERAS_POLICIES} for Keras, got {policy!r}: Keras' fit feeds "
@@ -86,14 +89,8 @@ def init(
         )
     chosen = strategy or strategies.available_strategy()
     available = hvd.size() if hvd else chosen.num_replicas_in_sync
-    if gpus is not None:
-        gpus = positive_int(gpus, "gpus")
-        if gpus > available:
-            raise InvalidValue(
-                f"gpus={gpus} but only {available} device(s) can be used here "
-                f"({type(chosen).__name__}): pass gpus={available} or fewer, or leave gpus out"
-            )
-    new_plan = make_plan(g, m, gpus or available, policy=policy, rank=hvd.rank() if hvd else strategies.rank(chosen))
+    devices = devices_here(gpus, available, "Horovod" if hvd else type(chosen).__name__, g, m)
+    new_plan = make_plan(g, m, devices, policy=policy, rank=hvd.rank() if hvd else strategies.rank(chosen))
     if new_plan.steps > MAX_KERAS_STEPS:
         raise InvalidValue(
             f"global_batch_size {g} needs {new_plan.steps} GA steps of at most {m} samples, more than the "

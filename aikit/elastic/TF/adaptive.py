@@ -76,7 +76,7 @@ def fit_adaptive(
     optimizer is a :class:`~aikit.ga.TF.noise.NoiseOptimizer`; its replicas come from the
     strategy it was built under and must be the controller's ``devices``. The controller must
     plan with ``policy="error"``: Keras feeds equal micro-batches, so only batches that split
-    evenly over the replicas are run. ``base_lr`` is the LR tuned at ``controller.base_batch``;
+    evenly over the replicas are run. ``base_lr`` is the LR tuned at ``controller.ref_batch_size``;
     ``rule`` scales it to each update's batch: ``"adascale"`` (the gain from the measured
     noise), ``"linear"``, ``"sqrt"`` or ``"constant"``. ``trace_path``: where to write the run's
     batches as a ``step,batchsize`` CSV (after every epoch, so a stopped run leaves its trace).

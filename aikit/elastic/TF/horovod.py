@@ -19,6 +19,7 @@ Every rank feeds its own shard of the data, in micro-batches of ``batch_size``.
 
 from __future__ import annotations
 
+from aikit.core.errors import InvalidState
 from aikit.ga.TF.optimizers import Optimizer, keras
 
 try:
@@ -44,7 +45,7 @@ class DistributedOptimizer(Optimizer):
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None, **kwargs):
         if not hvd.is_initialized():
-            raise RuntimeError("Horovod is not initialised: call horovod.tensorflow.init() before aikit's Horovod glue")
+            raise InvalidState("Horovod is not initialised: call horovod.tensorflow.init() before aikit's Horovod glue")
         super().__init__(optimizer, steps, name=name, **kwargs)
 
     def _update(self, sums, variables) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.plan import Plan
 from aikit.ga.TF.optimizers import Optimizer
 from aikit.runtime.published import published
@@ -28,8 +28,8 @@ def current_plan() -> Plan:
     """The plan of the last :func:`aikit.elastic.TF.init`, or an error saying to call it."""
     plan = published(__package__)  # what aikit.elastic.TF.init published
     if plan is None:
-        raise RuntimeError(
-            "aikit.elastic.TF.init(global_batch_size, max_gpu_batch_size) must be called before "
+        raise InvalidState(
+            "aikit.elastic.TF.init(global_batch_size, max_device_batch) must be called before "
             "wrapping or compiling a model"
         )
     return plan

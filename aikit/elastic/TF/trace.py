@@ -2,7 +2,7 @@
 
 :class:`aikit.core.schedule.Schedule` decides which samples every step uses and deals its
 fixed-size micro-batches to the replicas; this module feeds them to Keras. Every micro-step
-is one ``train_on_batch`` of ``minibatch_size`` samples per replica (static shapes, no
+is one ``train_on_batch`` of ``micro_batch`` samples per replica (static shapes, no
 retracing); the GA optimizer's ``steps`` and the wrapped optimizer's learning rate are set,
 as variables, before each update: ``steps`` to the step's micro-batches per replica and the
 LR by :func:`aikit.core.scaling.scaled_lr` (linear, sqrt or constant rule, optional warmup).
@@ -20,6 +20,7 @@ from aikit.core.errors import InvalidValue
 from aikit.core.scaling import adaptive_rule_name, rule_name, scaled_lr
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
+from aikit.core.validate import aliased
 from aikit.ga.TF.optimizers import Optimizer
 from aikit.runtime.TF.training import compiled_for, train_update
 
@@ -30,7 +31,7 @@ def fit_trace(
     y: np.ndarray,
     trace: Trace | str | list[int] | int,
     *,
-    minibatch_size: int,
+    micro_batch: int | None = None,
     base_lr: float,
     ref_batch_size: int,
     rule: str = "linear",
@@ -42,13 +43,15 @@ def fit_trace(
     seed: int = 42,
     shuffle: bool = True,
     verbose: bool = False,
+    minibatch_size: int | None = None,
 ) -> list[dict]:
     """Train ``model`` for ``epochs`` epochs with the global batch of each update from ``trace``.
 
     ``model`` is a compiled Keras model (or :class:`aikit.elastic.TF.model.Model`) whose
     optimizer is an :class:`aikit.ga.TF.optimizers.Optimizer`; its replicas come from the
     strategy the model was built under. Every trace entry must be a multiple of
-    ``minibatch_size`` x replicas (each replica gets the same number of micro-batches).
+    ``micro_batch`` x replicas (each replica gets the same number of micro-batches);
+    ``minibatch_size=``, eth-easl's name for ``micro_batch``, says the same.
     ``learning_rates``: the LR of every update by step, used instead of the rule (an AdaScale
     run of :func:`~aikit.elastic.TF.adaptive.fit_adaptive` replays with its rows' ``lr``; its
     ``rule="adascale"`` is accepted then, and only then: AdaScale's LRs come from the gradient
@@ -58,6 +61,9 @@ def fit_trace(
     sqrt(B / ref_batch_size)`` over a trace of :func:`aikit.core.ramp.seesaw_schedule`).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
+    micro, micro_name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
+    if micro is None:
+        raise InvalidValue("fit_trace needs micro_batch, the samples of one micro-batch on each replica")
     keras_model, optimizer = compiled_for(model, Optimizer, "fit_trace",
                                           "aikit.ga.TF.optimizers.Optimizer(optimizer, steps)")
     if learning_rates is None:
@@ -80,8 +86,8 @@ def fit_trace(
     if len(x) != len(y):
         raise InvalidValue(f"x has {len(x)} samples but y has {len(y)}")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
-    schedule = Schedule(trace, len(x), num_replicas=replicas, minibatch_size=minibatch_size, seed=seed,
-                        shuffle=shuffle, balanced=True)
+    schedule = Schedule(trace, len(x), num_replicas=replicas, seed=seed, shuffle=shuffle, balanced=True,
+                        **{micro_name: micro})
     if learning_rates is not None:
         steps = schedule.epoch_bounds(initial_epoch + epochs - 1)[1]
         if len(learning_rates) < steps:

@@ -1,4 +1,4 @@
-"""Elastic PyTorch training: ``init(global_batch_size, max_gpu_batch_size)`` plans the run.
+"""Elastic PyTorch training: ``init(global_batch_size, max_device_batch)`` plans the run.
 
 The device count comes from where the script runs (see :mod:`aikit.runtime.Torch.distributed`,
 also importable as ``aikit.elastic.Torch.distributed``, as :mod:`aikit.runtime.Torch.spmd` is as
@@ -13,8 +13,8 @@ from aikit.optional import torch  # noqa: F401  isort: skip  (first: a missing t
 import sys
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
-from aikit.core.errors import InvalidValue
-from aikit.core.plan import Plan, make_plan, nearest_even_batches
+from aikit.core.errors import InvalidState, InvalidValue
+from aikit.core.plan import Plan, checked_max_device_batch, devices_here, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
 from aikit.elastic.Torch.resize import ElasticState
@@ -55,20 +55,29 @@ __all__ = [
 ]
 
 
-def init(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = None, policy: str = "ragged") -> Plan:
+def init(global_batch_size: int, max_device_batch: int | None = None, gpus: int | None = None,
+         policy: str = "ragged", *, max_gpu_batch_size: int | None = None) -> Plan:
     """Plan how ``global_batch_size`` samples per update run here, at most
-    ``max_gpu_batch_size`` per device, and publish the plan on this module. Under torch_xla's
+    ``max_device_batch`` per device (Run:AI's AIkit Elastic's ``max_gpu_batch_size``, accepted by
+    that name too), and publish the plan on this module. Under torch_xla's
     SPMD the devices are the mesh's data axis and the split must be even (one shard shape);
     each GA step then feeds ``batch_size x gpus`` samples, sharded by
-    :func:`aikit.runtime.Torch.spmd.shard`."""
+    :func:`aikit.runtime.Torch.spmd.shard`.
+
+    ``gpus`` picks how many of the devices found to use (one process with several GPUs, for
+    DataParallel); more than this machine has is refused: ``aikit plan --gpus N`` or
+    :func:`aikit.core.plan.make_plan` plan for another machine."""
+    g = positive_int(global_batch_size, "global_batch_size")
+    m = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
     processes = distributed.world_size()
-    devices = distributed.device_count() if gpus is None else positive_int(gpus, "gpus")
-    if processes > 1 and devices != processes:
+    if processes > 1 and gpus is not None and positive_int(gpus, "gpus") != processes:
         raise InvalidValue(
-            f"gpus={devices} but this run has {processes} processes ({distributed.engine()}): "
-            f"every process is one device, so leave gpus=None or launch {devices} processes"
+            f"gpus={gpus} but this run has {processes} processes ({distributed.engine()}): "
+            f"every process is one device, so leave gpus=None or launch {gpus} processes"
         )
-    plan = make_plan(global_batch_size, max_gpu_batch_size, devices, policy=policy, rank=distributed.rank())
+    engine = distributed.engine()
+    devices = devices_here(gpus, distributed.device_count(), "one process" if engine == "single" else engine, g, m)
+    plan = make_plan(g, m, devices, policy=policy, rank=distributed.rank())
     if processes > 1 and plan.gpus != processes:
         raise InvalidValue(
             f"the plan uses {plan.gpus} of the {processes} processes (policy {policy!r}, "
@@ -76,10 +85,10 @@ def init(global_batch_size: int, max_gpu_batch_size: int, gpus: int | None = Non
             f"{distributed.engine()} run must train: launch {plan.gpus} processes or use policy 'ragged'"
         )
     if distributed.spmd_devices() > 1 and not (plan.is_even and plan.gpus == devices):
-        below, above = nearest_even_batches(plan.global_batch_size, plan.max_gpu_batch_size, devices)
+        below, above = nearest_even_batches(plan.global_batch_size, plan.max_device_batch, devices)
         raise InvalidValue(
             f"global_batch_size {plan.global_batch_size} does not split evenly over the {devices} devices of the "
-            f"SPMD mesh with at most {plan.max_gpu_batch_size} samples each (every device gets one shard of the "
+            f"SPMD mesh with at most {plan.max_device_batch} samples each (every device gets one shard of the "
             f"same shape): use global_batch_size {below} or {above}"
         )
     publish(plan, sys.modules[__name__])
@@ -90,7 +99,7 @@ def summary() -> str:
     """The plan in a few readable lines, and the engine it runs on."""
     plan = sys.modules[__name__].__dict__.get("plan")
     if plan is None:
-        raise RuntimeError("call aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size) first")
+        raise InvalidState("call aikit.elastic.Torch.init(global_batch_size, max_device_batch) first")
     return f"{plan.summary()}\n  engine: {distributed.engine()} ({distributed.world_size()} process(es))"
 
 
@@ -98,6 +107,6 @@ def __getattr__(name: str):
     if name in (*PUBLIC, "plan"):
         raise AttributeError(
             f"aikit.elastic.Torch.{name} is set by init(): call "
-            "aikit.elastic.Torch.init(global_batch_size, max_gpu_batch_size) first"
+            "aikit.elastic.Torch.init(global_batch_size, max_device_batch) first"
         )
     raise AttributeError(f"module 'aikit.elastic.Torch' has no attribute {name!r}")

@@ -41,12 +41,12 @@ import torch
 
 from aikit.core.adaptive import AdaptiveRun, AdaptiveSchedule, UpdateClock, update_timing
 from aikit.core.autolrs import write_schedule
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.goodput import BatchSplit, GoodputController
 from aikit.core.gradient_noise import update_estimates
 from aikit.core.plan import largest_even_batch
 from aikit.core.schedule import EpochSchedule, checked_settings
-from aikit.core.validate import non_negative_int, positive_int
+from aikit.core.validate import aliased, non_negative_int, positive_int
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
 from aikit.elastic.Torch.trace_optim import TraceOptimizer, mean_sq_norms
 from aikit.runtime.Torch import distributed
@@ -60,7 +60,8 @@ class AdaptiveSampler(CustomSampler):
 
     Args:
         dataset: a Dataset (its ``len()`` is used) or its size as an int.
-        base_batch: the global batch the LR was tuned for; the run starts there.
+        ref_batch_size: the global batch the LR was tuned for; the run starts there
+            (``base_batch=``, its name in aikit 0.1, says the same).
         max_batch: the largest global batch to take (at most the data set).
         micro_batch: samples per device per micro-batch, fixed (static shapes: XLA, or a model
             that wants one shape).
@@ -72,7 +73,7 @@ class AdaptiveSampler(CustomSampler):
             runs in two micro-batches or more even where one would hold it: one device measures
             the gradient noise from the two halves of one update there (other updates of one
             part measure none), at the cost of one more micro-step every ``noise_every`` updates.
-        min_batch: the smallest global batch (default ``base_batch``).
+        min_batch: the smallest global batch (default ``ref_batch_size``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
         threshold: change the batch only for a predicted goodput gain above this (5 %: Pollux's).
@@ -87,7 +88,7 @@ class AdaptiveSampler(CustomSampler):
             micro-batches a DataLoader fetches ahead (``num_workers * prefetch_factor``; 0 without
             workers). :meth:`loader` sets it for you.
 
-    Batches are whole micro-batches on every replica: with ``micro_batch``, ``base_batch``,
+    Batches are whole micro-batches on every replica: with ``micro_batch``, ``ref_batch_size``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
     ``max_device_batch`` they must split evenly over the replicas (the error names the nearest
     that do). Every name of ``CustomSampler`` works here too: :attr:`trace` and
@@ -100,7 +101,7 @@ class AdaptiveSampler(CustomSampler):
         self,
         dataset: Sized | int | None = None,
         *,
-        base_batch: int,
+        ref_batch_size: int | None = None,
         max_batch: int,
         micro_batch: int | None = None,
         min_batch: int | None = None,
@@ -117,6 +118,7 @@ class AdaptiveSampler(CustomSampler):
         max_device_batch: int | None = None,
         noise_every: int = 4,
         max_change: float = 2.0,
+        base_batch: int | None = None,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
@@ -128,8 +130,13 @@ class AdaptiveSampler(CustomSampler):
         per_device = max_device_batch if grows else micro_batch  # with grows a bound, which may exceed the data set
         size, num_replicas, per_device = checked_settings(size, num_replicas, per_device, bound=grows)
         split = BatchSplit(per_device, num_replicas, grows, positive_int(noise_every, "noise_every") if grows else None)
-        _check_bounds(split, size, base_batch=base_batch, max_batch=max_batch, min_batch=min_batch)
-        controller = GoodputController(per_device, num_replicas, base_batch=base_batch, max_batch=max_batch,
+        ref, ref_name = aliased(ref_batch_size, base_batch, "ref_batch_size", "base_batch", "aikit 0.1")
+        if ref is None:
+            raise InvalidValue("AdaptiveSampler needs ref_batch_size, the global batch the LR was tuned for (the run "
+                               "starts there)")
+        reference = {ref_name: ref}  # named as the caller wrote it, in every message about it
+        _check_bounds(split, size, **reference, max_batch=max_batch, min_batch=min_batch)
+        controller = GoodputController(per_device, num_replicas, **reference, max_batch=max_batch,
                                        min_batch=min_batch, threshold=threshold, decay=decay, max_change=max_change,
                                        policy="error", min_estimates=min_estimates, interval=interval,
                                        fixed_micro_batch=not grows, noise_every=split.noise_every)
@@ -181,7 +188,7 @@ class AdaptiveSampler(CustomSampler):
     @property
     def trace(self) -> list[int]:
         """The global batch of every update trained so far: replays the run with ``CustomSampler``
-        (same seed and shuffle, and ``minibatch_size=micro_batch``, or ``max_device_batch`` and
+        (same seed and shuffle, and ``micro_batch``, or ``max_device_batch`` and
         ``noise_every`` as here; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
         return list(self.controller.batches)
 
@@ -204,7 +211,7 @@ class AdaptiveSampler(CustomSampler):
             if self.step >= len(plan):
                 if plan.complete:
                     return
-                raise RuntimeError(
+                raise InvalidState(
                     f"the DataLoader asked for update {plan.first_step + self.step}'s samples before it was decided "
                     f"(lookahead={self.lookahead}): it prefetches further ahead than the sampler decides; build the "
                     "loader with sampler.loader(dataset, ...) or give AdaptiveSampler "
@@ -260,7 +267,7 @@ class AdaptiveOptimizer(TraceOptimizer):
     """Wraps a torch optimizer to train through an :class:`AdaptiveSampler`, measuring the
     gradient noise and letting the sampler's controller pick the next batches.
 
-    ``rule`` scales the LR from ``sampler``'s ``base_batch`` to each update's batch:
+    ``rule`` scales the LR from ``sampler``'s ``ref_batch_size`` to each update's batch:
     ``"adascale"`` (default: AdaScale's gain from the measured noise, Johnson et al. 2020),
     ``"sqrt"``, ``"linear"`` or ``"constant"`` (:mod:`aikit.core.scaling`). ``clock`` times the
     updates (seconds). Other arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`.
@@ -290,7 +297,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         if not isinstance(sampler, AdaptiveSampler):
             raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
         self.run = AdaptiveRun(sampler.schedule, rule)
-        super().__init__(optimizer, sampler, sampler.controller.base_batch, log_steps, warmup_steps=warmup_steps,
+        super().__init__(optimizer, sampler, sampler.controller.ref_batch_size, log_steps, warmup_steps=warmup_steps,
                          broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler)
         self.clock = UpdateClock(clock)
         dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
@@ -428,5 +435,5 @@ class AdaptiveOptimizer(TraceOptimizer):
         self.clock.restart()
 
     def __repr__(self) -> str:
-        return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, base_batch={self.ref_batchsize})"
+        return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
 

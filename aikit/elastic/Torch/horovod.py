@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from aikit.core.errors import InvalidState, InvalidType
 from aikit.ga.Torch.optim import Optimizer
 from aikit.runtime.Torch.collectives import broadcast_
 
@@ -59,7 +60,7 @@ __all__ = ["DistributedOptimizer", "broadcast_state"]
 
 def _check_initialised() -> None:
     if not hvd.is_initialized():
-        raise RuntimeError("Horovod is not initialised: call horovod.torch.init() before aikit's Horovod glue")
+        raise InvalidState("Horovod is not initialised: call horovod.torch.init() before aikit's Horovod glue")
 
 
 class DistributedOptimizer(Optimizer):
@@ -78,7 +79,7 @@ class DistributedOptimizer(Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, steps: int, **ga_options: Any) -> None:
         _check_initialised()
         if "reduce" in ga_options:
-            raise TypeError("DistributedOptimizer always reduces at the update: leave out reduce=")
+            raise InvalidType("DistributedOptimizer always reduces at the update: leave out reduce=")
         super().__init__(optimizer, steps, reduce=True, **ga_options)
 
 

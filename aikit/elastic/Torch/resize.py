@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aikit.core.errors import CheckpointError
+from aikit.core.errors import CheckpointError, InvalidState, InvalidValue
 from aikit.core.schedule import world_problem
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.sampler import CustomSampler
@@ -65,10 +65,11 @@ class ElasticState:
 
     def __init__(self, directory: str | os.PathLike, *, fsync: bool = True, verbose: bool = True, **objects):
         if not objects:
-            raise ValueError("ElasticState needs something to keep, e.g. ElasticState(dir, model=model, optimizer=opt)")
+            raise InvalidValue(
+                "ElasticState needs something to keep, e.g. ElasticState(dir, model=model, optimizer=opt)")
         for name, obj in objects.items():
             if isinstance(obj, CustomSampler):
-                raise ValueError(
+                raise InvalidValue(
                     f"{name}= is a CustomSampler: its position is the trace optimizer's (the sampler can run "
                     "ahead of training in DataLoader workers), so keep the optimizer and leave the sampler out"
                 )
@@ -76,7 +77,7 @@ class ElasticState:
         self.__dict__.update(commits=0, restored_from=None, incarnation=None, _hvd_reset_callbacks=[])
         traced = [obj for obj in objects.values() if isinstance(obj, TraceOptimizer)]
         if len(traced) > 1:
-            raise ValueError("ElasticState keeps one trace optimizer (it owns the epoch and step); got several")
+            raise InvalidValue("ElasticState keeps one trace optimizer (it owns the epoch and step); got several")
         self.__dict__["optimizer"] = traced[0] if traced else None
 
     # plain values read and set as attributes, as in Horovod's State
@@ -133,14 +134,14 @@ class ElasticState:
         workers, whether hosts were added or removed, and if so stops for a resize.
         """
         if self.optimizer is not None and self.optimizer.micro:
-            raise RuntimeError(
+            raise InvalidState(
                 f"commit() in the middle of step {self.optimizer.step_index} of epoch {self.optimizer.epoch} "
                 f"({self.optimizer.micro} of its micro-batches accumulated): commit right after an update, "
                 "when optimizer.step() returns True"
             )
         for name, obj in self._objects.items():
             if isinstance(obj, GAOptimizer) and obj.position:
-                raise RuntimeError(
+                raise InvalidState(
                     f"commit() in the middle of an update: {name} has {obj.position} of its {obj.steps} "
                     "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
                 )
@@ -172,11 +173,11 @@ class ElasticState:
         short = np.flatnonzero(plan.micro_batches_per_step < workers)
         if short.size:
             step = int(short[0])
-            raise ValueError(
+            raise InvalidValue(
                 f"under Horovod elastic every worker must get a micro-batch in every step, but step {step} of "
                 f"epoch {plan.epoch} (global batch {int(plan.batch_sizes[step])}) has "
-                f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.minibatch_size} for {workers} "
-                f"workers: use a minibatch_size that divides every batch size and is at most "
+                f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.micro_batch} for {workers} "
+                f"workers: use a micro_batch that divides every batch size and is at most "
                 f"{int(plan.batch_sizes.min())} / (--max-np)"
             )
 
@@ -235,12 +236,12 @@ class ElasticState:
         must leave every object as it was)."""
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-            raise ValueError(f"{self.path} is not an aikit ElasticState checkpoint (format {found!r})")
+            raise InvalidValue(f"{self.path} is not an aikit ElasticState checkpoint (format {found!r})")
         self._check_schedule(payload["schedule"])
         saved = payload["objects"]
         missing = sorted(set(self._objects) - set(saved))
         if missing:
-            raise ValueError(
+            raise InvalidValue(
                 f"the checkpoint {self.path} holds {sorted(saved)} but not {missing}: keep the same "
                 "objects as the run that wrote it, or start from an empty directory"
             )
@@ -253,7 +254,7 @@ class ElasticState:
                 elif isinstance(obj, torch.optim.Optimizer):
                     check_groups(obj, saved[name])
             except ValueError as error:
-                raise ValueError(f"the checkpoint {self.path} cannot be restored into {name}=: {error}") from error
+                raise InvalidValue(f"the checkpoint {self.path} cannot be restored into {name}=: {error}") from error
         self._check_world(saved)
 
     def _check_world(self, saved: dict) -> None:
@@ -266,10 +267,10 @@ class ElasticState:
         name = next(name for name, obj in self._objects.items() if obj is opt)
         position, schedule = saved[name]["trace"], opt.sampler.schedule
         first = schedule.epoch_bounds(position["epoch"])[0] + position["step"]
-        problem = world_problem(schedule.trace, first, schedule.minibatch_size, distributed.world_size())
+        problem = world_problem(schedule.trace, first, schedule.micro_batch, distributed.world_size())
         if problem:
-            raise ValueError(f"the checkpoint {self.path} cannot resume on {distributed.world_size()} replica(s): "
-                             f"{problem}; resume on one of those, or with another trace")
+            raise InvalidValue(f"the checkpoint {self.path} cannot resume on {distributed.world_size()} replica(s): "
+                               f"{problem}; resume on one of those, or with another trace")
 
     def _load(self, saved: dict) -> None:
         """Load every kept object, in one order whatever the keyword order: the objects aikit
@@ -319,7 +320,7 @@ class ElasticState:
             return -(-micro // workers)
 
         return (f"{line}; epoch {opt.epoch} step {step}: global batch {int(plan.batch_sizes[step])} = {micro} "
-                f"micro-batches of {plan.minibatch_size}, at most {per_worker(saved_world_size)} per worker before, "
+                f"micro-batches of {plan.micro_batch}, at most {per_worker(saved_world_size)} per worker before, "
                 f"{per_worker(now)} now (same samples, same LR)")
 
     def _replan(self) -> None:
@@ -358,7 +359,7 @@ class ElasticState:
             what = "; ".join(d if not d.startswith("trace ") else
                              f"trace {saved['trace_source']} then, {now['trace_source']} now (different sizes)"
                              for d in differ)
-            raise ValueError(
+            raise InvalidValue(
                 f"the checkpoint {self.path} was written by a run with other samples per step ({what}): resume "
                 "with the same trace, data set, seed, shuffle and permutation, or start from an empty directory"
             )
@@ -403,15 +404,15 @@ def _world() -> tuple[int, int]:
 def _check_module(module: torch.nn.Module, saved: dict) -> None:
     """Refuse a state dict whose keys or shapes do not fit ``module``."""
     if not isinstance(saved, dict):
-        raise ValueError(f"a module's state dict must be a dict, got {type(saved).__name__}")
+        raise InvalidValue(f"a module's state dict must be a dict, got {type(saved).__name__}")
     have = module.state_dict()
     missing, unexpected = sorted(set(have) - set(saved)), sorted(set(saved) - set(have))
     if missing or unexpected:
-        raise ValueError(f"the saved model lacks {missing} and has {unexpected} besides: build the same model")
+        raise InvalidValue(f"the saved model lacks {missing} and has {unexpected} besides: build the same model")
     for key, value in have.items():
         got = getattr(saved[key], "shape", None)
         if got is not None and tuple(got) != tuple(value.shape):
-            raise ValueError(f"{key} has shape {tuple(got)} in the checkpoint, {tuple(value.shape)} here")
+            raise InvalidValue(f"{key} has shape {tuple(got)} in the checkpoint, {tuple(value.shape)} here")
 
 
 def _state_of(obj):

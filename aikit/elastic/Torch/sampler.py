@@ -1,6 +1,6 @@
 """CustomSampler: a DataLoader ``batch_sampler`` that follows a batch-size trace.
 
-Every global step of the trace is cut into full micro-batches of ``minibatch_size`` samples
+Every global step of the trace is cut into full micro-batches of ``micro_batch`` samples
 (one static shape, so XLA compiles once) and dealt to the replicas by
 :class:`aikit.core.schedule.Schedule`; this sampler yields this replica's micro-batches, step
 after step. A step that deals this replica nothing yields nothing: the trace optimizer still
@@ -21,9 +21,9 @@ import torch
 from torch.utils.data import Sampler
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.schedule import EpochSchedule, Permutation, Schedule, flag, numpy_permutation, world_problem
+from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation, world_problem
 from aikit.core.trace import Trace, load_trace, multiple_problems
-from aikit.core.validate import index_in
+from aikit.core.validate import aliased, checked_bool, index_in
 from aikit.runtime.Torch import distributed, spmd
 
 _latest: CustomSampler | None = None
@@ -52,7 +52,8 @@ class CustomSampler(Sampler[list[int]]):
     """This replica's micro-batches of every step of a batch-size trace, as lists of indices.
 
     The arguments keep eth-easl's order, ``(dataset, trace, seed, num_replicas, rank,
-    minibatch_size, verbose)``, positionally or by keyword. ``dataset`` is a Dataset (its
+    micro_batch, verbose)``, positionally or by keyword (``minibatch_size=``, eth-easl's name for
+    ``micro_batch``, says the same). ``dataset`` is a Dataset (its
     ``len()`` is used) or an int; ``dataset_size=`` says the same thing. ``trace`` is a CSV path
     (``step,batchsize``), a list of sizes, an int (constant) or a :class:`~aikit.core.trace.Trace`;
     ``when_exhausted`` overrides its end-of-trace policy; a CSV whose step column restarts or skips
@@ -63,10 +64,10 @@ class CustomSampler(Sampler[list[int]]):
     same samples as the original), or a function ``(seed, epoch, dataset_size) -> order``.
     ``verbose`` prints eth-easl's two lines about the trace (None: as the original, only when
     ``rank=0`` is given; True: on rank 0). Under torch_xla's SPMD the process is one replica and
-    each micro-batch holds ``minibatch_size`` samples for every device of the mesh (see
+    each micro-batch holds ``micro_batch`` samples for every device of the mesh (see
     :mod:`aikit.runtime.Torch.spmd`).
 
-    ``minibatch_size`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits
+    ``micro_batch`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits
     each step evenly over the replicas in the fewest micro-batches of at most that many samples,
     at least ``min_micro_batches`` of them in all, two on every ``noise_every``-th step
     (:func:`aikit.core.plan.even_micro_batches`): the per-device batch grows with the step, as in
@@ -76,7 +77,7 @@ class CustomSampler(Sampler[list[int]]):
 
     ``balanced=True`` deals every step to every replica as the same number of whole micro-batches
     (Megatron's condition; no replica idle or ragged), so every batch must be a multiple of
-    ``minibatch_size x num_replicas``. It is checked when iteration starts, from the current step
+    ``micro_batch x num_replicas``. It is checked when iteration starts, from the current step
     on: a run resumed on another number of replicas needs only the steps still to train to fit it
     (Megatron #3913), and ``ElasticState.restore()`` refuses a world that does not fit them,
     naming the world sizes that do.
@@ -95,9 +96,10 @@ class CustomSampler(Sampler[list[int]]):
         seed: int = 42,
         num_replicas: int | None = None,
         rank: int | None = None,
-        minibatch_size: int | None = None,
+        micro_batch: int | None = None,
         verbose: bool | None = None,
         *,
+        minibatch_size: int | None = None,
         dataset_size: int | None = None,
         shuffle: bool = True,
         permutation: str | Permutation = "numpy",
@@ -109,7 +111,7 @@ class CustomSampler(Sampler[list[int]]):
         balanced: bool = False,
     ):
         size = _dataset_size(dataset, dataset_size)
-        self.balanced = flag(balanced, "balanced")
+        self.balanced = checked_bool(balanced, "balanced")
         if trace is None:
             raise InvalidValue("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
         if verbose is not None and not isinstance(verbose, bool):
@@ -125,26 +127,27 @@ class CustomSampler(Sampler[list[int]]):
             rank = engine_rank if rank is None else rank
         trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
+        micro, name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
         if self.balanced and max_device_batch is not None:
-            raise InvalidValue("balanced deals whole micro-batches of minibatch_size to every replica; "
+            raise InvalidValue(f"balanced deals whole micro-batches of {name} to every replica; "
                                "max_device_batch splits every step evenly already: give one of them")
-        if max_device_batch is not None and (minibatch_size is not None or self.devices > 1):
+        if max_device_batch is not None and (micro is not None or self.devices > 1):
             raise InvalidValue(
-                "give minibatch_size (one micro-batch size, static shapes) or max_device_batch (each step split "
+                f"give {name} (one micro-batch size, static shapes) or max_device_batch (each step split "
                 "evenly, its micro-batch growing with it), not both"
-                + ("; under SPMD every micro-step needs one shape: use minibatch_size" if self.devices > 1 else ""))
+                + (f"; under SPMD every micro-step needs one shape: use {name}" if self.devices > 1 else ""))
         try:
             if max_device_batch is None:
-                micro = spmd.micro_batch(trace, 32 if minibatch_size is None else minibatch_size, self.devices)
-                self.schedule = Schedule(trace, size, num_replicas, micro, seed, shuffle, permutation=order,
-                                         noise_every=noise_every)
+                micro = spmd.micro_batch(trace, 32 if micro is None else micro, self.devices, name)
+                self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
+                                         noise_every=noise_every, **{name: micro})
             else:
                 self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
                                          max_device_batch=max_device_batch, min_micro_batches=min_micro_batches,
                                          noise_every=noise_every)
             self.rank = _checked_rank(rank, self.schedule.num_replicas)
         except (InvalidType, InvalidValue) as error:
-            if str(error).startswith(("seed", "num_replicas", "rank", "minibatch_size")):
+            if str(error).startswith(("seed", "num_replicas", "rank", "micro_batch", "minibatch_size")):
                 raise type(error)(f"{error} ({ORDER_HINT})") from None
             raise
         self._start_sampling()
@@ -186,8 +189,8 @@ class CustomSampler(Sampler[list[int]]):
 
     @property
     def minibatches_per_epoch(self) -> int:
-        """Micro-batches the data set holds (its last ``len % minibatch_size`` samples never train)."""
-        return self.dataset_size // self.schedule.minibatch_size
+        """Micro-batches the data set holds (its last ``len % micro_batch`` samples never train)."""
+        return self.dataset_size // self.schedule.micro_batch
 
     @cached_property
     def trace_samples(self) -> int | float:
@@ -198,9 +201,9 @@ class CustomSampler(Sampler[list[int]]):
     @property
     def max_epoch(self) -> int | float:
         """eth-easl's estimate of the epochs the trace covers, ``trace_samples // (minibatches_per_epoch
-        * minibatch_size)`` (an upper bound: steps do not straddle epochs; ``schedule.full_epochs()``
+        * micro_batch)`` (an upper bound: steps do not straddle epochs; ``schedule.full_epochs()``
         counts exactly). ``math.inf`` for a trace that repeats."""
-        samples, epoch = self.trace_samples, self.minibatches_per_epoch * self.schedule.minibatch_size
+        samples, epoch = self.trace_samples, self.minibatches_per_epoch * self.schedule.micro_batch
         return samples if samples == math.inf else samples // epoch
 
     def get_epoch_range(self, epoch: int) -> tuple[int, int]:
@@ -215,15 +218,15 @@ class CustomSampler(Sampler[list[int]]):
 
     def get_batch_assignments(self, epochtrace: list[int]) -> list[list[int]]:
         """For each step of ``epochtrace``, the epoch's micro-batch ids this rank processes
-        (micro-batch ``b`` is samples ``b * minibatch_size`` to ``(b + 1) * minibatch_size - 1`` of
+        (micro-batch ``b`` is samples ``b * micro_batch`` to ``(b + 1) * micro_batch - 1`` of
         the epoch's order); an empty list where this rank only joins the all-reduce."""
         if self.schedule.max_device_batch is not None:
             raise InvalidValue("batch assignments number micro-batches of one size; with max_device_batch each step "
                                "has its own: use sampler.epoch_schedule.micro_batches(step, rank)")
-        mb = self.schedule.minibatch_size
+        mb = self.schedule.micro_batch
         steps = load_trace(list(epochtrace))
         sizes = steps.sizes
-        problems = multiple_problems(steps, mb, "minibatch_size")
+        problems = multiple_problems(steps, mb, self.schedule.micro_name)
         if int(sizes.sum()) > self.minibatches_per_epoch * mb:
             problems.append(f"the steps need {int(sizes.sum())} samples but an epoch holds "
                             f"{self.minibatches_per_epoch * mb}")
@@ -266,7 +269,7 @@ class CustomSampler(Sampler[list[int]]):
     def controller(self) -> Any:
         """Refused: the batch of every step is the trace's, chosen by no controller."""
         raise AttributeError("a CustomSampler follows a trace given in advance: no controller chooses its batches; "
-                             "AdaptiveSampler(dataset, base_batch=..., max_batch=...) has one")
+                             "AdaptiveSampler(dataset, ref_batch_size=..., max_batch=...) has one")
 
     @property
     def interval(self) -> int:
@@ -279,9 +282,14 @@ class CustomSampler(Sampler[list[int]]):
         return self.schedule.num_replicas
 
     @property
-    def minibatch_size(self) -> int:
+    def micro_batch(self) -> int:
         """Samples per device in a micro-batch (an SPMD micro-batch spans ``devices`` of them)."""
-        return self.schedule.minibatch_size // self.devices
+        return self.schedule.micro_batch // self.devices
+
+    @property
+    def minibatch_size(self) -> int:
+        """:attr:`micro_batch` by eth-easl's name."""
+        return self.micro_batch
 
     @property
     def dataset_size(self) -> int:
@@ -315,7 +323,7 @@ class CustomSampler(Sampler[list[int]]):
         still to train, naming the world sizes that can."""
         if self.balanced:
             problem = world_problem(self.schedule.trace, self.epoch_schedule.first_step + self.step,
-                                    self.schedule.minibatch_size, self.num_replicas)
+                                    self.schedule.micro_batch, self.num_replicas)
             if problem:
                 raise InvalidValue(f"balanced sampler: {problem}")
 
@@ -362,8 +370,10 @@ class CustomSampler(Sampler[list[int]]):
         batch and samples, only their deal to replicas changes. Position: the start of the
         current step (a step cut short by the resize is retrained)."""
         old = self.schedule
-        self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, old.minibatch_size, old.seed,
-                                 old.shuffle, old.balanced, old.permutation, max_device_batch=old.max_device_batch,
+        per_device = {"max_device_batch": old.max_device_batch} if old.max_device_batch else \
+            {old.micro_name: old.micro_batch}
+        self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, seed=old.seed, shuffle=old.shuffle,
+                                 balanced=old.balanced, permutation=old.permutation, **per_device,
                                  min_micro_batches=old.min_micro_batches, noise_every=old.noise_every)
         self.rank = _checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)

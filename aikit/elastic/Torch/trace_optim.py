@@ -3,7 +3,7 @@
 Call ``step()`` once per micro-batch the :class:`~aikit.elastic.Torch.sampler.CustomSampler`
 yields. Until this replica's last micro-batch of a global step, ``step()`` only lets autograd
 accumulate. On the last one the GA engine (:mod:`aikit.runtime.Torch.accumulator`) sums the gradients
-over the replicas in one all-reduce, weighs them by ``minibatch_size / B`` (each micro-batch
+over the replicas in one all-reduce, weighs them by ``micro_batch / B`` (each micro-batch
 gradient is a mean over its samples, so the sum over all replicas becomes the mean over the
 step's ``B`` samples: :meth:`aikit.core.schedule.EpochSchedule.weight`), unscales (AMP), clips,
 makes one update of the wrapped optimizer with the LR of :func:`aikit.core.scaling.scaled_lr`
@@ -33,11 +33,11 @@ import numpy as np
 import torch
 
 from aikit.core import gradient_noise
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, update_estimates
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
-from aikit.core.validate import checked_float, positive_int
+from aikit.core.validate import aliased, checked_float, positive_int
 from aikit.elastic.Torch.sampler import CustomSampler, latest_sampler
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.collectives import broadcast_, engine, mark_step, world
@@ -68,7 +68,8 @@ def mean_sq_norms(param_groups: list[dict[str, Any]], dtype: torch.dtype, scale:
 class TraceOptimizer(WrappingOptimizer):
     """Wraps a torch optimizer to train through ``sampler``'s trace with LR rule ``rule``.
 
-    ``ref_batchsize`` is the global batch the wrapped optimizer's LR was tuned for; ``warmup_steps``
+    ``ref_batch_size`` is the global batch the wrapped optimizer's LR was tuned for (``ref_batchsize=``,
+    eth-easl's name, says the same); ``warmup_steps``
     ramps the rule's factor in over the first updates; ``log_steps`` prints on rank 0, as eth-easl's
     ``CustomOptimizer: Step=S, bs=B, lr=(L,)`` at every step ``S`` of an epoch that is a multiple
     of it, or with ``log_format="aikit"`` ``aikit trace: epoch E step S batch B lr L`` every that
@@ -91,7 +92,7 @@ class TraceOptimizer(WrappingOptimizer):
         self,
         optimizer: torch.optim.Optimizer,
         sampler: CustomSampler | None = None,
-        ref_batchsize: int | None = None,
+        ref_batch_size: int | None = None,
         log_steps: int | None = None,
         *,
         warmup_steps: int = 0,
@@ -100,6 +101,7 @@ class TraceOptimizer(WrappingOptimizer):
         scaler: Any = None,
         log_format: str = "eth-easl",
         lr_decay: Callable[[int], float] | None = None,
+        ref_batchsize: int | None = None,
     ):
         super().__init__(optimizer)
         if log_format not in LOG_FORMATS:
@@ -117,11 +119,14 @@ class TraceOptimizer(WrappingOptimizer):
                 "while training: train it with AdaptiveOptimizer(optimizer, sampler, rule)")
         if self.per_micro_batch and self.sampler.schedule.max_device_batch is not None:
             raise InvalidValue(
-                f"{type(self).__name__} scales its LR from one micro-batch of minibatch_size samples, but this "
+                f"{type(self).__name__} scales its LR from one micro-batch of micro_batch samples, but this "
                 "sampler's micro-batch varies by step (max_device_batch): build the CustomSampler with "
-                "minibatch_size, or use LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
-        if ref_batchsize is None and rule_name(self.rule) != "constant":
-            raise InvalidValue(f"{type(self).__name__} needs ref_batchsize, the global batch its LR was tuned for")
+                "micro_batch (eth-easl's minibatch_size), or use LinearRuleOptimizer / RootRuleOptimizer / "
+                "ConstantOptimizer")
+        ref, name = aliased(ref_batch_size, ref_batchsize, "ref_batch_size", "ref_batchsize", "eth-easl")
+        if ref is None and rule_name(self.rule) != "constant":
+            raise InvalidValue(f"{type(self).__name__} needs ref_batch_size (eth-easl's ref_batchsize), the global "
+                               "batch its LR was tuned for")
         if lr_decay is not None and (not callable(lr_decay) or self.per_micro_batch):
             raise InvalidType(f"lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
                               f"step_decay) for a LinearRule, RootRule, Seesaw or Constant optimizer, got "
@@ -129,9 +134,9 @@ class TraceOptimizer(WrappingOptimizer):
         if lr_decay is None and self.rule == "seesaw":
             raise InvalidValue(f"{type(self).__name__} needs lr_decay, the LR decay over samples its trace was made "
                                "from (aikit.core.ramp.seesaw_schedule's decay): Seesaw's LR is base x decay x "
-                               "sqrt(B / ref_batchsize)")
+                               "sqrt(B / ref_batch_size)")
         self.lr_decay = lr_decay
-        self.ref_batchsize = None if ref_batchsize is None else positive_int(ref_batchsize, "ref_batchsize")
+        self.ref_batch_size = None if ref is None else positive_int(ref, name)
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.warmup_steps = 0 if warmup_steps == 0 else positive_int(warmup_steps, "warmup_steps")
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
@@ -197,7 +202,7 @@ class TraceOptimizer(WrappingOptimizer):
     def step(self, closure=None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update."""
         if self._broadcast_pending:
-            raise RuntimeError(
+            raise InvalidState(
                 f"{type(self).__name__}.step() before set_epoch(): with {self.sampler.num_replicas} replicas, "
                 "call optimizer.set_epoch(epoch) (or ElasticState.restore()) before the first micro-batch; it "
                 "gives every replica rank 0's parameters, which must happen before the first forward"
@@ -207,7 +212,7 @@ class TraceOptimizer(WrappingOptimizer):
             with torch.enable_grad():
                 closure()
         if self.step_index >= len(self.plan):
-            raise RuntimeError(
+            raise InvalidState(
                 f"epoch {self.epoch} has {len(self.plan)} steps and all are done: call "
                 f"set_epoch({self.epoch + 1}) on the sampler and this optimizer before the next epoch"
             )
@@ -301,7 +306,7 @@ class TraceOptimizer(WrappingOptimizer):
         """The rule's LR for ``batch`` (at the current update, for warmup) from ``base``."""
         if batch == 0:  # past the epoch: eth-easl's rules give 0 (constant: the base LR)
             return base if rule_name(self.rule) == "constant" else 0.0
-        return scaled_lr(base, batch, self.ref_batchsize or batch, self.rule, self.updates, self.warmup_steps,
+        return scaled_lr(base, batch, self.ref_batch_size or batch, self.rule, self.updates, self.warmup_steps,
                          self.decay())
 
     def decay(self) -> float:
@@ -386,7 +391,13 @@ class TraceOptimizer(WrappingOptimizer):
         self.sampler.check_position(trace["epoch"], trace["step"], trace["micro"])
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.optimizer!r}, rule={self.rule!r}, ref_batchsize={self.ref_batchsize})"
+        return f"{type(self).__name__}({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
+
+
+    @property
+    def ref_batchsize(self) -> int | None:
+        """:attr:`ref_batch_size` by eth-easl's name."""
+        return self.ref_batch_size
 
 
 class LinearRuleOptimizer(TraceOptimizer):
@@ -402,7 +413,7 @@ class RootRuleOptimizer(TraceOptimizer):
 
 
 class SeesawOptimizer(TraceOptimizer):
-    """Seesaw (Meterez et al., 2025): the LR ``base x lr_decay(samples) x sqrt(B / ref_batchsize)``
+    """Seesaw (Meterez et al., 2025): the LR ``base x lr_decay(samples) x sqrt(B / ref_batch_size)``
     over a trace of :func:`aikit.core.ramp.seesaw_schedule` made from the same ``lr_decay``: where
     the decay halves the LR, the trace doubles the batch and the LR falls by ``1/sqrt(2)``."""
 
@@ -410,7 +421,7 @@ class SeesawOptimizer(TraceOptimizer):
 
 
 class ConstantOptimizer(TraceOptimizer):
-    """The wrapped optimizer's LR whatever the batch; ``ref_batchsize`` is not needed."""
+    """The wrapped optimizer's LR whatever the batch; ``ref_batch_size`` is not needed."""
 
     rule = "constant"
 
@@ -436,8 +447,8 @@ class CustomOptimizer(TraceOptimizer):
 class LinearRuleMomentumOptimizer(TraceOptimizer):
     """eth-easl's linear rule with *summed* gradients: the micro-batch gradients of a step are
     added up (not averaged) over micro-batches and replicas, the LR is the linear rule's LR for
-    one micro-batch (``lr · minibatch_size / ref_batchsize``), and every group's weight decay is
-    ``weight_decay`` times the step's micro-batches ``B / minibatch_size``. With SGD that is the
+    one micro-batch (``lr · micro_batch / ref_batch_size``), and every group's weight decay is
+    ``weight_decay`` times the step's micro-batches ``B / micro_batch``. With SGD that is the
     linear rule with the momentum buffer kept in units of LR × gradient (Goyal et al.'s momentum
     correction): a batch-size change rescales the new gradients, not the velocity.
 
@@ -451,12 +462,12 @@ class LinearRuleMomentumOptimizer(TraceOptimizer):
     _adapted = ("lr", "weight_decay")
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
-                 ref_batchsize: int | None = None, weight_decay: float = 1e-4, log_steps: int | None = None,
+                 ref_batch_size: int | None = None, weight_decay: float = 1e-4, log_steps: int | None = None,
                  **options: Any):
         if options.get("warmup_steps"):
             raise InvalidValue("LinearRuleMomentumOptimizer has no warmup: its LR is the micro-batch's at every step; "
                              "use LinearRuleOptimizer(warmup_steps=...)")
-        super().__init__(optimizer, sampler, ref_batchsize, log_steps, **options)
+        super().__init__(optimizer, sampler, ref_batch_size, log_steps, **options)
         self.weight_decay = checked_float(weight_decay, "weight_decay", "a number >= 0",
                                           lambda decay: 0 <= decay < math.inf)
         own = sorted({group.get("weight_decay", 0) for group in self.param_groups} - {0, self.weight_decay})
@@ -469,8 +480,8 @@ class LinearRuleMomentumOptimizer(TraceOptimizer):
         return 1.0  # the sum over the step's micro-batches
 
     def adapt_lr(self) -> None:
-        micro = self.plan.minibatch_size
-        self.set_lr(scaled_lr(lr, micro, self.ref_batchsize, "linear") for lr in self.get_lr())
+        micro = self.plan.micro_batch
+        self.set_lr(scaled_lr(lr, micro, self.ref_batch_size, "linear") for lr in self.get_lr())
         micro_batches = self.get_bs() // micro
         for group in self.param_groups:
             group["weight_decay"] = self.weight_decay * micro_batches
@@ -478,7 +489,7 @@ class LinearRuleMomentumOptimizer(TraceOptimizer):
 
 class AdaScaleOptimizer(TraceOptimizer):
     """AdaScale (Johnson et al., 2020) through a batch-size trace: every update's LR is the base
-    LR for one micro-batch, ``lr · minibatch_size / ref_batchsize``, times the gain ``r`` of the
+    LR for one micro-batch, ``lr · micro_batch / ref_batch_size``, times the gain ``r`` of the
     step's batch over a micro-batch, and :attr:`progress` advances by ``r`` (the scale-invariant
     iteration count: drive an LR schedule with it, e.g. ``LambdaLR(optimizer, lambda _:
     f(optimizer.progress))``).
@@ -498,10 +509,13 @@ class AdaScaleOptimizer(TraceOptimizer):
     _extra_keys = ("adascale",)
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
-                 log_steps: int | None = None, ref_batchsize: int = 32, *, decay: float = 0.99, **options: Any):
+                 log_steps: int | None = None, ref_batch_size: int | None = None, *, decay: float = 0.99,
+                 **options: Any):
         if options.get("warmup_steps"):
             raise InvalidValue("AdaScaleOptimizer has no warmup: the gain sets the LR from the measured noise")
-        super().__init__(optimizer, sampler, ref_batchsize, log_steps, **options)
+        if ref_batch_size is None and options.get("ref_batchsize") is None:
+            ref_batch_size = 32  # eth-easl's default
+        super().__init__(optimizer, sampler, ref_batch_size, log_steps, **options)
         self.trackers = [NoiseTracker(decay) for _ in self.param_groups]
         self.progress = 0.0  # base-batch (micro-batch) steps' worth of progress so far
         self._gains = (1.0,) * len(self.param_groups)
@@ -526,7 +540,7 @@ class AdaScaleOptimizer(TraceOptimizer):
 
     @torch.no_grad()
     def _observe(self, totals: list[float]) -> None:
-        batch, micro = self.get_bs(), self.plan.minibatch_size
+        batch, micro = self.get_bs(), self.plan.micro_batch
         parts = batch // micro
         if parts >= 2:
             amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
@@ -545,7 +559,7 @@ class AdaScaleOptimizer(TraceOptimizer):
     def _gain(self, noise: NoiseEstimate | None, batch: int) -> float:
         if noise is None or batch == 0:
             return 1.0
-        return gradient_noise.gain(noise.trace, noise.grad_sq, batch, self.plan.minibatch_size)
+        return gradient_noise.gain(noise.trace, noise.grad_sq, batch, self.plan.micro_batch)
 
     def gain(self) -> tuple[float, ...]:
         """Each param group's gain at the last update (1 before the first)."""
@@ -553,8 +567,8 @@ class AdaScaleOptimizer(TraceOptimizer):
 
     @property
     def grad_var_avg(self) -> np.ndarray:
-        """eth-easl's smoothed variance of a micro-batch's gradient per group, ``tr(Σ) / minibatch_size``."""
-        return np.array([t.smoothed.trace / self.plan.minibatch_size if t.updates else 0.0 for t in self.trackers])
+        """eth-easl's smoothed variance of a micro-batch's gradient per group, ``tr(Σ) / micro_batch``."""
+        return np.array([t.smoothed.trace / self.plan.micro_batch if t.updates else 0.0 for t in self.trackers])
 
     @property
     def grad_sqr_avg(self) -> np.ndarray:
@@ -566,8 +580,8 @@ class AdaScaleOptimizer(TraceOptimizer):
 
     def current_lr(self) -> tuple[float, ...]:
         """Every group's LR for the current step with the last gains (a tuple, as eth-easl's)."""
-        micro = self.plan.minibatch_size
-        return tuple(scaled_lr(lr, micro, self.ref_batchsize, "linear") * r
+        micro = self.plan.micro_batch
+        return tuple(scaled_lr(lr, micro, self.ref_batch_size, "linear") * r
                      for lr, r in zip(self.get_lr(), self._gains, strict=True))
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:

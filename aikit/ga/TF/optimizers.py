@@ -36,12 +36,25 @@ import inspect
 
 import tensorflow as tf
 
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, reduction_name
 from aikit.core.validate import positive_int
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
 ops = keras.ops
+
+
+MAX_STEPS = 2**63 - 1  # the GA steps live in an int64 variable
+
+
+def checked_steps(steps: object) -> int:
+    """``steps`` as the int a Keras GA optimizer can hold, or an aikit error naming it."""
+    steps = positive_int(steps, "steps")
+    if steps > MAX_STEPS:
+        raise InvalidValue(f"steps must be at most 2**63 - 1, got {steps}: Keras keeps the GA steps in an int64 "
+                           "variable")
+    return steps
 
 
 @keras.saving.register_keras_serializable(package="aikit")
@@ -60,26 +73,26 @@ class Optimizer(keras.optimizers.Optimizer):
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None,
                  reduction: str = "mean", **kwargs):
         if kwargs:
-            raise ValueError(
+            raise InvalidValue(
                 f"aikit's GA Optimizer takes only optimizer, steps, name and reduction, got {sorted(kwargs)}: set "
                 "learning rate, weight decay, clipping and EMA on the wrapped optimizer"
             )
         if isinstance(optimizer, dict):  # from a saved config
             optimizer = keras.optimizers.deserialize(optimizer)
         if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise TypeError(
+            raise InvalidType(
                 f"optimizer must be a Keras 3 optimizer instance such as keras.optimizers.Adam(1e-3), "
                 f"got {type(optimizer).__name__}"
             )
         if isinstance(optimizer, Optimizer):
-            raise ValueError("optimizer is already an aikit GA Optimizer: set its .steps instead of wrapping it")
+            raise InvalidValue("optimizer is already an aikit GA Optimizer: set its .steps instead of wrapping it")
         if optimizer.gradient_accumulation_steps:
-            raise ValueError(
+            raise InvalidValue(
                 f"optimizer already accumulates with Keras' gradient_accumulation_steps="
                 f"{optimizer.gradient_accumulation_steps}: create it without that argument and let "
                 "aikit accumulate"
             )
-        steps = positive_int(steps, "steps")
+        steps = checked_steps(steps)
         reduction = reduction_name(reduction)
         super().__init__(learning_rate=lambda: self.inner.learning_rate, name=name)
         self.reduction = reduction
@@ -114,7 +127,7 @@ class Optimizer(keras.optimizers.Optimizer):
 
     @steps.setter
     def steps(self, steps: int) -> None:
-        self._steps.assign(positive_int(steps, "steps"))
+        self._steps.assign(checked_steps(steps))
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -160,7 +173,7 @@ class Optimizer(keras.optimizers.Optimizer):
             if (tf.inside_function() and tf.distribute.has_strategy()
                     and not tf.__internal__.distribute.strategy_supports_no_merge_call()):
                 # variables made while tracing the replica function break the update's tf.cond
-                raise ValueError(
+                raise InvalidValue(
                     "build the GA optimizer before tracing under a tf.distribute strategy: call "
                     "optimizer.build(model.trainable_variables) inside strategy.scope() first "
                     "(Model.fit does this itself)"
@@ -169,12 +182,18 @@ class Optimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
         variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
         if tf.distribute.in_cross_replica_context():
-            raise ValueError(
+            raise InvalidValue(
                 "apply() must run in a replica context: call it inside strategy.run(...) or Model.fit"
             )
         grads = list(grads)
         if len(grads) != len(variables):
-            raise ValueError(f"apply() got {len(grads)} gradients for {len(variables)} variables")
+            raise InvalidValue(f"apply() got {len(grads)} gradients for {len(variables)} variables")
+        if grads and all(grad is None for grad in grads):
+            raise InvalidValue(
+                f"apply() got no gradient for any of the {len(grads)} variables (all None): the loss does not depend "
+                "on them; check that the model's output reaches the loss (Keras refuses this too: 'No gradients "
+                "provided for any variable')"
+            )
         sums = [None if g is None else self._accumulators[self._index_of(v)]
                 for g, v in zip(grads, variables, strict=True)]
         for total, grad in zip(sums, grads, strict=True):
@@ -195,7 +214,7 @@ class Optimizer(keras.optimizers.Optimizer):
         try:
             return self._get_variable_index(variable)
         except KeyError:
-            raise ValueError(
+            raise InvalidValue(
                 f"apply() got a gradient for variable {getattr(variable, 'path', variable.name)!r}, which this GA "
                 "optimizer was not built for: it accumulates the variables of its first apply() or build(); "
                 "apply gradients for those, or build a new optimizer for the new variables"

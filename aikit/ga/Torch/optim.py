@@ -58,12 +58,13 @@ from aikit.runtime.published import latest_plan
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.buckets import bucket_bytes
 from aikit.runtime.Torch.distributed import world_size
-from aikit.runtime.Torch.gradient_sync import sync_skipper
+from aikit.runtime.Torch.gradient_sync import accumulates_out_of_reach, sync_skipper
 from aikit.runtime.Torch.state_checks import check_groups, check_pending
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 _STATE_KEYS = {"optimizer", "ga"}
-_GA_KEYS = {"steps", "position", "micro_steps", "reduction", "samples", "weighted", "unit", "pending_grads"}
+_GA_KEYS = {"steps", "position", "micro_steps", "reduction", "samples", "weighted", "unit", "terms", "pending_grads"}
+_GA_KEYS_BEFORE_TERMS = _GA_KEYS - {"terms"}  # checkpoints saved before accumulate(weight=) existed
 
 
 class Optimizer(WrappingOptimizer):
@@ -89,6 +90,10 @@ class Optimizer(WrappingOptimizer):
         bucket_cap_mb: with ``reduce``, the size of the buckets whose all-reduce starts while
             the update's last backward runs (DDP's default, 25); None: one all-reduce of every
             gradient after that backward, no hooks.
+        sync_every_micro_step: let ``accumulate(model)`` sync the gradients in every backward
+            instead of only the update's last: under FSDP2 each micro-step then reduce-scatters,
+            so only sharded gradients are kept (less memory, ``steps`` times the communication);
+            the default (False) keeps unsharded gradients between updates and reduce-scatters once.
     """
 
     kind = "GA Optimizer"
@@ -104,6 +109,7 @@ class Optimizer(WrappingOptimizer):
         reduce: bool = False,
         reduction: str = "mean",
         bucket_cap_mb: float | None = 25.0,
+        sync_every_micro_step: bool = False,
     ) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise InvalidType(
@@ -130,13 +136,20 @@ class Optimizer(WrappingOptimizer):
             global_batch_size, "global_batch_size"
         )
         self.reduce = bool(reduce)
+        if self.reduce and sync_every_micro_step:
+            raise InvalidValue(
+                "sync_every_micro_step=True asks DDP or FSDP2 to sync the gradients in every backward, but this "
+                "optimizer sums them over the replicas itself at the update (reduce=True): leave out one of the two"
+            )
+        self.sync_every_micro_step = bool(sync_every_micro_step)
         self.reduction = reduction
         self.position = 0  # micro-steps taken towards the next update
         self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
         self.updated = False  # whether the last step() call made a real update
         self.applied = 0  # real updates applied by this object (AMP skips not counted): for schedulers
         self._samples = 0  # samples declared in this window (accumulate(samples=...))
-        self._weighted = 0  # micro-steps of this window that declared their samples
+        self._weighted = 0  # micro-steps of this window that declared their samples or loss terms
+        self._declared: str | None = None  # what they declared: "samples" or "weight" (None: nothing yet)
         self._unit: int | None = None  # the micro-batch size this window's weights are relative to
 
     @property
@@ -179,42 +192,97 @@ class Optimizer(WrappingOptimizer):
 
     # --- the training loop ---------------------------------------------------------------------
     @contextlib.contextmanager
-    def accumulate(self, model: torch.nn.Module | None = None, samples: int | None = None) -> Iterator[None]:
+    def accumulate(self, model: torch.nn.Module | None = None, samples: int | None = None,
+                   weight: int | torch.Tensor | None = None) -> Iterator[None]:
         """Run one micro-step's forward and backward inside this context.
 
-        Under DDP it skips the all-reduce (``model.no_sync()``, see
-        :mod:`aikit.runtime.Torch.gradient_sync`) on every micro-step but the last of an
-        update. With ``samples`` the micro-batch's gradient is weighted by its share of the
-        global batch, which makes ragged and per-rank-uneven micro-batches exact.
+        Under DDP and FSDP2 it skips the gradient sync (``model.no_sync()``,
+        ``set_requires_gradient_sync(False)``: :mod:`aikit.runtime.Torch.gradient_sync`) on
+        every micro-step but the last of an update. Declare in every micro-step of an update,
+        or in none, what the micro-batch's mean loss is a mean over:
+
+        * ``samples=n``: its samples; the micro-batch weighs ``n / global_batch_size``, which
+          makes ragged and per-rank-uneven micro-batches exact;
+        * ``weight=n``: its loss terms (a language model's tokens whose label is not ignored),
+          an int or a 0-d integer tensor (not read on an accelerator: no host sync). The
+          update's gradient is Σ nᵢ·gᵢ / Σ nᵢ over every micro-step and replica, the total
+          summed at the update. The weight is applied to the gradient entering ``model``'s
+          outputs (:mod:`aikit.runtime.Torch.output_weights`): run its forward in here.
         """
         skip_sync = sync_skipper(model)
         if self.reduce and skip_sync is not None:
             raise InvalidValue(
-                "this optimizer sums gradients over the replicas itself (reduce=True), but the model is "
-                "wrapped in DistributedDataParallel, which all-reduces them too: pass the plain model, or use "
-                "reduce=False with DDP"
+                f"this optimizer sums gradients over the replicas itself (reduce=True), but the model is a "
+                f"{type(model).__name__}, which syncs them too: pass the plain model, or use reduce=False with "
+                "DDP or FSDP2"
             )
-        if samples is not None:
+        declared = "weight" if weight is not None else "samples" if samples is not None else None
+        if samples is not None and weight is not None:
+            raise InvalidValue(
+                f"accumulate() got samples={samples} and weight={weight}: a micro-batch's mean loss is a mean over "
+                "its samples (samples=) or over its loss terms, such as tokens (weight=), not both"
+            )
+        if declared is not None and self._declared not in (None, declared):
+            raise InvalidValue(
+                f"this micro-step declares {declared}=, but the update's earlier ones declared {self._declared}=: "
+                "declare the same in every micro-step of an update"
+            )
+        weighing = contextlib.nullcontext()
+        if weight is not None:
+            weighing = self._count_terms(weight, model, skip_sync)
+        elif samples is not None:
             samples = non_negative_int(samples, "samples")
-            if self.reduction == "sum":
-                raise InvalidValue(
-                    f"accumulate(samples={samples}) weighs a mean loss's micro-batch by its share of the global "
-                    "batch, but this optimizer sums the micro-batch gradients (reduction='sum'), where a summed "
-                    "loss already counts its samples: leave out samples=, or use reduction='mean' with a mean loss"
-                )
-            if self._unit is None:
-                self._unit = common_size(self._global_batch_size(samples), self._steps * world_size())
-            ddp_reduces = skip_sync is not None and not self.reduce and self.sync_gradients
-            self.engine.weigh_next(relative_weight(samples, self._unit), fold=not ddp_reduces)
-        sync = self.sync_gradients or self.reduce
+            weighing = self._weigh_samples(samples, model, skip_sync)
+        sync = self.sync_gradients or self.reduce or self.sync_every_micro_step
         try:
-            with contextlib.nullcontext() if sync or skip_sync is None else skip_sync():
+            with weighing, contextlib.nullcontext() if sync or skip_sync is None else skip_sync():
                 yield
         finally:
-            if samples is not None:
+            if declared is not None:
                 self.engine.factor = None
-                self._samples += samples
+                self._samples += samples or 0
                 self._weighted += 1
+                self._declared = declared
+
+    def _count_terms(self, weight: Any, model: torch.nn.Module | None,
+                     skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
+        """``weight`` checked and counted; under DDP or FSDP2 the terms' sum over the replicas
+        starts before the update's last backward, whose gradient sync they own."""
+        if self.reduction == "sum":
+            raise InvalidValue(
+                f"accumulate(weight={weight}) weighs a mean loss's micro-batch by its loss terms, but this optimizer "
+                "sums the micro-batch gradients (reduction='sum'), where a summed loss already counts its terms: "
+                "leave out weight=, or use reduction='mean' with a mean loss"
+            )
+        world = world_size()
+        if world > 1 and not self.reduce and skip_sync is None and model is not None:
+            raise InvalidValue(
+                f"accumulate(model, weight=...) on {world} replicas needs their gradients summed, but "
+                f"{type(model).__name__} syncs none: wrap it in DistributedDataParallel or fully_shard, or use "
+                "Optimizer(..., reduce=True) with the plain model"
+            )
+        weighing = self.engine.count_terms(model, weight)
+        if world > 1 and not self.reduce and self.sync_gradients:
+            self.engine.start_terms_sum()  # it overlaps the last backward
+        return weighing
+
+    def _weigh_samples(self, samples: int, model: torch.nn.Module | None,
+                       skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
+        if self.reduction == "sum":
+            raise InvalidValue(
+                f"accumulate(samples={samples}) weighs a mean loss's micro-batch by its share of the global "
+                "batch, but this optimizer sums the micro-batch gradients (reduction='sum'), where a summed "
+                "loss already counts its samples: leave out samples=, or use reduction='mean' with a mean loss"
+            )
+        if self._unit is None:
+            self._unit = common_size(self._global_batch_size(samples), self._steps * world_size())
+        factor = relative_weight(samples, self._unit)
+        if accumulates_out_of_reach(model):  # FSDP2: the gradients accumulate unsharded, not in .grad
+            return contextlib.nullcontext() if factor is None else self.engine.outputs.applied(model, factor)
+        framework_syncs = skip_sync is not None and not self.reduce and (self.sync_gradients
+                                                                         or self.sync_every_micro_step)
+        self.engine.weigh_next(factor, fold=not framework_syncs)
+        return contextlib.nullcontext()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients at the start of an update only; mid-update it keeps them (the
@@ -251,17 +319,22 @@ class Optimizer(WrappingOptimizer):
 
     def _update(self, short: bool) -> bool:
         """The real update on the accumulated, weighted gradient; False if AMP skipped it."""
-        steps, weighted, samples, unit = self.position, self._weighted, self._samples, self._unit
+        steps, weighted, samples, unit, declared = (self.position, self._weighted, self._samples, self._unit,
+                                                    self._declared)
         self.position = self._samples = self._weighted = 0
-        self._unit = None
+        self._unit = self._declared = None
         if weighted not in (0, steps):
             self.engine.discard()
             self.optimizer.zero_grad()
             raise InvalidValue(
-                f"only {weighted} of the {steps} micro-steps of this update declared samples= in "
+                f"only {weighted} of the {steps} micro-steps of this update declared {declared}= in "
                 "accumulate(): declare them in every micro-step or in none"
             )
         world = world_size()  # read at every update: an elastic resize changes it
+        if declared == "weight":  # DDP and FSDP2 average over the processes; reducing sums
+            stepped = self.engine.step(self.engine.terms_scale(self._summed_terms(world), 1 if self.reduce else world))
+            self.applied += stepped
+            return stepped
         if self.reduce and world > 1:
             (samples,) = self.engine.reduce([float(samples)])
             samples = round(samples)
@@ -288,6 +361,17 @@ class Optimizer(WrappingOptimizer):
         self.applied += stepped
         return stepped
 
+    def _summed_terms(self, world: int) -> int | float | torch.Tensor:
+        """This update's loss terms over every replica: with the gradients in the update's own
+        all-reduce (reducing), from the sum started before the last backward (DDP, FSDP2), or
+        this process's alone."""
+        if world == 1:
+            return self.engine.take_terms()
+        if self.reduce:
+            (total,) = self.engine.reduce([self.engine.take_terms()])
+            return total
+        return self.engine.take_terms(summed=True)
+
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state and the accumulation position, with the gradients
@@ -305,6 +389,7 @@ class Optimizer(WrappingOptimizer):
                     "samples": self._samples,
                     "weighted": self._weighted,
                     "unit": self._unit,
+                    "terms": self._saved_terms(),
                     "pending_grads": pending,
                 },
             }
@@ -327,11 +412,24 @@ class Optimizer(WrappingOptimizer):
         self.optimizer.load_state_dict(state_dict["optimizer"])
         for p, grad in zip(params, ga["pending_grads"] if position else [None] * len(params), strict=True):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
-        self.position, self._samples, self._weighted, self._unit = position, ga["samples"], ga["weighted"], ga["unit"]
-        self.micro_steps = ga["micro_steps"]
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
         self.engine.discard()  # sums started from the gradients just replaced
+        self._restore_position(ga)
         self.updated = False
+
+    def _saved_terms(self) -> int | None:
+        """This update's loss terms so far on this replica (None: it declared no weight=), read
+        from the device if they are there: a checkpoint holds numbers."""
+        return None if self._declared != "weight" else int(self.engine.terms)
+
+    def _restore_position(self, ga: dict[str, Any]) -> None:
+        """The position in the update that ``ga`` (a checked ``state_dict()["ga"]``) saved."""
+        self.position, self._samples, self._weighted, self._unit = ga["position"], ga["samples"], ga["weighted"], \
+            ga["unit"]
+        self.micro_steps = ga["micro_steps"]
+        terms = ga.get("terms")
+        self._declared = "weight" if terms is not None else "samples" if ga["weighted"] else None
+        self.engine.terms = terms or 0
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
         """Every reason ``state_dict`` cannot be loaded, before anything is changed."""
@@ -345,7 +443,7 @@ class Optimizer(WrappingOptimizer):
             keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
             raise InvalidValue(f"GA Optimizer state_dict needs keys {sorted(_STATE_KEYS)}, got {keys}")
         ga = state_dict["ga"]
-        if set(ga) != _GA_KEYS:
+        if set(ga) not in (_GA_KEYS, _GA_KEYS_BEFORE_TERMS):
             raise InvalidValue(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {sorted(ga)}")
         position = ga["position"]
         if ga["reduction"] != self.reduction:
@@ -372,6 +470,7 @@ class Optimizer(WrappingOptimizer):
             "scaler": self.scaler,
             "reduce": self.reduce,
             "bucket_cap_mb": self.bucket_cap_mb,
+            "sync_every_micro_step": self.sync_every_micro_step,
             "ga": self.state_dict()["ga"],
         }
 
@@ -386,13 +485,12 @@ class Optimizer(WrappingOptimizer):
             reduce=state["reduce"],
             reduction=state["ga"]["reduction"],
             bucket_cap_mb=state.get("bucket_cap_mb", 25.0),
+            sync_every_micro_step=state.get("sync_every_micro_step", False),
         )
         ga = state["ga"]
         for p, grad in zip(self._params(), ga["pending_grads"] or [None] * len(self._params()), strict=True):
             p.grad = grad
-        self.position, self._samples, self._weighted, self._unit = ga["position"], ga["samples"], ga["weighted"], \
-            ga["unit"]
-        self.micro_steps = ga["micro_steps"]
+        self._restore_position(ga)
 
     # --- parameters and their gradient hooks ---------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -410,7 +508,7 @@ class Optimizer(WrappingOptimizer):
             raise InvalidValue(
                 f"accumulate(samples={samples}) weighs the micro-batch by samples / global batch, but "
                 "no global batch is known: pass Optimizer(..., global_batch_size=G) or call "
-                "aikit.elastic.Torch.init(G, max_gpu_batch_size) first"
+                "aikit.elastic.Torch.init(G, max_device_batch) first"
             )
         return plan.global_batch_size
 

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
@@ -64,7 +64,7 @@ class LRFinder(RangeTestResults):
                 "keras.Input or call it on one batch first"
             )
         if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
-            raise RuntimeError(
+            raise InvalidState(
                 "the optimizer's learning rate is a LearningRateSchedule; the range test sets the LR "
                 "itself: run it with an optimizer built with a float learning_rate"
             )
@@ -263,6 +263,12 @@ def _dataset(data, name: str, batch_size: int, shuffle: bool) -> tf.data.Dataset
     if isinstance(data, tf.data.Dataset):
         return data
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        lengths = [len(part) for part in data]
+        if len(set(lengths)) > 1:
+            parts = ", ".join(f"{part} {length}" for part, length in zip(("x", "y", "sample_weight"), lengths,
+                                                                          strict=False))
+            raise InvalidValue(f"`{name}` holds arrays of different lengths ({parts}): give one entry per sample in "
+                               "each")
         dataset = tf.data.Dataset.from_tensor_slices(tuple(data))
         if shuffle:
             dataset = dataset.shuffle(len(data[0]), reshuffle_each_iteration=True)

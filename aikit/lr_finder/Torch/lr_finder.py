@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
@@ -212,7 +212,7 @@ class LRFinder(RangeTestResults):
     def _check_for_scheduler(self) -> None:
         for param_group in self.optimizer.param_groups:
             if "initial_lr" in param_group:
-                raise RuntimeError(
+                raise InvalidState(
                     "Optimizer already has a scheduler attached to it; create the LRFinder "
                     "(and run the test) before creating the LR scheduler"
                 )

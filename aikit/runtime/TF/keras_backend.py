@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from aikit.core.errors import InvalidState
 from aikit.optional import require
 
 
@@ -19,7 +20,7 @@ def keras_on_tensorflow():
     keras = require("keras", "aikit's Keras adapters")
 
     if keras.backend.backend() != "tensorflow":
-        raise RuntimeError(
+        raise InvalidState(
             f"aikit's TF adapters need Keras on the TensorFlow backend, but Keras runs on "
             f"{keras.backend.backend()!r}: set KERAS_BACKEND=tensorflow before importing keras"
         )

@@ -1,26 +1,30 @@
 """The arithmetic of gradient accumulation in torch: gradients gather in ``.grad``, then one update.
 
 :class:`Accumulator` owns what every aikit torch optimizer applies, with weights from
-:mod:`aikit.core.ga`: per micro-batch weights relative to a unit (a gradient hook only for the
-micro-batches whose size differs), then at the update one multiply, the optional sum over
-replicas (idle replicas add zeros; a parameter no replica touched keeps no gradient), AMP
-unscaling, clipping and the wrapped optimizer's ``step()``. Its
-:class:`~aikit.runtime.Torch.buckets.Buckets` start that sum while the update's last backward
-still runs, as DDP and Horovod do.
+:mod:`aikit.core.ga`: per micro-batch weights relative to a unit (folded into ``.grad``, a
+gradient hook only where that cannot work), or counts of loss terms applied at the model's
+outputs (:mod:`aikit.runtime.Torch.output_weights`) and summed over the replicas at the update;
+then at the update one multiply, the optional sum over replicas (idle replicas add zeros; a
+parameter no replica touched keeps no gradient), AMP unscaling, clipping and the wrapped
+optimizer's ``step()``. Its :class:`~aikit.runtime.Torch.buckets.Buckets` start that sum while
+the update's last backward still runs, as DDP and Horovod do.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.ga import mean_scale, term_count
 from aikit.core.validate import checked_float
 from aikit.runtime.Torch import collectives
 from aikit.runtime.Torch.buckets import Buckets
-from aikit.runtime.Torch.grads import mul_, or_zeros
+from aikit.runtime.Torch.grads import mul_, or_zeros, stacked
+from aikit.runtime.Torch.output_weights import OutputWeights
 
 
 class Accumulator:
@@ -41,6 +45,9 @@ class Accumulator:
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
         self._handles: list[Any] = []  # weighing hooks, registered once a micro-batch needs them
+        self.outputs = OutputWeights()  # weights applied at a model's outputs (loss terms, FSDP2)
+        self.terms: int | torch.Tensor = 0  # loss terms of this update's micro-steps on this replica
+        self._terms_sum: tuple[torch.Tensor, Callable[[], None]] | None = None  # their sum over replicas, started
         # the sum over replicas started from the last backward (overlap(): "this backward ends the update")
         self.buckets = None if overlap is None else Buckets(self.params(), bucket_cap_mb, overlap, self._carried)
 
@@ -99,6 +106,83 @@ class Accumulator:
         # it contributes exactly nothing, yet its backward still joins DDP's all-reduce
         return torch.zeros_like(grad) if self.factor == 0 else grad * self.factor
 
+    # --- loss terms: accumulate(model, weight=n) ------------------------------------------------
+    def checked_terms(self, weight: Any) -> int | torch.Tensor:
+        """``weight`` as a count of loss terms: an int >= 0, or a 0-d integer tensor. A tensor's
+        value is read only where that costs nothing (on the CPU); on an accelerator it stays
+        there, moved to the parameters' device, until the update's collective."""
+        if isinstance(weight, torch.Tensor):
+            if weight.dtype.is_floating_point or weight.dtype.is_complex or weight.dtype == torch.bool:
+                raise InvalidType(
+                    f"weight must be an integer count of loss terms, got a {weight.dtype} tensor: count the terms, "
+                    "e.g. (labels != -100).sum(), which is an int64 tensor"
+                )
+            if weight.dim() != 0:
+                raise InvalidValue(
+                    f"weight must be one count (a 0-d tensor), got a tensor of shape {tuple(weight.shape)}: sum it "
+                    "over the micro-batch, e.g. (labels != -100).sum()"
+                )
+            if weight.device.type == "cpu":
+                return term_count(int(weight))
+            device = self.device()
+            return weight if weight.device == device else weight.to(device, non_blocking=True)
+        return term_count(weight)
+
+    def device(self) -> torch.device:
+        params = self.params()
+        return params[0].device if params else torch.device("cpu")
+
+    def count_terms(self, model: torch.nn.Module | None, weight: Any) -> contextlib.AbstractContextManager:
+        """Add ``weight`` (checked) to this update's loss terms and return the context in which
+        a micro-step's forward and backward of ``model`` weigh its gradient by it."""
+        if model is None:
+            raise InvalidValue(
+                "accumulate(weight=...) weighs the gradient entering the model's outputs: pass the model, "
+                "accumulate(model, weight=n)"
+            )
+        weight = self.checked_terms(weight)
+        self.terms = self.terms + weight
+        return self.outputs.applied(model, weight)
+
+    def start_terms_sum(self) -> None:
+        """Start summing this update's loss terms over the replicas (before the last backward,
+        where DDP's or FSDP2's own collective carries the gradients: it overlaps them)."""
+        device = self.device()
+        count = torch.as_tensor(self.terms, device=device).to(torch.int64).reshape(1).clone()
+        wait = (collectives.start_all_reduce_sum_(count, "aikit.ga.terms") if collectives.can_start_all_reduce(device)
+                else lambda: collectives.all_reduce_sum_([count]))
+        self._terms_sum = count, wait
+
+    def take_terms(self, summed: bool = False) -> int | torch.Tensor:
+        """This update's loss terms, summed over the replicas when ``summed`` (waiting for the
+        sum :meth:`start_terms_sum` started, or summing now), and the count reset to 0."""
+        if summed and self._terms_sum is None:
+            self.start_terms_sum()
+        terms, self.terms = self.terms, 0
+        if not summed:
+            return terms
+        count, wait = self._terms_sum
+        self._terms_sum = None
+        wait()
+        return count.reshape(())
+
+    def terms_scale(self, total: int | float | torch.Tensor, averaging_replicas: int = 1) -> Any:
+        """:func:`aikit.core.ga.mean_scale` of a total of loss terms: a number is checked (no
+        terms at all: refused, gradients cleared); a tensor on the device is not read, but kept
+        at least 1 and in the gradients' precision."""
+        if isinstance(total, torch.Tensor):  # read where that costs nothing
+            total = int(total) if total.device.type == "cpu" else total.to(self._grad_dtype()).clamp(min=1)
+        try:
+            return mean_scale(total, 1, averaging_replicas)
+        except InvalidValue:
+            self.discard()
+            self.optimizer.zero_grad()
+            raise
+
+    def _grad_dtype(self) -> torch.dtype:
+        params = self.params()
+        return params[0].dtype if params and params[0].dtype in (torch.float32, torch.float64) else torch.float32
+
     # --- the update ----------------------------------------------------------------------------
     @torch.no_grad()
     def reduce(self, counts: list[float] = ()) -> list[float]:
@@ -107,7 +191,8 @@ class Accumulator:
 
         A replica with no gradient for a parameter adds zeros; a parameter no replica touched
         keeps no gradient, as in one process (except on XLA, where telling would need a read
-        from the device: it gets a zero gradient). Returns the summed ``counts``.
+        from the device: it gets a zero gradient). ``counts`` may hold 0-d tensors (loss terms
+        counted on the device). Returns the summed ``counts``, read.
         """
         params = self.params()
         if not params:
@@ -132,12 +217,12 @@ class Accumulator:
             # every replica must run the same program around an XLA collective: cut the graph
             # here, so a replica that had no micro-batch and one that did run the same graph
             collectives.mark_step(device)
-            extra = torch.tensor(list(counts), dtype=dtype, device=device)
+            extra = stacked(list(counts), dtype, device)
             collectives.all_reduce_sum_([*grads, extra] if counts else grads)
             for p, grad in zip(params, grads, strict=True):
                 p.grad = grad
             return extra.tolist() if counts else []
-        flags = torch.tensor([*(float(p.grad is not None) for p in params), *counts], dtype=dtype, device=device)
+        flags = stacked([*(float(p.grad is not None) for p in params), *counts], dtype, device)
         collectives.all_reduce_sum_([*grads, flags])
         summed = flags.tolist()
         for p, grad, used in zip(params, grads, summed, strict=False):
@@ -149,8 +234,9 @@ class Accumulator:
         the gradients they were started from); local, nothing is waited for."""
         if self.buckets is not None:
             self.buckets.reset()
+        self.terms, self._terms_sum = 0, None
 
-    def step(self, scale: float) -> bool:
+    def step(self, scale: float | torch.Tensor) -> bool:
         """Multiply the accumulated gradients by ``scale``, unscale (AMP), clip, update, clear.
 
         Returns False when AMP skipped the update for an inf/NaN gradient."""
@@ -158,7 +244,7 @@ class Accumulator:
         params = self.params()
         grads = [p.grad for p in params if p.grad is not None]
         scale, self.carried = scale * self.carried, 1.0
-        if scale != 1 and grads:
+        if (isinstance(scale, torch.Tensor) or scale != 1) and grads:  # a tensor (a count on the device): not read
             mul_(grads, scale)
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()

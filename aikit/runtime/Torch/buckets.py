@@ -20,7 +20,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from aikit.core.validate import checked_float
 from aikit.runtime.Torch import collectives
-from aikit.runtime.Torch.grads import mul_, or_zeros
+from aikit.runtime.Torch.grads import mul_, or_zeros, stacked
 
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 _serials = itertools.count()  # names each optimizer's buckets for Horovod: built in the same order on every rank
@@ -98,17 +98,18 @@ class Buckets:
         self.started.append((flat, collectives.start_all_reduce_sum_(flat, f"aikit.ga.{self.serial}.bucket{index}")))
 
     @torch.no_grad()
-    def finish(self, counts: list[float], dtype: torch.dtype) -> list[float]:
+    def finish(self, counts: list, dtype: torch.dtype) -> list[float]:
         """Start the buckets not started yet, sum (has a gradient, ``counts``, late) over the
         replicas with the last one, wait, and put the sums in ``.grad`` (None where no replica
-        had a gradient). Returns the summed ``counts``."""
+        had a gradient). ``counts`` may hold 0-d tensors (loss terms counted on the device).
+        Returns the summed ``counts``, read."""
         try:
             last = self.buckets[-1]
             while len(self.started) < len(self.buckets) - 1:
                 self._start()
             params = [p for bucket in self.buckets for p in bucket]
-            flags = torch.tensor([*(float(p.grad is not None) for p in params), *counts, float(self.late)],
-                                 dtype=dtype, device=params[0].device)
+            flags = stacked([*(float(p.grad is not None) for p in params), *counts, float(self.late)], dtype,
+                            params[0].device)
             if (last[0].dtype, last[0].device) == (flags.dtype, flags.device):  # one collective fewer
                 self._start(flags)
                 flags = self.started[-1][0][-flags.numel():]

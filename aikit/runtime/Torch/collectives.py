@@ -28,6 +28,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from aikit.core.errors import InvalidState
 from aikit.runtime.Torch import distributed
 
 HOST_TIMEOUT = timedelta(minutes=30)  # torch.distributed's default for gloo
@@ -76,7 +77,7 @@ def _hosts_group() -> dist.ProcessGroupGloo:
         root = os.environ.get("MY_DIST_ROOT", "")
         address, _, port = root.rpartition(":")
         if not address or not port.isdigit():
-            raise RuntimeError(
+            raise InvalidState(
                 f"MY_HOST_WORLD_SIZE={hosts} needs MY_DIST_ROOT=host:port of host 0 for the gloo group that "
                 f"joins the hosts, got {root!r}"
             )
@@ -131,7 +132,7 @@ def _xla_broadcast_(tensors: list[torch.Tensor], src: int) -> None:
 
 def _checked(kind: str) -> str:
     if kind == "torch.distributed" and not dist.is_initialized():
-        raise RuntimeError(
+        raise InvalidState(
             f"this process runs under torchrun (WORLD_SIZE={distributed.world_size()}) but no process group "
             "is initialised: call torch.distributed.init_process_group('gloo' or 'nccl') before training, "
             "or the replicas would train apart"

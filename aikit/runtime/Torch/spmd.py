@@ -5,13 +5,13 @@ every device of a mesh. A batch sharded along its first dimension on the mesh's 
 is split over those devices, the parameters stay replicated, and the XLA partitioner inserts
 the gradient all-reduce. So aikit treats an SPMD process as *one replica*
 (:func:`aikit.runtime.Torch.distributed.spmd_devices` detects the devices): ``CustomSampler``
-yields global micro-batches of ``minibatch_size x devices`` samples (``minibatch_size`` stays
-per device, as in eth-easl's scheme), the trace optimizer and the GA wrapper make
-single-replica updates, and :func:`shard` (or :func:`loader`) puts each global micro-batch on
-the devices, ``minibatch_size`` samples each. Every micro-step has one shape, so a trace of any
-number of distinct batch sizes compiles a bounded number of graphs.
+yields global micro-batches of ``micro_batch x devices`` samples (``micro_batch``, eth-easl's
+``minibatch_size``, stays per device, as in eth-easl's scheme), the trace optimizer and the GA
+wrapper make single-replica updates, and :func:`shard` (or :func:`loader`) puts each global
+micro-batch on the devices, ``micro_batch`` samples each. Every micro-step has one shape, so a
+trace of any number of distinct batch sizes compiles a bounded number of graphs.
 
-A step whose global batch is not a multiple of ``minibatch_size x devices`` would leave devices
+A step whose global batch is not a multiple of ``micro_batch x devices`` would leave devices
 without samples in its last micro-step. Such traces are refused (by ``CustomSampler``, naming
 the nearest valid sizes) rather than padded: padding needs dummy samples, which BatchNorm in
 training mode would average into its statistics, and masking them out of every layer is not
@@ -25,9 +25,9 @@ Its public path is ``aikit.elastic.Torch.spmd`` (the same module)::
 
     xr.use_spmd()                        # before anything touches an XLA device
     mesh = spmd.data_mesh()              # every device on the "data" axis
-    sampler = CustomSampler(data, "trace.csv", minibatch_size=32)   # 32 per device
+    sampler = CustomSampler(data, "trace.csv", micro_batch=32)   # 32 per device
     model = make_model().to(torch_xla.device())
-    optimizer = LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, ref_batchsize=256)
+    optimizer = LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, ref_batch_size=256)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         optimizer.set_epoch(epoch)
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from aikit.core.errors import InvalidValue
+from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.trace import Trace, multiple_problems
 from aikit.core.validate import positive_int
 
@@ -59,7 +59,7 @@ def data_mesh():
     import torch_xla.runtime as xr
 
     if not xr.is_spmd():
-        raise RuntimeError(
+        raise InvalidState(
             "torch_xla is not in SPMD mode: call torch_xla.runtime.use_spmd() at the start of the program, "
             "before any tensor is put on an XLA device"
         )
@@ -69,14 +69,14 @@ def data_mesh():
     return mesh
 
 
-def micro_batch(trace: Trace, minibatch_size: int, devices: int) -> int:
-    """The global micro-batch an SPMD process trains per micro-step, ``minibatch_size x
-    devices``; an InvalidValue (a ValueError) naming the nearest valid sizes when a step of ``trace`` would not
-    fill every device."""
+def micro_batch(trace: Trace, per_device: int, devices: int, name: str = "micro_batch") -> int:
+    """The global micro-batch an SPMD process trains per micro-step, ``per_device x devices``;
+    an InvalidValue (a ValueError) naming the nearest valid sizes when a step of ``trace`` would
+    not fill every device. ``name``: what the caller called the per-device micro-batch."""
     if devices == 1:
-        return minibatch_size
-    unit = positive_int(minibatch_size, "minibatch_size") * devices
-    problems = multiple_problems(trace, unit, f"minibatch_size x SPMD devices ({minibatch_size} x {devices} =)")
+        return per_device
+    unit = positive_int(per_device, name) * devices
+    problems = multiple_problems(trace, unit, f"{name} x SPMD devices ({per_device} x {devices} =)")
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
@@ -94,7 +94,7 @@ def _mesh(mesh):
 
     mesh = xs.get_global_mesh()
     if mesh is None:
-        raise RuntimeError("no mesh: call aikit.elastic.Torch.spmd.data_mesh() first, or pass mesh=")
+        raise InvalidState("no mesh: call aikit.elastic.Torch.spmd.data_mesh() first, or pass mesh=")
     return mesh
 
 
