@@ -122,12 +122,14 @@ def test_elastic_attributes_before_init_say_what_to_do():
     assert "aikit.elastic.steps is set by init(): call aikit.elastic.Torch.init(...)" in out
 
 
-def test_trace_check_refuses_a_zero_micro_batch_as_the_sampler_does(tmp_path, capsys):
-    """It used to read --minibatch-size 0 as 1 and exit 0, where CustomSampler refuses 0."""
+@pytest.mark.parametrize("option", ["--micro-batch", "--minibatch-size"])
+def test_trace_check_refuses_a_zero_micro_batch_as_the_sampler_does(tmp_path, capsys, option):
+    """It used to read a micro-batch of 0 as 1 and exit 0, where CustomSampler refuses 0: under
+    aikit's name and eth-easl's alike, the error naming the option given."""
     trace = tmp_path / "t.csv"
     trace.write_text("step,batchsize\n0,32\n")
-    assert main(["trace", "check", str(trace), "--minibatch-size", "0", "--dataset-size", "64"]) == 2
-    assert "aikit: error: --minibatch-size must be a positive integer, got 0" in capsys.readouterr().err
+    assert main(["trace", "check", str(trace), option, "0", "--dataset-size", "64"]) == 2
+    assert f"aikit: error: {option} must be a positive integer, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
