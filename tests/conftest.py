@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from multihost import network, require_netns  # noqa: F401 (fixtures: several hosts in network namespaces)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
@@ -48,18 +49,26 @@ def launch(name: str, command: list[str], env: dict[str, str], timeout: float) -
     return done
 
 
+def torchrun_command(script: Path | str, *args: object, nproc: int = 2) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a ``torchrun --standalone --nproc-per-node NPROC`` of a script."""
+    env = {name: value for name, value in os.environ.items() if name not in TORCHRUN_VARIABLES}
+    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               str(script), *map(str, args)]
+    return command, env
+
+
 @pytest.fixture(scope="session")
 def torchrun():
-    """``run(script, *args)``: a real ``torchrun --standalone --nproc-per-node 2`` (gloo on CPU)
-    of a Python script (see :func:`launch`)."""
+    """``run(script, *args, nproc=2)``: a real ``torchrun --standalone --nproc-per-node 2`` (gloo on
+    CPU) of a Python script (see :func:`launch`); ``run.command(script, *args, nproc=2)`` is its
+    command and environment, for a test that starts and kills it itself."""
 
-    def run(script: Path | str, *args: object, timeout: float = 240) -> subprocess.CompletedProcess:
-        env = {name: value for name, value in os.environ.items() if name not in TORCHRUN_VARIABLES}
-        env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   str(script), *map(str, args)]
+    def run(script: Path | str, *args: object, timeout: float = 240, nproc: int = 2) -> subprocess.CompletedProcess:
+        command, env = torchrun_command(script, *args, nproc=nproc)
         return launch(f"torchrun {script}", command, env, timeout)
 
+    run.command = torchrun_command
     return run
 
 

@@ -45,3 +45,7 @@ class CheckpointError(InvalidValue):
 class CommitError(AikitError, OSError):
     """A commit that could not be written (disk full, read-only, ...); nothing was changed by it."""
 
+
+class CollectiveError(AikitError, RuntimeError):
+    """A collective (all-reduce, broadcast) that failed because a peer is gone or cannot be reached:
+    names the collective, the rank, the time it waited and the timeout that bounds the wait."""

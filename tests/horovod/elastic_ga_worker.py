@@ -7,7 +7,7 @@ Trains hvd_case's ELASTIC case with aikit's Horovod ``DistributedOptimizer`` and
 (model, the GA optimizer, the update counter), committing after every update. At the top of each
 update it plans for the world it finds (``aikit.elastic.Torch.init`` reads ``hvd.size()``) and
 sets ``optimizer.steps``; update k always trains on window k. Each update appends
-``{"update", "world", "rank", "steps"}`` to RUN_DIR/logs/<pid>.jsonl; then it sleeps DELAY seconds
+``{"update", "world", "rank", "steps", "host", "t"}`` to RUN_DIR/logs/<pid>.jsonl; then it sleeps DELAY seconds
 (SOLO_DELAY while alone), until the test creates RUN_DIR/fast, so the resizes it asks for find
 the job running. At the end rank 0 writes the parameters to RUN_DIR/final.pt.
 """
@@ -57,6 +57,7 @@ def main() -> None:
             assert optimizer.updated and optimizer.position == 0
             state.update += 1
             log.write(json.dumps({"update": state.update, "world": world, "rank": rank, "steps": plan.steps,
+                                  "host": os.environ.get("HOROVOD_HOSTNAME"),
                                   "t": time.time()}) + "\n")
             log.flush()
             if not (run_dir / "fast").exists():

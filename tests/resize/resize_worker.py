@@ -31,6 +31,8 @@ from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import LinearRuleOptimizer
 
+MARKS = {"imported": time.time()}  # when the worker got where (seconds since the epoch)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep after each update")
     parser.add_argument("--solo-delay", type=float, default=None, help="seconds after each update while alone")
     parser.add_argument("--horovod", action="store_true")
+    parser.add_argument("--timeout", type=float, default=30, help="the process group's timeout in seconds")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = np.load(args.run_dir / "data.npz")
@@ -53,7 +56,8 @@ def main() -> None:
         hvd.elastic.run(train)(state, x, y, logs, args.delay, args.solo_delay)
         rank = hvd.rank()
     else:
-        torch.distributed.init_process_group("gloo", timeout=timedelta(seconds=30))
+        torch.distributed.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+        MARKS["joined"] = time.time()
         model, opt, state = build(args.run_dir)
         state.restore()
         train(state, x, y, logs, args.delay, args.solo_delay)
@@ -80,16 +84,19 @@ def train(state: ElasticState, x, y, logs: Path, delay: float, solo_delay: float
 
     def write(**record) -> None:
         record.update(inc=state.incarnation, world=world, rank=rank, pid=os.getpid(), ppid=os.getppid(),
-                      host=os.environ.get("HOROVOD_HOSTNAME"), t=time.time())
+                      host=os.environ.get("HOROVOD_HOSTNAME", os.environ.get("AIKIT_TEST_HOST")), t=time.time())
         log.write(json.dumps(record) + "\n")
         log.flush()
 
-    write(event="start", booted=BOOTED, restored=state.restored_from, epoch=opt.epoch, step=opt.step_index)
+    write(event="start", booted=BOOTED, **MARKS, restored=state.restored_from, epoch=opt.epoch, step=opt.step_index)
     for epoch in state.epochs(EPOCHS):
         for batch in opt.sampler:
             loss_of(model, x[batch], y[batch]).backward()
             write(event="micro", epoch=epoch, step=opt.step_index, ids=batch)
             if opt.step():
+                write(event="update", epoch=opt.epoch, step=opt.step_index, updates=opt.updates)
+                if rank == 0:
+                    write(event="committing", updates=opt.updates)
                 state.commit()
                 if rank == 0:
                     write(event="commit", epoch=opt.epoch, step=opt.step_index, updates=opt.updates)

@@ -250,3 +250,31 @@ def test_apply_on_a_variable_it_was_not_built_for_is_named():
     with pytest.raises(ValueError, match=r"apply\(\) got a gradient for variable '.*', which this GA optimizer was "
                                          r"not built for"):
         ga.apply(gradients(second, x, y), second.trainable_variables)
+
+
+def test_weights_saved_mid_update_load_only_into_the_same_steps(tmp_path):
+    """2 of 4 micro-steps accumulated: loaded into steps=2 they would make one update of 3
+    micro-batches; refused as the torch wrapper refuses it, before the wrapper's counters and
+    sums change (Keras loads the layers, and the wrapped optimizer as a child of its own, whatever
+    the wrapper says). Into steps=4 it resumes the update."""
+    x, y = data(24, seed=5)
+    saved = mlp()
+    saved.compile(Optimizer(keras.optimizers.Adam(0.01), 4), loss="mse")
+    saved.fit(x[:24], y[:24], batch_size=4, epochs=1, shuffle=False, verbose=0)  # 6 micro-steps: 2 pending
+    assert saved.optimizer.accumulated == 2
+    saved.save_weights(tmp_path / "mid.weights.h5")
+    other = mlp()
+    other.compile(Optimizer(keras.optimizers.Adam(0.01), 2), loss="mse")
+    other.optimizer.build(other.trainable_variables)
+    own = other.optimizer._variables  # steps, micro-steps accumulated, the sums
+    before = [v.numpy().copy() for v in own]
+    with pytest.raises(ValueError, match=r"saved 2 micro-steps into an update of steps=4, but this optimizer has "
+                                         r"steps=2: resume with steps=4, or save between updates"):
+        other.load_weights(tmp_path / "mid.weights.h5")
+    for got, want in zip([v.numpy() for v in own], before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    same = mlp()
+    same.compile(Optimizer(keras.optimizers.Adam(0.01), 4), loss="mse")
+    same.optimizer.build(same.trainable_variables)
+    same.load_weights(tmp_path / "mid.weights.h5")
+    assert same.optimizer.accumulated == 2 and same.optimizer.steps == 4

@@ -21,18 +21,23 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from aikit.core.errors import CheckpointError, CommitError, InvalidType
+from aikit.elastic.Torch.sharded import dtensor_type, dtype_named
 
 FORMAT = "aikit-state/2"
 LEGACY = "aikit_state.pt"  # aikit 0.1 pickled here; never loaded
 _NAME = re.compile(r"aikit_state\.(\d+)\.safetensors")
+_SHARDS = re.compile(r"aikit_state\.(\d+)\.shards")
 _DIGEST = "aikit_sha256"
 _PLAIN = (type(None), bool, int, float, str)
 
@@ -43,6 +48,12 @@ class CorruptCheckpointWarning(UserWarning):
 
 def commit_path(directory: str | os.PathLike, number: int) -> Path:
     return Path(directory) / f"aikit_state.{number:09d}.safetensors"
+
+
+def shard_directory(directory: str | os.PathLike, number: int) -> Path:
+    """Where the shards of a sharded commit ``number`` lie (one file per rank that holds any),
+    beside its marker, the commit file, which is written last."""
+    return Path(directory) / f"aikit_state.{number:09d}.shards"
 
 
 def commit_files(directory: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -65,9 +76,41 @@ def write(directory: str | os.PathLike, number: int, payload: dict, *, fsync: bo
     full, read-only, ...) removes its temporary file and raises :class:`CommitError`, so the
     directory holds exactly what it held before.
     """
+    return write_encoded(directory, number, encode(payload), fsync=fsync)
+
+
+class Encoded(NamedTuple):
+    """A payload made ready to write: its JSON and its tensors (safetensors' names for them)."""
+
+    structure: str
+    tensors: dict[str, torch.Tensor]
+
+
+def encode(payload: dict, sharded: dict[str, torch.Tensor] | None = None) -> Encoded:
+    """``payload`` as JSON and tensors, or :class:`InvalidType` naming what cannot be kept.
+
+    With ``sharded`` (a dict), every DTensor (a shard of a sharded model's state) goes there
+    under the key that stands for it in the JSON, with its global shape and dtype, for the
+    caller to write through :mod:`aikit.elastic.Torch.sharded`; without, a DTensor is refused."""
     tensors: dict[str, torch.Tensor] = {}
-    structure = json.dumps(_encode(payload, "", tensors), separators=(",", ":"))
-    blob = _serialize(tensors, structure)
+    structure = json.dumps(_encode(payload, "", tensors, sharded), separators=(",", ":"))
+    return Encoded(structure, tensors)
+
+
+def with_entry(encoded: Encoded, key: str, value) -> Encoded:
+    """``encoded`` with one more top-level entry (a sharded commit's index, known once its
+    shards are written)."""
+    structure, tensors = json.loads(encoded.structure), dict(encoded.tensors)
+    structure["dict"].append([key, _encode(value, key, tensors)])
+    return Encoded(json.dumps(structure, separators=(",", ":")), tensors)
+
+
+def write_encoded(directory: str | os.PathLike, number: int, encoded: Encoded, *, fsync: bool = True,
+                  shards: tuple[str, set[str]] | None = None) -> Path:
+    """Write an encoded payload as commit ``number`` (see :func:`write`). ``shards``: the
+    commit's shard directory and the files in it that it uses (what else is there is left by a
+    commit attempt that failed, and goes)."""
+    blob = _serialize(encoded.tensors, encoded.structure)
     directory = Path(directory)
     path = commit_path(directory, number)
     tmp = directory / f".{path.name}.{os.getpid()}.tmp"
@@ -85,7 +128,7 @@ def write(directory: str | os.PathLike, number: int, payload: dict, *, fsync: bo
         with contextlib.suppress(OSError):  # a read-only or vanished directory holds no temporary file
             tmp.unlink(missing_ok=True)
         raise CommitError(f"commit {number} could not be written to {path}: {_cause(error)}") from error
-    _prune(directory, number)
+    _prune(directory, number, shards)
     return path
 
 
@@ -109,15 +152,27 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _prune(directory: Path, number: int) -> None:
-    """Keep commit ``number`` and the newest one before it; remove older and abandoned newer
-    commits (a run that started over) and temporary files of commits killed half way."""
+def _prune(directory: Path, number: int, shards: tuple[str, set[str]] | None = None) -> None:
+    """Keep commit ``number`` and the newest one before it; remove older commits and newer ones
+    (only ever ones its run was allowed to replace: :func:`unknown_commits`), temporary files of
+    commits killed half way, and shard directories of commits not kept (with the files of
+    failed attempts in the one of ``number``)."""
     found = commit_files(directory)
-    doomed = [path for n, path in found if n > number] + [path for n, path in found if n < number][1:]
-    doomed += [directory / n for n in os.listdir(directory) if n.startswith(".aikit_state.") and n.endswith(".tmp")]
+    kept = {number, *sorted(n for n, _ in found if n < number)[-1:]}
+    doomed = [path for n, path in found if n not in kept]
+    names = os.listdir(directory)
+    doomed += [directory / n for n in names if n.startswith(".aikit_state.") and n.endswith(".tmp")]
+    for name in names:
+        match = _SHARDS.fullmatch(name)
+        if match and int(match.group(1)) not in kept:
+            doomed.append(directory / name)
+    if shards is not None:
+        folder, used = shards
+        with contextlib.suppress(OSError):
+            doomed += [directory / folder / n for n in os.listdir(directory / folder) if n not in used]
     for path in doomed:
         try:
-            path.unlink(missing_ok=True)
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
         except OSError as error:
             warnings.warn(f"aikit: could not remove the old checkpoint file {path}: {error}", stacklevel=3)
 
@@ -153,21 +208,29 @@ def _digest(header: dict, data) -> str:
     return sha.hexdigest()
 
 
-def _encode(value, where: str, tensors: dict[str, torch.Tensor]):
+def _encode(value, where: str, tensors: dict[str, torch.Tensor], sharded: dict[str, torch.Tensor] | None = None):
     """``value`` as JSON: plain values as they are, the rest tagged (``{"tuple": [...]}``,
-    ``{"dict": [[key, value], ...]}``, ``{"tensor": name}``, ``{"ndarray": name}``)."""
+    ``{"dict": [[key, value], ...]}``, ``{"tensor": name}``, ``{"ndarray": name}``, and for a
+    DTensor ``{"sharded": key, "shape": [...], "dtype": name}``)."""
     if type(value) in _PLAIN:
         return value
     if type(value) is list:
-        return [_encode(v, f"{where}[{i}]", tensors) for i, v in enumerate(value)]
+        return [_encode(v, f"{where}[{i}]", tensors, sharded) for i, v in enumerate(value)]
     if type(value) is tuple:
-        return {"tuple": [_encode(v, f"{where}[{i}]", tensors) for i, v in enumerate(value)]}
+        return {"tuple": [_encode(v, f"{where}[{i}]", tensors, sharded) for i, v in enumerate(value)]}
     if isinstance(value, dict):
-        encoded = {"dict": [[_encode_key(k, where), _encode(v, f"{where}[{k!r}]" if where else str(k), tensors)]
+        encoded = {"dict": [[_encode_key(k, where),
+                             _encode(v, f"{where}[{k!r}]" if where else str(k), tensors, sharded)]
                             for k, v in value.items()]}
         if isinstance(getattr(value, "_metadata", None), dict):  # a module state_dict's versions
-            encoded["metadata"] = _encode(value._metadata, f"{where}._metadata", tensors)
+            encoded["metadata"] = _encode(value._metadata, f"{where}._metadata", tensors, sharded)
         return encoded
+    if isinstance(value, dtensor_type()):
+        if sharded is None:
+            raise InvalidType(f"commit() cannot keep {where}: a DTensor (a shard of a sharded model's state) "
+                              "outside a kept model or optimizer; ElasticState writes those as shards")
+        sharded[where] = value
+        return {"sharded": where, "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
     if isinstance(value, torch.Tensor):
         return {"tensor": _add_tensor(value, where, tensors)}
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
@@ -259,6 +322,19 @@ def _header(raw: bytes, size: int, path: Path | str = "checkpoint") -> tuple[dic
     return header, 8 + length
 
 
+class ShardedRef(NamedTuple):
+    """Where a sharded commit's JSON stands for one tensor of its shards: the key the shards
+    know it by, its global shape and dtype (what restore() checks before any shard is read)."""
+
+    key: str
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
 def _decode(value, tensors: dict[str, torch.Tensor]):
     if type(value) in _PLAIN:
         return value
@@ -280,13 +356,61 @@ def _decode(value, tensors: dict[str, torch.Tensor]):
         raw = tensors[value["ndarray"]].numpy().tobytes()
         array = np.frombuffer(raw, np.dtype(value["dtype"])).reshape(value["shape"]).copy()
         return array[()] if value["scalar"] else array
+    if tag == "sharded":
+        return ShardedRef(str(value["sharded"]), torch.Size(value["shape"]), dtype_named(value["dtype"]))
     raise CheckpointError(f"unknown entry {str(value)[:80]!r} in the checkpoint's state")
 
 
-def read_latest(directory: str | os.PathLike) -> dict | None:
-    """The newest intact commit in ``directory`` (None when there is none). A corrupt newer
-    commit is reported with a :class:`CorruptCheckpointWarning` (path and reason) and passed
-    over; if no commit is intact, :class:`CheckpointError` lists why for each."""
+def sharded_refs(value, path: tuple = ()) -> Iterator[tuple[tuple, ShardedRef]]:
+    """Every :class:`ShardedRef` in a decoded state, with the keys that lead to it."""
+    if isinstance(value, ShardedRef):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from sharded_refs(item, (*path, key))
+    elif type(value) in (list, tuple):
+        for index, item in enumerate(value):
+            yield from sharded_refs(item, (*path, index))
+
+
+def resolve_refs(value, tensors: dict[str, torch.Tensor]):
+    """A decoded state with every :class:`ShardedRef` replaced by ``tensors[ref.key]``."""
+    if isinstance(value, ShardedRef):
+        return tensors[value.key]
+    if isinstance(value, dict):
+        resolved = type(value)((key, resolve_refs(item, tensors)) for key, item in value.items())
+        if hasattr(value, "_metadata"):
+            resolved._metadata = value._metadata
+        return resolved
+    if type(value) in (list, tuple):
+        return type(value)(resolve_refs(item, tensors) for item in value)
+    return value
+
+
+def folder_name(name: object) -> str:
+    """A sharded commit's shard directory as its marker names it: a name in the commit's
+    directory, never a path elsewhere."""
+    if not isinstance(name, str) or not _SHARDS.fullmatch(name):
+        raise CheckpointError(f"a sharded commit names its shard directory {name!r:.80}, not an aikit one")
+    return name
+
+
+class Latest(NamedTuple):
+    """What :func:`latest` found: the newest intact commit's payload (None: none at all), the
+    warnings about newer commits passed over, and every commit file there with its identity."""
+
+    payload: dict | None
+    notes: list[str]
+    listing: dict[int, tuple[int, int, int]]
+
+
+def latest(directory: str | os.PathLike, passed_over: dict[int, str] | None = None) -> Latest:
+    """The newest intact commit in ``directory`` but those in ``passed_over`` (commit number:
+    why, e.g. a corrupt shard), with a warning for each newer commit passed over; if no
+    commit is intact, :class:`CheckpointError` lists why for each. Warns nothing itself: every
+    rank warns the same (``ElasticState.restore()``)."""
+    passed_over = passed_over or {}
+    listing = commit_listing(directory)
     found = commit_files(directory)
     legacy = Path(directory) / LEGACY
     if not found and legacy.exists():
@@ -296,17 +420,54 @@ def read_latest(directory: str | os.PathLike) -> dict | None:
             "torch.load(weights_only=True) if you trust its author)"
         )
     failures = []
-    for _, path in found:
+    for number, path in found:
+        if number in passed_over:
+            failures.append(f"commit {number} ({path}) cannot be restored: {passed_over[number]}")
+            continue
         try:
             payload = read(path)
         except CheckpointError as error:
             failures.append(str(error))
             continue
-        for failure in failures:
-            warnings.warn(CorruptCheckpointWarning(f"aikit: {failure}; restoring the previous commit {path}"),
-                          stacklevel=3)
-        return payload
+        notes = [f"aikit: {failure}; restoring the previous commit {path}" for failure in failures]
+        return Latest(payload, notes, listing)
     if failures:
         raise CheckpointError("no intact commit to restore:\n  " + "\n  ".join(failures)
                               + "\nremove the directory's aikit_state.* files to start over")
-    return None
+    return Latest(None, [], listing)
+
+
+def read_latest(directory: str | os.PathLike) -> dict | None:
+    """The newest intact commit in ``directory`` (None when there is none). A corrupt newer
+    commit is reported with a :class:`CorruptCheckpointWarning` (path and reason) and passed
+    over; if no commit is intact, :class:`CheckpointError` lists why for each."""
+    found = latest(directory)
+    for note in found.notes:
+        warnings.warn(CorruptCheckpointWarning(note), stacklevel=2)
+    return found.payload
+
+
+# ---- who else writes here ------------------------------------------------------------------
+
+
+def commit_listing(directory: str | os.PathLike) -> dict[int, tuple[int, int, int]]:
+    """Every commit file in ``directory`` with its identity (inode, size, modification time):
+    a file another writer put there, even under a number seen before, has another identity."""
+    listing = {}
+    for number, path in commit_files(directory):
+        with contextlib.suppress(FileNotFoundError):  # pruned meanwhile
+            stat = path.stat()
+            listing[number] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return listing
+
+
+def unknown_commits(directory: str | os.PathLike, number: int, known: dict[int, tuple] | None,
+                    since: int) -> list[int]:
+    """The commits in ``directory`` that committing ``number`` would replace or delete, or that
+    are newer than commit ``since``, and that the committing run does not know (``known``: what
+    its restore saw and what it wrote since; None: it never restored). Never-restored runs may
+    only add commits newer than every commit there."""
+    listing = commit_listing(directory)
+    if known is None:
+        return sorted(n for n in listing if n >= number)
+    return sorted(n for n, identity in listing.items() if n >= min(number, since) and known.get(n) != identity)

@@ -9,6 +9,7 @@ takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Iterator, Sized
@@ -175,6 +176,18 @@ class CustomSampler(Sampler[list[int]]):
         order = self.schedule.permutation
         known = [name for name, function in PERMUTATIONS.items() if function is order]
         return known[0] if known else f"{order.__module__}.{getattr(order, '__qualname__', repr(order))}"
+
+    def identity(self) -> dict:
+        """What fixes every step's samples: the trace's sizes (a SHA-256), where it came from, its
+        end policy, the data set size, the seed, shuffle and sample order (an adaptive run: its
+        settings). A resumed run (``ElasticState``) and every replica of a run must have the same."""
+        schedule = self.schedule
+        if hasattr(schedule, "identity"):  # an adaptive run: its settings fix the batches it decides
+            return schedule.identity()
+        trace = schedule.trace
+        return {"trace": hashlib.sha256(trace.sizes.tobytes()).hexdigest(), "trace_source": trace.source,
+                "when_exhausted": trace.when_exhausted, "dataset_size": schedule.dataset_size, "seed": schedule.seed,
+                "shuffle": schedule.shuffle, "permutation": self.permutation}
 
     # --- eth-easl's public surface, over the schedule -------------------------------------------
     @property

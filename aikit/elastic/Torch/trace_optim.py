@@ -33,14 +33,16 @@ import numpy as np
 import torch
 
 from aikit.core import gradient_noise
+from aikit.core.agreement import disagreement, fingerprint, row_length
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, update_estimates
 from aikit.core.scaling import rule_name, scaled_lr
 from aikit.core.schedule import EpochSchedule
-from aikit.core.validate import aliased, checked_float, positive_int
+from aikit.core.validate import aliased, checked_float, non_negative_int, positive_int
 from aikit.elastic.Torch.sampler import CustomSampler, latest_sampler
+from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.runtime.Torch.accumulator import Accumulator
-from aikit.runtime.Torch.collectives import broadcast_, engine, mark_step, world
+from aikit.runtime.Torch.collectives import broadcast_gathering_, engine, mark_step, world
 from aikit.runtime.Torch.noise import MicroBatchNorms
 from aikit.runtime.Torch.state_checks import check_groups, check_pending
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
@@ -143,6 +145,12 @@ class TraceOptimizer(WrappingOptimizer):
         self.params = self.engine.params()
         if not self.params:
             raise InvalidValue("the wrapped optimizer has no parameters that require gradients")
+        if any(isinstance(p, dtensor_type()) for p in self.params):
+            raise InvalidType(
+                f"{type(self).__name__} sums each step's gradients over the replicas itself, but these parameters "
+                "are DTensors (a model sharded with FSDP2), whose gradients FSDP2 reduces: train a sharded model "
+                "with aikit.ga.Torch.optim.Optimizer(optimizer, steps) and aikit.elastic.Torch.init's plan"
+            )
         self.device = self.params[0].device
         replicas, self.rank = world(self.device)  # a local query, no collective
         if replicas != self.sampler.num_replicas:
@@ -151,6 +159,7 @@ class TraceOptimizer(WrappingOptimizer):
                 f"({engine(self.device)}): give the sampler num_replicas={replicas}, or leave it to the engine"
             )
         self._broadcast_pending = broadcast and replicas > 1
+        self._agreement_pending = replicas > 1  # the replicas compare settings in their first collective
         self.updates = 0  # updates made since training began: drives warmup
         self.updated = False  # whether the last update was applied (AMP did not skip it)
         self.applied = 0  # updates applied by this object (AMP skips not counted): for UpdateScheduler
@@ -168,14 +177,45 @@ class TraceOptimizer(WrappingOptimizer):
         rank 0's parameters to every replica (the first time), then the all-reduces and updates
         of the steps this replica sits out at its position."""
         if self._broadcast_pending:
+            settings = self.settings()
             with torch.no_grad():
-                broadcast_(self.params)
+                rows = broadcast_gathering_(self.params, fingerprint(settings))
             mark_step(self.device)
             self._broadcast_pending = False
+            self._agree(settings, rows)
         if not self._joined:
             self._joined = True
             if self.micro == 0:
                 self._join_empty_steps()
+
+    def settings(self) -> dict[str, object]:
+        """What every replica must share to train one run: the samples of every step (the
+        sampler's identity, less where the trace was read from), the micro-batch, the world, the
+        position, the optimizer, its rule and LRs. Compared at the first collective."""
+        sampler, schedule = self.sampler, self.sampler.schedule
+        identity = {key: value for key, value in sampler.identity().items() if key != "trace_source"}
+        return {**identity, "micro_batch": schedule.micro_batch, "max_device_batch": schedule.max_device_batch,
+                "replicas": sampler.num_replicas, "epoch": self.epoch, "step": self.step_index, "micro": self.micro,
+                "updates": self.updates, "optimizer": f"{type(self).__name__}({type(self.optimizer).__name__})",
+                "ref_batch_size": self.ref_batch_size, "lr": self.get_lr()}
+
+    def compare_again(self) -> None:
+        """Compare the replicas' settings again at the next collective. After the world formed
+        anew (Horovod elastic: a worker joined the ones that had compared already), every replica
+        calls it, so that all send their rows in the same all-reduce: ``ElasticState.sync()``
+        does, on every worker alike. Local."""
+        self._agreement_pending = self.sampler.num_replicas > 1
+
+    def _agree(self, settings: dict[str, object], rows: list[list[int]]) -> None:
+        """Refuse, on every replica alike, a run whose replicas were given different settings:
+        they would each train their own run, diverge, and fail much later in a collective."""
+        self._agreement_pending = False
+        problem = disagreement(list(settings), rows)
+        if problem is not None:
+            raise InvalidValue(
+                f"the replicas were not given the same run; they differ in {problem}: start every worker with the "
+                "same trace, data set, seed and settings (and, resuming, from the same checkpoint)"
+            )
 
     def _start(self, epoch: int, step: int, micro: int) -> None:
         """Position at ``micro`` of ``step`` of ``epoch``: local, the joins wait for :meth:`join`."""
@@ -234,8 +274,18 @@ class TraceOptimizer(WrappingOptimizer):
         """All-reduce this step's gradients and make its one update at the step's LR."""
         batch, step = self.get_bs(), self.step_index
         extras = self._local_statistics()
+        settings = self.settings() if self._agreement_pending else {}  # broadcast=False: nothing was shared yet
+        table = [0.0] * (row_length(settings) * self.sampler.num_replicas)
+        if settings:
+            width = row_length(settings)
+            table[self.rank * width:(self.rank + 1) * width] = fingerprint(settings)
         if self.sampler.num_replicas > 1 or engine(self.device) == "xla":
-            extras = self.engine.reduce(extras)
+            extras = self.engine.reduce([*table, *extras])
+            table, extras = extras[:len(table)], extras[len(table):]
+        if settings:
+            width = row_length(settings)
+            self._agree(settings, [[round(v) for v in table[r * width:(r + 1) * width]]
+                                   for r in range(self.sampler.num_replicas)])
         self._observe(extras)
         lr = self._step_at_adapted_lr()
         self.updates += 1
@@ -377,6 +427,8 @@ class TraceOptimizer(WrappingOptimizer):
         trace = state["trace"]
         if not isinstance(trace, dict) or set(trace) != _TRACE_KEYS:
             raise InvalidValue(f"{type(self).__name__} state['trace'] needs keys {sorted(_TRACE_KEYS)}")
+        for key in ("epoch", "step", "micro", "updates", "rank"):  # what this optimizer writes (was it edited?)
+            non_negative_int(trace[key], f"the checkpoint's trace {key}")
         if trace["micro"] and trace["rank"] != self.sampler.rank:
             raise InvalidValue(f"this state was saved by rank {trace['rank']} in the middle of a step; "
                              f"rank {self.sampler.rank} must load its own")

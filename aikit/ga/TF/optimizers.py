@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import tensorflow as tf
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, reduction_name
-from aikit.core.validate import positive_int
+from aikit.core.validate import checked_int, positive_int
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
@@ -222,8 +223,24 @@ class Optimizer(keras.optimizers.Optimizer):
 
     def load_own_variables(self, store) -> None:
         """Load the saved variables but keep this optimizer's ``steps`` (the plan it was compiled
-        with; a model saved under another plan must not change it), as the torch wrapper does."""
+        with; a model saved under another plan must not change it), as the torch wrapper does.
+        Saved mid-update, the state loads only into the same ``steps`` (the gradients summed
+        belong to an update of that many micro-steps: finishing it with another count would
+        make one update of the wrong size); checked before any variable changes."""
         steps = self.steps
+        if len(store.keys()) == len(self.variables):  # else Keras loads nothing (and warns)
+            index = {id(v): i for i, v in enumerate(self.variables)}
+            saved_steps = int(np.asarray(store[str(index[id(self._steps)])]))
+            accumulated = int(np.asarray(store[str(index[id(self._accumulated)])]))
+            positive_int(saved_steps, "the saved GA steps")
+            checked_int(accumulated, "the saved GA micro-steps accumulated", 0, saved_steps - 1,
+                        f"an integer in [0, {saved_steps}) for steps={saved_steps}", "load an intact file")
+            if accumulated and saved_steps != steps:
+                raise InvalidValue(
+                    f"the weights were saved {accumulated} micro-steps into an update of steps={saved_steps}, but "
+                    f"this optimizer has steps={steps}: resume with steps={saved_steps}, or save between updates "
+                    "(optimizer.accumulated == 0) to change steps"
+                )
         super().load_own_variables(store)
         self._steps.assign(steps)
 

@@ -51,7 +51,7 @@ from aikit.core.ga import (
     sample_weight,
     short_window_factor,
 )
-from aikit.core.validate import non_negative_int, positive_int
+from aikit.core.validate import checked_int, non_negative_int, positive_int
 from aikit.ga.Torch.runai import from_runai, prebuilt_classes
 from aikit.ga.Torch.scheduler import UpdateScheduler  # noqa: F401  (its public path: aikit.ga.Torch.optim)
 from aikit.runtime.published import latest_plan
@@ -443,8 +443,10 @@ class Optimizer(WrappingOptimizer):
             keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
             raise InvalidValue(f"GA Optimizer state_dict needs keys {sorted(_STATE_KEYS)}, got {keys}")
         ga = state_dict["ga"]
-        if set(ga) not in (_GA_KEYS, _GA_KEYS_BEFORE_TERMS):
-            raise InvalidValue(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {sorted(ga)}")
+        if not isinstance(ga, dict) or set(ga) not in (_GA_KEYS, _GA_KEYS_BEFORE_TERMS):
+            got = sorted(ga) if isinstance(ga, dict) else type(ga).__name__
+            raise InvalidValue(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {got}")
+        _check_counters(ga)
         position = ga["position"]
         if ga["reduction"] != self.reduction:
             raise InvalidValue(
@@ -511,6 +513,21 @@ class Optimizer(WrappingOptimizer):
                 "aikit.elastic.Torch.init(G, max_device_batch) first"
             )
         return plan.global_batch_size
+
+
+def _check_counters(ga: dict[str, Any]) -> None:
+    """The saved counters are what this wrapper writes: ``position`` in ``[0, steps)`` (a state
+    that says 7 of 4 would never update again), counts non-negative, the reduction a name."""
+    steps = positive_int(ga["steps"], "the checkpoint's GA steps")
+    checked_int(ga["position"], "the checkpoint's GA position", 0, steps - 1,
+                f"an integer in [0, {steps}) for steps={steps}", "restore an intact commit (was the state edited?)")
+    for key in ("micro_steps", "samples", "weighted"):
+        non_negative_int(ga[key], f"the checkpoint's GA {key}")
+    if ga["unit"] is not None:
+        positive_int(ga["unit"], "the checkpoint's GA unit")
+    if ga.get("terms") is not None:
+        non_negative_int(ga["terms"], "the checkpoint's GA terms")
+    reduction_name(ga["reduction"])
 
 
 def _closure_required(optimizer: torch.optim.Optimizer) -> bool:

@@ -16,22 +16,95 @@ ordinal 0, across the hosts, and from each ordinal 0 to its host.
 
 An SPMD process is one replica (its devices are reduced over by the partitioner), so every
 collective here is the identity there.
+
+A collective waits for every peer. When one is gone (its process killed, its host down) or
+cannot be reached (its link down), a torch.distributed collective fails after at most the
+process group's timeout (``init_process_group(timeout=...)``; at once when the peer's
+connection closes), and the XLA hosts' group after ``AIKIT_HOST_TIMEOUT`` seconds (default
+1800, torch.distributed's default for gloo). Either failure is raised as a
+:class:`~aikit.core.errors.CollectiveError` naming the collective, the rank, the time waited
+and the timeout, with the engine's error as its cause. Horovod's errors pass through
+unchanged: ``hvd.elastic.run`` acts on its own ``HorovodInternalError``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from aikit.core.errors import InvalidState
+from aikit.core.errors import AikitError, CollectiveError, InvalidState, InvalidValue
 from aikit.runtime.Torch import distributed
 
-HOST_TIMEOUT = timedelta(minutes=30)  # torch.distributed's default for gloo
+HOST_TIMEOUT = timedelta(minutes=30)  # torch.distributed's default for gloo; AIKIT_HOST_TIMEOUT overrides it
+
+
+def host_timeout() -> timedelta:
+    """How long the XLA hosts' gloo group waits for a peer host: ``AIKIT_HOST_TIMEOUT`` seconds,
+    else :data:`HOST_TIMEOUT`."""
+    value = os.environ.get("AIKIT_HOST_TIMEOUT")
+    if value is None:
+        return HOST_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise InvalidValue(f"environment variable AIKIT_HOST_TIMEOUT={value!r} must be a number of seconds > 0, "
+                           "how long the XLA hosts' gloo group waits for a peer host")
+    return timedelta(seconds=seconds)
+
+
+def process_group_timeout(group: dist.ProcessGroup | None = None) -> timedelta | None:
+    """The timeout of a torch.distributed process group (the default one when None), or None
+    where the backend does not say."""
+    pg = group or dist.group.WORLD
+    for device in ("cpu", "cuda"):
+        try:
+            return pg._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return None
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error)
+    if "Timed out" in text or "timed out" in text or "Timeout" in text:
+        return "no answer within the timeout: a peer is stuck, or its host or its link is down"
+    if any(words in text for words in ("closed by peer", "Connection reset", "Broken pipe", "Connection refused")):
+        return "a peer's connection closed: its process or its host died"
+    return "a peer failed"
+
+
+@contextlib.contextmanager
+def named_failure(what: str, timeout: timedelta | None, setting: str) -> Iterator[None]:
+    """Raise a failure of the collective ``what`` inside the block as a :class:`CollectiveError`
+    that names it, this rank, the time it waited, the ``timeout`` bounding the wait and the
+    ``setting`` that sets it (the engine's error is its cause)."""
+    started = time.monotonic()
+    try:
+        yield
+    except RuntimeError as error:
+        if isinstance(error, AikitError):
+            raise
+        waited = time.monotonic() - started
+        bound = f"{timeout.total_seconds():g} s" if timeout is not None else "not known"
+        raise CollectiveError(
+            f"{what} failed on rank {distributed.rank()} of {distributed.world_size()} after {waited:.1f} s: "
+            f"{_reason(error)} (the wait is bounded by {setting}, {bound} here; docs/resize.md, Several hosts). "
+            f"The engine said: {str(error).strip()[:500]}"
+        ) from error
+
+
+def _torch_failure(what: str):
+    return named_failure(f"{what} over torch.distributed", process_group_timeout(),
+                         "init_process_group(timeout=...)")
 
 
 def engine(device: torch.device | str | None = None) -> str:
@@ -61,7 +134,8 @@ def _torch_all_reduce_(tensors: list[torch.Tensor]) -> None:
 
     for bucket in _buckets(tensors):
         flat = _flatten_dense_tensors(bucket)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        with _torch_failure(f"an all-reduce of {len(bucket)} tensor(s)"):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         for tensor, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
             tensor.copy_(reduced)
 
@@ -81,19 +155,27 @@ def _hosts_group() -> dist.ProcessGroupGloo:
                 f"MY_HOST_WORLD_SIZE={hosts} needs MY_DIST_ROOT=host:port of host 0 for the gloo group that "
                 f"joins the hosts, got {root!r}"
             )
-        store = dist.TCPStore(address, int(port), hosts, is_master=host == 0, timeout=HOST_TIMEOUT)
-        _host_group = dist.ProcessGroupGloo(dist.PrefixStore("aikit-hosts", store), host, hosts, HOST_TIMEOUT)
+        timeout = host_timeout()
+        with _hosts_failure(f"joining the XLA hosts' gloo group at MY_DIST_ROOT={root}"):
+            store = dist.TCPStore(address, int(port), hosts, is_master=host == 0, timeout=timeout)
+            _host_group = dist.ProcessGroupGloo(dist.PrefixStore("aikit-hosts", store), host, hosts, timeout)
     return _host_group
 
 
-def _across_hosts(tensors: list[torch.Tensor], collective) -> None:
+def _hosts_failure(what: str):
+    return named_failure(what, host_timeout(), "AIKIT_HOST_TIMEOUT")
+
+
+def _across_hosts(tensors: list[torch.Tensor], collective, what: str) -> None:
     """Run ``collective(flat_cpu_buffer)`` over the host group on a copy of ``tensors`` (one
     flat host-memory buffer per dtype) and write the result back to their device."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     for bucket in _buckets(tensors):
         flat = _flatten_dense_tensors([tensor.detach().cpu() for tensor in bucket])
-        collective(flat).wait()
+        group = _hosts_group()
+        with _hosts_failure(f"{what} across the XLA hosts"):
+            collective(group, flat).wait()
         for tensor, result in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
             tensor.copy_(result.to(tensor.device))
 
@@ -107,7 +189,7 @@ def _xla_all_reduce_(tensors: list[torch.Tensor]) -> None:
         xm.all_reduce(xm.REDUCE_SUM, tensors)
     if distributed.hosts()[0] > 1:
         if xr.global_ordinal() == 0:
-            _across_hosts(tensors, lambda flat: _hosts_group().allreduce(flat))
+            _across_hosts(tensors, lambda group, flat: group.allreduce(flat), "an all-reduce")
         else:
             for tensor in tensors:
                 tensor.zero_()
@@ -125,7 +207,7 @@ def _xla_broadcast_(tensors: list[torch.Tensor], src: int) -> None:
         xm.collective_broadcast(tensors, root_ordinal=src_local)
     if distributed.hosts()[0] > 1:
         if xr.global_ordinal() == 0:
-            _across_hosts(tensors, lambda flat: _hosts_group().broadcast(flat, src_host))
+            _across_hosts(tensors, lambda group, flat: group.broadcast(flat, src_host), "a broadcast")
         if local > 1:
             xm.collective_broadcast(tensors, root_ordinal=0)
 
@@ -176,7 +258,13 @@ def start_all_reduce_sum_(tensor: torch.Tensor, name: str) -> Callable[[], None]
         hvd = distributed.horovod()
         handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name=name)
         return lambda: hvd.synchronize(handle)
-    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True).wait
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+
+    def wait() -> None:
+        with _torch_failure(f"the all-reduce of {name}"):
+            work.wait()
+
+    return wait
 
 
 def broadcast_(tensors: list[torch.Tensor], src: int = 0) -> None:
@@ -190,8 +278,22 @@ def broadcast_(tensors: list[torch.Tensor], src: int = 0) -> None:
         for tensor in tensors:
             hvd.broadcast_(tensor, root_rank=src)
     elif kind == "torch.distributed" and dist.get_world_size() > 1:
-        for tensor in tensors:
-            dist.broadcast(tensor, src=src)
+        with _torch_failure(f"a broadcast of {len(tensors)} tensor(s) from rank {src}"):
+            for tensor in tensors:
+                dist.broadcast(tensor, src=src)
+
+
+def broadcast_object(obj, what: str = "a broadcast of a Python object", src: int = 0):
+    """Replica ``src``'s ``obj`` on every replica (torch.distributed or Horovod; a single
+    process gets ``obj`` back). ``what`` names it in a :class:`CollectiveError`."""
+    if distributed.world_size() == 1:
+        return obj
+    if _checked(distributed.engine()) == "horovod":
+        return distributed.horovod().broadcast_object(obj, root_rank=src)
+    box = [obj]
+    with _torch_failure(what):
+        dist.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def mark_step(device: torch.device | str) -> None:
@@ -200,3 +302,24 @@ def mark_step(device: torch.device | str) -> None:
         import torch_xla.core.xla_model as xm
 
         xm.mark_step()
+
+
+def broadcast_gathering_(tensors: list[torch.Tensor], row: list[int], src: int = 0) -> list[list[int]]:
+    """:func:`broadcast_` ``tensors`` from replica ``src`` and gather every replica's ``row``
+    (numbers in 0..255, the same count on every replica), in one all-reduce: the other replicas
+    add zeros to ``src``'s tensors (exact), and each fills its own row of a table of zeros.
+    Returns the rows by rank. How replicas compare their settings without another round trip
+    (:mod:`aikit.core.agreement`)."""
+    replicas, rank = world()
+    if not tensors or replicas == 1:
+        broadcast_(tensors, src)
+        return [list(row)]
+    first = tensors[0]
+    dtype = first.dtype if first.is_floating_point() else torch.float32
+    table = torch.zeros(replicas, len(row), dtype=dtype, device=first.device)
+    table[rank] = torch.tensor(row, dtype=dtype)
+    if rank != src:
+        for tensor in tensors:
+            tensor.zero_()
+    all_reduce_sum_([*tensors, table])
+    return table.to(torch.int64).tolist()

@@ -1,0 +1,54 @@
+"""Do the replicas agree on what they train? Each replica's settings as a few small numbers,
+gathered by a collective the run makes anyway, compared alike on every replica.
+
+Two replicas given different traces (or seeds, or data set sizes) each deal themselves their own
+micro-batches: they train on, diverge silently, and fail much later in a collective whose sizes
+no longer match ("Connection closed by peer"). A :func:`fingerprint` is 9 numbers per setting,
+each in 0..255, so it travels exactly in any float dtype (bfloat16 included) as a row of a table
+that the other replicas fill with zeros: one sum over the replicas gathers every row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+_INT, _HASH = 0, 1
+_WIDTH = 9  # a kind byte, then 8 bytes
+
+
+def fingerprint(settings: Mapping[str, object]) -> list[int]:
+    """One replica's row: for each setting, in order, an integer in ``0..2**64-1`` as itself,
+    anything else as the first 8 bytes of the SHA-256 of its ``repr``."""
+    row: list[int] = []
+    for value in settings.values():
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64:
+            row += [_INT, *value.to_bytes(8, "little")]
+        else:
+            row += [_HASH, *hashlib.sha256(repr(value).encode()).digest()[:8]]
+    return row
+
+
+def row_length(settings: Mapping[str, object]) -> int:
+    return _WIDTH * len(settings)
+
+
+def disagreement(names: list[str], rows: list[list[int]]) -> str | None:
+    """None when every replica's row is the same; else what differs, and which ranks hold
+    which value, the same text on every replica, e.g. ``seed (rank 0: 7; rank 1: 8)``."""
+    differ = []
+    for index, name in enumerate(names):
+        values: dict[str, list[int]] = {}
+        for rank, row in enumerate(rows):
+            cell = row[index * _WIDTH:(index + 1) * _WIDTH]
+            number = int.from_bytes(bytes(cell[1:]), "little")
+            shown = str(number) if cell[0] == _INT else f"#{number:016x}"
+            values.setdefault(shown, []).append(rank)
+        if len(values) > 1:
+            held = "; ".join(f"{_ranks(ranks)}: {shown}" for shown, ranks in values.items())
+            differ.append(f"{name} ({held})")
+    return ", ".join(differ) if differ else None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
