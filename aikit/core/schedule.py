@@ -32,6 +32,7 @@ import numpy as np
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import sample_weight
 from aikit.core.plan import even_micro_batches, even_split_problems
+from aikit.core.ramp import world_fit_problem
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
 from aikit.core.validate import aliased, checked_bool, non_negative_int, positive_int
 
@@ -167,6 +168,17 @@ def schedule_problems(
             f"data set ({dataset_size} samples); a step cannot span epochs"
         )
     return problems
+
+
+def world_problem(trace: Trace, from_step: int, micro_batch: int, num_replicas: int) -> str | None:
+    """Why the steps of ``trace`` from ``from_step`` on cannot each be dealt to ``num_replicas``
+    replicas as the same number of whole micro-batches (Megatron's condition), with the world
+    sizes that can; None when they can. The steps before were trained already, maybe on another
+    number of replicas: only the rest must fit (Megatron #3913's check after a checkpoint load)."""
+    sizes = trace.sizes
+    if trace.when_exhausted != "cycle":
+        sizes = sizes[min(from_step, len(sizes) - 1):]  # past the end the last size repeats (or the trace ends)
+    return world_fit_problem(sizes, micro_batch, num_replicas, f"the trace from step {from_step} on")
 
 
 def checked_settings(dataset_size: object, num_replicas: object, micro_batch: object,

@@ -1,9 +1,11 @@
 """Batch-size traces: the global batch size of every training step.
 
 A trace comes from a CSV file with columns ``step,batchsize`` (the seeds' ``" 0, 1024"``
-spacing is fine), from a list of sizes, or from a single int (a constant batch size). Steps
-must run 0, 1, 2, ... in order and every size must be a positive integer; anything else is
-refused with the row and the value.
+spacing is fine), from a list of sizes, from a single int (a constant batch size), or from a
+batch-size schedule in samples or tokens (:mod:`aikit.core.ramp`: Megatron's
+``--step-batch-size-schedule``, NeMo's ``rampup_batch_size``, linear and staged ramps, Seesaw;
+:func:`schedule_trace`). Every size must be a positive integer written in ASCII digits; anything
+else is refused with the row and the value.
 
 What happens after the last step is the trace's ``when_exhausted`` policy:
 
@@ -25,6 +27,8 @@ import decimal
 import io
 import math
 import os
+import re
+import stat
 import warnings
 from collections.abc import Sequence
 from numbers import Integral, Real
@@ -34,11 +38,26 @@ import numpy as np
 import pandas as pd
 
 from aikit.core.errors import AikitError, InvalidType, InvalidValue, TraceFileError
+from aikit.core.ramp import (
+    BatchSchedule,
+    linear_schedule,
+    rampup,
+    seesaw_schedule,
+    staged_schedule,
+    threshold_schedule,
+)
 from aikit.core.validate import positive_int, writable_file
+
+__all__ = ["EXHAUSTION_POLICIES", "BatchSchedule", "Trace", "TraceExhaustedError", "TraceStepWarning", "constant",
+           "linear_ramp", "linear_schedule", "load_trace", "multiple_problems", "rampup", "read_csv_trace",
+           "schedule_trace", "seesaw_schedule", "staged_schedule", "step_increase", "threshold_schedule"]
 
 EXHAUSTION_POLICIES = ("error", "stop", "repeat_last", "cycle")
 MAX_BATCH_SIZE = np.iinfo(np.int64).max  # sizes are int64 from here on
 _EXACT_FLOAT = 2**53  # every integer up to here is exactly a float64
+# a number as a CSV cell may write it: ASCII digits only (Decimal and int() also read "6_4" and
+# Arabic-Indic digits as 64), with an optional fraction and exponent ("64.0", "6.4e1")
+_ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def row_name(source: str, row: int, line: int | None = None) -> str:
@@ -134,6 +153,23 @@ class Trace:
             return self.sizes[steps % len(self)]
         return self.sizes[np.minimum(steps, len(self) - 1)]
 
+    def samples_before(self, step: int) -> int:
+        """Samples the steps before ``step`` train (an LR decay over samples reads it)."""
+        step = int(step)
+        if step < 0:
+            raise InvalidValue(f"step must be >= 0, got {step}")
+        if not hasattr(self, "_cumulative"):
+            self._cumulative = np.concatenate(([0], np.cumsum(self.sizes.astype(object))))
+        if step <= len(self):
+            return int(self._cumulative[step])
+        if self.is_finite:
+            self.window(step - 1, step)  # raises TraceExhaustedError naming the step
+        total, extra = int(self._cumulative[-1]), step - len(self)
+        if self.when_exhausted == "repeat_last":
+            return total + extra * int(self.sizes[-1])
+        cycles, rest = divmod(step, len(self))
+        return cycles * total + int(self._cumulative[rest])
+
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write the trace as ``step,batchsize`` CSV."""
         path = writable_file(path, "give a file name, e.g. trace.csv")
@@ -141,13 +177,24 @@ class Trace:
 
 
 def _text(path: Path) -> str:
-    """The file's text, or an error naming the file (and the line of a byte that is not UTF-8)."""
+    """The file's text, or an error naming the file (and the line of a byte that is not UTF-8).
+    What is not a regular file is refused before it is opened: reading a FIFO (or a terminal)
+    would wait for a writer for ever."""
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise TraceFileError(f"trace {path} is {kind}, not a regular file: reading it could wait for ever; "
+                                 "write the trace to a 'step,batchsize' CSV file and give its path")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise TraceFileError(f"trace {path} does not exist: give the path of a 'step,batchsize' CSV file") from None
     except IsADirectoryError:
         raise TraceFileError(f"trace {path} is a directory: give the path of a 'step,batchsize' CSV file") from None
+    except TraceFileError:
+        raise
     except OSError as error:
         raise TraceFileError(f"trace {path} cannot be read: {error.strerror or error}") from None
     except ValueError:  # the operating system takes no NUL in a path
@@ -170,7 +217,10 @@ def _text(path: Path) -> str:
 
 
 def _integer_cell(text: str) -> int | None:
-    """A cell's exact integer value (``'64'``, ``' 64.0'``, ``'6.4e1'``), or None if it is none."""
+    """A cell's exact integer value (``'64'``, ``' 64.0'``, ``'6.4e1'``), or None if it is none
+    (``'6_4'`` and digits other than ASCII's included)."""
+    if not _ASCII_NUMBER.fullmatch(text.strip()):
+        return None
     try:
         return exact_int(decimal.Decimal(text.strip()))
     except (decimal.InvalidOperation, ValueError):
@@ -268,10 +318,13 @@ def load_trace(
     *,
     strict_steps: bool = False,
 ) -> Trace:
-    """A :class:`Trace` from a CSV path, a list of sizes, an int (constant) or a Trace.
-    ``strict_steps`` applies to CSV files (see :func:`read_csv_trace`)."""
+    """A :class:`Trace` from a CSV path, a list of sizes, an int (constant), a Trace, or a
+    :class:`~aikit.core.ramp.BatchSchedule` (its steps up to its last entry, whose batch then
+    repeats: :func:`schedule_trace`). ``strict_steps`` applies to CSV files (see :func:`read_csv_trace`)."""
     if isinstance(source, Trace):
         return source if when_exhausted is None else Trace(source.sizes, when_exhausted, source.source)
+    if isinstance(source, BatchSchedule):
+        return schedule_trace(source, when_exhausted=when_exhausted or "repeat_last")
     if isinstance(source, (str, os.PathLike)):
         return read_csv_trace(Path(source), when_exhausted or "error", strict_steps=strict_steps)
     if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
@@ -279,7 +332,21 @@ def load_trace(
         return Trace([size], when_exhausted or "repeat_last", source=f"constant {size}")
     if isinstance(source, (Sequence, np.ndarray)) and not isinstance(source, (bytes, str)):
         return Trace(source, when_exhausted or "error")
-    raise InvalidType(f"a trace is a CSV path, a list of batch sizes or an int, got {type(source).__name__}")
+    raise InvalidType(f"a trace is a CSV path, a list of batch sizes, an int or a batch schedule, got "
+                      f"{type(source).__name__}")
+
+
+def schedule_trace(schedule: BatchSchedule, *, steps: int | None = None, samples: int | None = None,
+                   tokens: int | None = None, when_exhausted: str | None = None) -> Trace:
+    """The batch of every step of ``schedule`` (:meth:`~aikit.core.ramp.BatchSchedule.sizes`):
+    ``steps`` steps, or enough for ``samples`` samples or ``tokens`` tokens (the policy then
+    defaults to ``"stop"``: training ends with the budget); with no length, its steps up to its
+    last entry, whose batch then repeats (``"repeat_last"``)."""
+    if not isinstance(schedule, BatchSchedule):
+        raise InvalidType(f"schedule must be an aikit.core.ramp.BatchSchedule, got {type(schedule).__name__}")
+    sizes = schedule.sizes(steps=steps, samples=samples, tokens=tokens)
+    bounded = steps is not None or samples is not None or tokens is not None
+    return Trace(sizes, when_exhausted or ("stop" if bounded else "repeat_last"), source=schedule.source)
 
 
 def multiple_problems(trace: Trace, multiple: int, what: str) -> list[str]:
@@ -296,8 +363,13 @@ def multiple_problems(trace: Trace, multiple: int, what: str) -> list[str]:
     return problems
 
 
-def _rounded(sizes: np.ndarray, multiple: int) -> Trace:
-    return Trace(np.maximum(multiple, np.round(sizes / multiple) * multiple).astype(np.int64), source="generated")
+def _rounded(sizes: np.ndarray, multiple: int, low: float, high: float) -> Trace:
+    """``sizes`` rounded to multiples of ``multiple``, kept within the multiples in ``low..high``
+    where there are any (rounding 112 to multiples of 32 gives 128, past an end of 112)."""
+    first = max(multiple, -(-int(low) // multiple) * multiple)
+    last = int(high) // multiple * multiple if math.isfinite(high) else MAX_BATCH_SIZE
+    rounded = np.round(sizes / multiple) * multiple
+    return Trace(np.clip(rounded, first, max(first, last)).astype(np.int64), source="generated")
 
 
 def constant(batch_size: int, steps: int) -> Trace:
@@ -311,7 +383,8 @@ def linear_ramp(start: int, end: int, steps: int, ramp_steps: int | None = None,
     start, end, steps = (positive_int(v, n) for v, n in ((start, "start"), (end, "end"), (steps, "steps")))
     ramp = positive_int(ramp_steps if ramp_steps is not None else steps, "ramp_steps")
     progress = np.minimum(np.arange(steps) / max(ramp - 1, 1), 1.0)
-    return _rounded(start + (end - start) * progress, positive_int(multiple_of, "multiple_of"))
+    return _rounded(start + (end - start) * progress, positive_int(multiple_of, "multiple_of"), min(start, end),
+                    max(start, end))
 
 
 def step_increase(
@@ -325,4 +398,4 @@ def step_increase(
     sizes = initial * float(factor) ** (np.arange(steps) // every)
     if maximum is not None:
         sizes = np.minimum(sizes, positive_int(maximum, "maximum"))
-    return _rounded(sizes, positive_int(multiple_of, "multiple_of"))
+    return _rounded(sizes, positive_int(multiple_of, "multiple_of"), 1, np.inf if maximum is None else maximum)

@@ -1,5 +1,6 @@
 """The aikit command and the promise that the core loads no framework."""
 
+import os
 import re
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import sys
 import pytest
 
 from aikit.cli import main
+from aikit.core.trace import load_trace
 
 
 def test_plan_prints_seed_002_table(capsys):
@@ -118,3 +120,90 @@ def test_elastic_attributes_before_init_say_what_to_do():
     code = "import aikit.elastic\ntry:\n    aikit.elastic.steps\nexcept AttributeError as e:\n    print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "aikit.elastic.steps is set by init(): call aikit.elastic.Torch.init(...)" in out
+
+
+@pytest.mark.parametrize("option", ["--micro-batch", "--minibatch-size"])
+def test_trace_check_refuses_a_zero_micro_batch_as_the_sampler_does(tmp_path, capsys, option):
+    """It used to read a micro-batch of 0 as 1 and exit 0, where CustomSampler refuses 0: under
+    aikit's name and eth-easl's alike, the error naming the option given."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("step,batchsize\n0,32\n")
+    assert main(["trace", "check", str(trace), option, "0", "--dataset-size", "64"]) == 2
+    assert f"aikit: error: {option} must be a positive integer, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["constant", "--start", "100", "--steps", "3", "--multiple-of", "32"],
+         "--start 100 is not a multiple of --multiple-of 32: use 96 or 128"),
+        (["ramp", "--start", "32", "--end", "112", "--steps", "5", "--multiple-of", "32"],
+         "--end 112 is not a multiple of --multiple-of 32: use 96 or 128"),
+        (["steps", "--start", "32", "--end", "100", "--steps", "9", "--multiple-of", "32"],
+         "--end 100 is not a multiple of --multiple-of 32: use 96 or 128"),
+    ],
+)
+def test_trace_make_honours_multiple_of_or_says_why_not(tmp_path, capsys, args, message):
+    """--multiple-of was ignored for constant, and a ramp's rounding went past --end."""
+    assert main(["trace", "make", *args, "-o", str(tmp_path / "t.csv")]) == 2
+    assert f"aikit: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("number", ["6_4", "\u0666\u0664", "\uff16\uff14"])
+def test_options_take_ascii_digits_only(tmp_path, capsys, number):
+    """argparse's int() reads '6_4' and Arabic-Indic digits as 64."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["trace", "make", "constant", "--start", number, "--steps", "3", "-o", str(tmp_path / "t.csv")])
+    assert exit_.value.code == 2
+    assert f"argument --start: {number!r} is not a whole number written in ASCII digits" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["trace", "make", "rampup", "16", "8", number, "--global-batch-size", "64", "--steps", "3"])
+    assert "is not a number: write ASCII digits" in capsys.readouterr().err
+
+
+def test_trace_check_refuses_a_fifo_without_waiting(tmp_path, capsys):
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "aikit.cli", "trace", "check", str(fifo), "--minibatch-size", "4",
+                           "--dataset-size", "64"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is a FIFO, not a regular file" in done.stderr
+
+
+def test_trace_make_writes_schedules_in_samples_and_tokens_and_shows_their_stages(tmp_path, capsys):
+    out = tmp_path / "megatron.csv"
+    assert main(["trace", "make", "schedule", "0:768 250B:1536 500B:3072", "--seq-length", "4096", "--tokens",
+                 "600B", "--micro-batch", "4", "--world", "8", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "schedule 0:768 250B:1536 500B:3072 (thresholds in tokens, seq_length 4096):" in text
+    assert ("entry 2 ('250B:1536'): from 250,000,000,000 tokens = 61,035,156 samples: batch 1536, steps 79473..119209"
+            in text)
+    assert load_trace(out).sizes[79472:79474].tolist() == [768, 1536]
+    assert main(["trace", "make", "rampup", "16", "8", "300K", "--global-batch-size", "1024", "--samples", "1M",
+                 "-o", str(tmp_path / "nemo.csv")]) == 0
+    assert "entry 127 ('increment 126'): from 300,000 samples: batch 1024" in capsys.readouterr().out
+    assert main(["trace", "make", "stages", "--batch", "1024", "--samples", "10M", "-o", str(tmp_path / "n.csv")]) == 0
+    assert "schedule 0:256 300K:512 1M:1024 (thresholds in samples)" in capsys.readouterr().out
+    assert main(["trace", "make", "seesaw", "--start", "64", "--max-batch", "256", "--milestones", "30K", "60K", "90K",
+                 "--samples", "100K", "-o", str(tmp_path / "s.csv")]) == 0
+    assert "schedule 0:64 30K:128 60K:256 (thresholds in samples)" in capsys.readouterr().out
+    backwards = ["trace", "make", "schedule", "0:768 500B:1536 250B:3072", "--seq-length", "4096", "--tokens", "1T"]
+    assert main(backwards) == 2
+    assert "thresholds must increase" in capsys.readouterr().err
+
+
+def test_trace_check_and_plot_show_a_schedule(tmp_path, capsys):
+    schedule = ["--schedule", "0:64 2K:128 5K:256", "--samples", "8K"]
+    assert main(["trace", "check", *schedule, "--minibatch-size", "32", "--replicas", "2", "--dataset-size",
+                 "3000"]) == 0
+    out = capsys.readouterr().out
+    assert "entry 2 ('2K:128'): from 2,000 samples: batch 128, steps 32..55 (24 steps, samples 2,048..5,120)" in out
+    assert "0 problem(s)" in out
+    assert main(["trace", "check", *schedule, "--minibatch-size", "48", "--dataset-size", "3000"]) == 1
+    out = capsys.readouterr().out
+    assert "row 0 (step 0): batch size 64 is not a multiple of minibatch_size 48; use 48 or 96" in out
+    assert main(["trace", "plot", *schedule, "-o", str(tmp_path / "s.png")]) == 0
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    trace = tmp_path / "t.csv"
+    trace.write_text("step,batchsize\n0,32\n")
+    assert main(["trace", "check", str(trace), *schedule, "--minibatch-size", "32", "--dataset-size", "64"]) == 2
+    assert "give a trace file or --schedule" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """Traces: loading, the errors bad rows get, end-of-trace policies and generators."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -146,3 +148,49 @@ def test_trace_check_reads_a_concatenated_trace_and_strict_steps_refuses_it(tmp_
     with pytest.warns(TraceStepWarning, match=r"row 2, line 4: step 0"):
         assert main(args) == 0
     assert main([*args, "--strict-steps"]) == 2
+
+
+@pytest.mark.parametrize("size", ["6_4", "\u0666\u0664", "\uff16\uff14", "64\u200b", "+\u0036\u0034_0"])
+def test_digits_other_than_ascii_are_refused_not_read_as_64(tmp_path, size):
+    """Python's int() and Decimal read '6_4', Arabic-Indic and full-width digits as 64."""
+    path = write(tmp_path, f"step,batchsize\n0,32\n1,{size}\n")
+    with pytest.raises(ValueError, match=rf"row 1 \(step 1, line 3\) has batch size {re.escape(repr(size))}; it must "
+                                         "be a positive integer"):
+        load_trace(path)
+    path = write(tmp_path, f"step,batchsize\n0,32\n{size},32\n")
+    with pytest.raises(ValueError, match=rf"row 1 \(step 1, line 3\) has step {re.escape(repr(size))}; it must be a "
+                                         "non-negative"):
+        load_trace(path)
+
+
+def test_a_fifo_is_refused_without_being_opened(tmp_path):
+    """Opening a FIFO for reading waits for a writer: the loader must not open what is not a
+    regular file (the test would hang, and time out, if it did)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "trace.csv"
+    os.mkfifo(fifo)
+    found = []
+
+    def read() -> None:
+        try:
+            load_trace(fifo)
+        except ValueError as error:
+            found.append(str(error))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    if reader.is_alive():  # unblock the reader so the test process can end, then fail
+        with open(fifo, "w"):
+            pass
+        pytest.fail("load_trace opened the FIFO and waited for a writer")
+    assert found[0] == (f"trace {fifo} is a FIFO, not a regular file: reading it could wait for ever; "
+                                   "write the trace to a 'step,batchsize' CSV file and give its path")
+
+
+def test_generated_sizes_stay_between_the_ends_as_multiples():
+    """Rounding to multiples took a ramp to 112 up to 128, past its end."""
+    assert tr.linear_ramp(32, 112, 5, multiple_of=32).sizes.tolist() == [32, 64, 64, 96, 96]
+    assert tr.step_increase(32, 2, 2, 10, maximum=100, multiple_of=32).sizes.max() == 96

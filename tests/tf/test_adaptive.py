@@ -179,6 +179,36 @@ def test_plan_changes_do_not_retrace_the_training_step_each_time(float64):
     assert traces == [4, 4, None]
 
 
+def test_the_per_device_batch_grows_with_the_batch_and_tracing_stays_bounded(float64):
+    """One device holding up to 64 samples, as PyTorch's max_device_batch: every update runs in
+    one pass but every fourth (noise_every=4), which runs in two halves and alone measures the
+    noise; the micro-batch grows with the batch through many sizes, and the training step is
+    traced for the first shape (twice: Keras' first call) and once for a shape-generic step, not
+    once per size. Every update equals a big-batch step."""
+    x, y = data(200)
+    traces = []
+
+    class Counting(keras.Sequential):
+        def train_step(self, batch):
+            traces.append(batch[0].shape[0])
+            return super().train_step(batch)
+
+    keras.utils.set_random_seed(1)  # mlp()'s weights, for the reference
+    model = Counting([keras.Input((4,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(NoiseOptimizer(momentum()), loss="mse")
+    controller = ScriptedController({3: 12, 6: 24, 9: 40, 12: 64, 15: 20}, 64, 1, base_batch=8, max_batch=64,
+                                    noise_every=4)
+    rows = fit_adaptive(model, x, y, controller, base_lr=0.05, rule="sqrt", epochs=2, seed=3)
+    split = [(r["micro_batch"], r["ga_steps"]) for r in rows]
+    assert all(steps == (2 if r["step"] % 4 == 0 else 1) for r, (_, steps) in zip(rows, split, strict=True))
+    assert split[:7] == [(4, 2), (8, 1), (8, 1), (12, 1), (6, 2), (12, 1), (24, 1)]
+    assert len({micro for micro, _ in split}) >= 8  # many shapes ...
+    assert traces == [4, 4, None]  # ... three tracings
+    for before, row in itertools.pairwise(rows):  # one part measures nothing: the smoothed noise stays
+        assert (row["grad_sq"] == before["grad_sq"]) == (row["ga_steps"] == 1)
+    assert max_difference(model, big_batch_reference(x, y, rows, 3, momentum)) < 1e-12
+
+
 def test_a_real_controller_records_and_logs_every_change(float64, tmp_path, caplog):
     """A noisy problem (random targets) and a zero threshold: whatever the controller picks is
     planned, logged and written to the trace."""
@@ -207,7 +237,8 @@ def test_bad_settings_are_refused_with_the_fix(float64):
         fit_adaptive(model, x, y, GoodputController(4, 2, base_batch=8, max_batch=16, policy="error"), base_lr=0.1)
     with pytest.raises(ValueError, match="policy='ragged'"):
         fit_adaptive(model, x, y, GoodputController(4, 1, base_batch=8, max_batch=16), base_lr=0.1)
-    with pytest.raises(ValueError, match="batch 8 runs as one micro-batch on one replica"):
+    with pytest.raises(ValueError, match="batch 8 runs as one micro-batch on one replica, from which gradient noise "
+                                         "cannot be measured: give the controller noise_every=4"):
         fit_adaptive(model, x, y, GoodputController(8, 1, base_batch=8, max_batch=16, policy="error"), base_lr=0.1)
     with pytest.raises(ValueError, match="max_batch 32 is larger than the data set"):
         fit_adaptive(model, x, y, GoodputController(4, 1, base_batch=8, max_batch=32, policy="error"), base_lr=0.1)

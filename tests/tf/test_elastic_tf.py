@@ -9,8 +9,10 @@ from tf_common import data, gradients, keras, max_difference, mlp
 
 import aikit.elastic
 import aikit.elastic.TF as elastic_tf
-from aikit.core.scaling import scaled_lr
+from aikit.core.ramp import seesaw_schedule
+from aikit.core.scaling import cosine_decay, scaled_lr
 from aikit.core.schedule import Schedule
+from aikit.core.trace import schedule_trace
 from aikit.ga.TF.optimizers import Optimizer
 
 
@@ -156,6 +158,30 @@ def test_fit_trace_equals_big_batch_steps_at_the_rules_lr(float64):
     assert [r["batch_size"] for r in log] == sizes
     assert [r["lr"] for r in log] == [scaled_lr(base_lr, s, ref, "sqrt", step=i) for i, s in enumerate(sizes)]
     assert int(model.optimizer.iterations) == 4
+
+
+def test_fit_trace_runs_seesaw_and_its_cosine_baseline_at_the_samples_lr(float64):
+    """Seesaw over a cosine: each update equals one SGD step on its samples at base x cosine(samples
+    trained before it) x sqrt(B / B0); the cosine baseline at B0 decays by the same samples."""
+    x, y = data(64)
+    decay = cosine_decay(128)
+    trace = schedule_trace(seesaw_schedule(8, decay, max_batch=32), samples=128)
+    assert trace.sizes.tolist() == [8] * 8 + [16, 16, 32]  # two epochs: 64 at 8, then 16 + 16 + 32
+    for rule, sizes in (("seesaw", trace), ("constant", 8)):
+        model = mlp()
+        model.compile(Optimizer(keras.optimizers.SGD(0.05), 1), loss="mse")
+        log = elastic_tf.fit_trace(model, x, y, sizes, minibatch_size=4, base_lr=0.05, ref_batch_size=8, rule=rule,
+                                   lr_decay=decay, epochs=2, seed=7)
+        before = np.concatenate(([0], np.cumsum([r["batch_size"] for r in log])))[:-1]
+        expected = [0.05 * decay(int(s)) * (np.sqrt(r["batch_size"] / 8) if rule == "seesaw" else 1)
+                    for r, s in zip(log, before, strict=True)]
+        assert [r["lr"] for r in log] == pytest.approx(expected, rel=1e-12)
+        assert sum(r["batch_size"] for r in log) == 128
+    assert len(log) == 16 > 11  # the baseline at 8 took 16 updates where Seesaw took 11
+    model = mlp()
+    model.compile(Optimizer(keras.optimizers.SGD(0.05), 1), loss="mse")
+    with pytest.raises(ValueError, match="rule='seesaw' needs lr_decay"):
+        elastic_tf.fit_trace(model, x, y, trace, minibatch_size=4, base_lr=0.05, ref_batch_size=8, rule="seesaw")
 
 
 def test_fit_trace_refuses_a_size_that_is_not_a_multiple_of_the_micro_batch():

@@ -12,7 +12,12 @@ update's LR, history row and decision (:class:`~aikit.core.adaptive.AdaptiveRun`
 
 What is Keras' here: before each update the GA optimizer's ``steps`` and the LR are set as
 variables (no retracing), and every micro-step is one ``train_on_batch`` with each replica on its
-own samples; the update's gradient noise is measured by
+own samples. The per-device batch grows with the global batch, as PyTorch's does with
+``max_device_batch``: each update split evenly in the fewest micro-batches of at most the
+controller's ``max_device_batch``, every ``noise_every``-th update in two halves at least on one
+device (where the noise is measured); a new micro-batch size does not retrace the training step
+after the first two shapes (``tf.function``'s ``reduce_retracing`` makes it shape-generic), so the
+tracings stay bounded however many sizes the run goes through; the update's gradient noise is measured by
 :class:`~aikit.ga.TF.noise.NoiseOptimizer` inside the update's one all-reduce. So every update
 equals one big-batch step, whatever its plan. The batches of all updates form a
 ``step,batchsize`` trace that ``fit_trace`` replays exactly (with the rows' ``lr`` for AdaScale,
@@ -131,11 +136,12 @@ def _check(controller: GoodputController, replicas: int, x: np.ndarray, y: np.nd
             f"max_batch {controller.max_batch} is larger than the data set ({len(x)} samples): an update "
             "cannot span epochs, so use max_batch <= the data set size"
         )
-    if replicas * controller.plan(controller.batch).steps < 2:
+    if replicas * controller.plan(controller.batch).steps < 2 and not controller.split.noise_every:
         raise InvalidValue(
             f"batch {controller.batch} runs as one micro-batch on one replica, from which gradient noise cannot "
-            f"be measured: use max_device_batch below {controller.batch} (two or more micro-steps) or train on "
-            "two or more replicas"
+            "be measured: give the controller noise_every=4 (every fourth update in two halves, where the noise is "
+            "measured, as PyTorch's AdaptiveSampler does), use max_device_batch below "
+            f"{controller.batch} (two or more micro-steps), or train on two or more replicas"
         )
 
 

@@ -11,7 +11,7 @@ So one update equals one step on the trace's global batch at the rule's LR.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ def fit_trace(
     rule: str = "linear",
     warmup_steps: int = 0,
     learning_rates: Sequence[float] | None = None,
+    lr_decay: Callable[[int], float] | None = None,
     epochs: int = 1,
     initial_epoch: int = 0,
     seed: int = 42,
@@ -54,7 +55,10 @@ def fit_trace(
     ``learning_rates``: the LR of every update by step, used instead of the rule (an AdaScale
     run of :func:`~aikit.elastic.TF.adaptive.fit_adaptive` replays with its rows' ``lr``; its
     ``rule="adascale"`` is accepted then, and only then: AdaScale's LRs come from the gradient
-    noise that run measured, which a batch trace does not hold).
+    noise that run measured, which a batch trace does not hold). ``lr_decay`` (e.g.
+    :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by its value at the samples the
+    trace trained before each step; ``rule="seesaw"`` needs it (Seesaw's LR: ``base_lr x decay x
+    sqrt(B / ref_batch_size)`` over a trace of :func:`aikit.core.ramp.seesaw_schedule`).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
     micro, micro_name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
@@ -72,6 +76,13 @@ def fit_trace(
         rule = rule_name(rule)
     else:
         rule = adaptive_rule_name(rule)
+    if lr_decay is not None and (learning_rates is not None or not callable(lr_decay)):
+        raise InvalidValue("lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
+                           f"step_decay), and not given with learning_rates (those are every step's LR); got "
+                           f"{lr_decay!r:.60}")
+    if rule == "seesaw" and lr_decay is None:
+        raise InvalidValue("rule='seesaw' needs lr_decay, the LR decay over samples its trace was made from "
+                           "(aikit.core.ramp.seesaw_schedule's decay)")
     if len(x) != len(y):
         raise InvalidValue(f"x has {len(x)} samples but y has {len(y)}")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
@@ -90,7 +101,9 @@ def fit_trace(
             batch_size = int(plan.batch_sizes[step])
             update = plan.first_step + step
             if learning_rates is None:
-                lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps)
+                decay = 1.0 if lr_decay is None else float(lr_decay(schedule.trace.samples_before(update)))
+                lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps,
+                               decay=decay)
             else:
                 lr = float(learning_rates[update])
             losses = train_update(keras_model, optimizer, x, y, plan, step, lr)

@@ -26,6 +26,7 @@ from aikit.elastic.Torch.trace_optim import (
     LinearRuleMomentumOptimizer,
     LinearRuleOptimizer,
     RootRuleOptimizer,
+    SeesawOptimizer,
     TraceOptimizer,
 )
 from aikit.runtime.moved import keep_old_paths
@@ -45,6 +46,7 @@ __all__ = [
     "LinearRuleMomentumOptimizer",
     "LinearRuleOptimizer",
     "RootRuleOptimizer",
+    "SeesawOptimizer",
     "TraceOptimizer",
     "distributed",
     "init",

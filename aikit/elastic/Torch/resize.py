@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from aikit.core.errors import AikitError, CheckpointError, CommitError, InvalidState, InvalidValue
+from aikit.core.schedule import world_problem
 from aikit.core.validate import checked_float, positive_int
 from aikit.elastic.Torch import checkpoint, sharded
 from aikit.elastic.Torch.checkpoint import CorruptCheckpointWarning, ShardedRef
@@ -376,6 +377,22 @@ class ElasticState:
                     _shard_template(obj, path, ref)
             except ValueError as error:
                 raise InvalidValue(f"the checkpoint {self.path} cannot be restored into {name}=: {error}") from error
+        self._check_world(saved)
+
+    def _check_world(self, saved: dict) -> None:
+        """A balanced sampler (every replica the same whole micro-batches of every step) whose
+        steps still to train do not fit this world is refused with the world sizes that do
+        (Megatron #3913); the steps trained before need not fit."""
+        opt = self.optimizer
+        if opt is None or not getattr(opt.sampler, "balanced", False):
+            return
+        name = next(name for name, obj in self._objects.items() if obj is opt)
+        position, schedule = saved[name]["trace"], opt.sampler.schedule
+        first = schedule.epoch_bounds(position["epoch"])[0] + position["step"]
+        problem = world_problem(schedule.trace, first, schedule.micro_batch, distributed.world_size())
+        if problem:
+            raise InvalidValue(f"the checkpoint {self.path} cannot resume on {distributed.world_size()} replica(s): "
+                               f"{problem}; resume on one of those, or with another trace")
 
     def _check_names(self, saved: dict, kinds: dict | None) -> None:
         """The same objects under the same names, each of the same kind. An object kept then and

@@ -22,9 +22,9 @@ import torch
 from torch.utils.data import Sampler
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation
+from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation, world_problem
 from aikit.core.trace import Trace, load_trace, multiple_problems
-from aikit.core.validate import aliased, index_in
+from aikit.core.validate import aliased, checked_bool, index_in
 from aikit.runtime.Torch import distributed, spmd
 
 _latest: CustomSampler | None = None
@@ -76,11 +76,19 @@ class CustomSampler(Sampler[list[int]]):
     replays (give its ``noise_every`` too). eth-easl's figures (``minibatches_per_epoch``,
     ``max_epoch``) then count micro-batches of ``max_device_batch``.
 
+    ``balanced=True`` deals every step to every replica as the same number of whole micro-batches
+    (Megatron's condition; no replica idle or ragged), so every batch must be a multiple of
+    ``micro_batch x num_replicas``. It is checked when iteration starts, from the current step
+    on: a run resumed on another number of replicas needs only the steps still to train to fit it
+    (Megatron #3913), and ``ElasticState.restore()`` refuses a world that does not fit them,
+    naming the world sizes that do.
+
     :class:`~aikit.elastic.Torch.AdaptiveSampler` extends it with batches decided while training;
     every public name of one works on the other, or says why it does not apply (``controller``).
     """
 
     _decides_while_training = False  # True for AdaptiveSampler: its epochs grow while training
+    balanced = False  # every step in equal whole micro-batches on every replica (checked from the current step on)
 
     def __init__(
         self,
@@ -101,8 +109,10 @@ class CustomSampler(Sampler[list[int]]):
         max_device_batch: int | None = None,
         min_micro_batches: int = 1,
         noise_every: int | None = None,
+        balanced: bool = False,
     ):
         size = _dataset_size(dataset, dataset_size)
+        self.balanced = checked_bool(balanced, "balanced")
         if trace is None:
             raise InvalidValue("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
         if verbose is not None and not isinstance(verbose, bool):
@@ -119,6 +129,9 @@ class CustomSampler(Sampler[list[int]]):
         trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
         micro, name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
+        if self.balanced and max_device_batch is not None:
+            raise InvalidValue(f"balanced deals whole micro-batches of {name} to every replica; "
+                               "max_device_batch splits every step evenly already: give one of them")
         if max_device_batch is not None and (micro is not None or self.devices > 1):
             raise InvalidValue(
                 f"give {name} (one micro-batch size, static shapes) or max_device_batch (each step split "
@@ -314,8 +327,18 @@ class CustomSampler(Sampler[list[int]]):
         """This replica's micro-batches of the epoch (from the loaded position after a resume)."""
         plan: EpochSchedule = self.epoch_schedule
         self._begin()
+        self.check_world()
         while self.step < len(plan):
             yield from self._rest_of_step(plan)
+
+    def check_world(self) -> None:
+        """With ``balanced``: refuse a world that cannot take equal whole micro-batches of every step
+        still to train, naming the world sizes that can."""
+        if self.balanced:
+            problem = world_problem(self.schedule.trace, self.epoch_schedule.first_step + self.step,
+                                    self.schedule.micro_batch, self.num_replicas)
+            if problem:
+                raise InvalidValue(f"balanced sampler: {problem}")
 
     def _begin(self) -> None:
         """Iteration starts at ``_start`` (the loaded position, or the epoch's beginning)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,9 @@ class TraceOptimizer(WrappingOptimizer):
     ``CustomOptimizer: Step=S, bs=B, lr=(L,)`` at every step ``S`` of an epoch that is a multiple
     of it, or with ``log_format="aikit"`` ``aikit trace: epoch E step S batch B lr L`` every that
     many updates (``S`` counted over the trace). ``sampler`` defaults to the last CustomSampler made.
+    ``lr_decay`` (e.g. :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by its value at
+    the samples the trace trained before each step: an LR schedule clocked by samples, as Seesaw and
+    its cosine baseline need (a scheduler stepped per update would decay a run of larger batches later).
     ``max_grad_norm`` clips each update's gradient; ``scaler`` (a ``torch.amp.GradScaler``) is
     unscaled, stepped and updated once per update. Replicas start from rank 0's parameters,
     broadcast at the first :meth:`set_epoch` or :meth:`join` (``ElasticState.restore()``), unless
@@ -103,6 +106,7 @@ class TraceOptimizer(WrappingOptimizer):
         max_grad_norm: float | None = None,
         scaler: Any = None,
         log_format: str = "eth-easl",
+        lr_decay: Callable[[int], float] | None = None,
         ref_batchsize: int | None = None,
     ):
         super().__init__(optimizer)
@@ -129,6 +133,15 @@ class TraceOptimizer(WrappingOptimizer):
         if ref is None and rule_name(self.rule) != "constant":
             raise InvalidValue(f"{type(self).__name__} needs ref_batch_size (eth-easl's ref_batchsize), the global "
                                "batch its LR was tuned for")
+        if lr_decay is not None and (not callable(lr_decay) or self.per_micro_batch):
+            raise InvalidType(f"lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
+                              f"step_decay) for a LinearRule, RootRule, Seesaw or Constant optimizer, got "
+                              f"{lr_decay!r:.60} for {type(self).__name__}")
+        if lr_decay is None and self.rule == "seesaw":
+            raise InvalidValue(f"{type(self).__name__} needs lr_decay, the LR decay over samples its trace was made "
+                               "from (aikit.core.ramp.seesaw_schedule's decay): Seesaw's LR is base x decay x "
+                               "sqrt(B / ref_batch_size)")
+        self.lr_decay = lr_decay
         self.ref_batch_size = None if ref is None else positive_int(ref, name)
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.warmup_steps = 0 if warmup_steps == 0 else positive_int(warmup_steps, "warmup_steps")
@@ -390,7 +403,14 @@ class TraceOptimizer(WrappingOptimizer):
         """The rule's LR for ``batch`` (at the current update, for warmup) from ``base``."""
         if batch == 0:  # past the epoch: eth-easl's rules give 0 (constant: the base LR)
             return base if rule_name(self.rule) == "constant" else 0.0
-        return scaled_lr(base, batch, self.ref_batch_size or batch, self.rule, self.updates, self.warmup_steps)
+        return scaled_lr(base, batch, self.ref_batch_size or batch, self.rule, self.updates, self.warmup_steps,
+                         self.decay())
+
+    def decay(self) -> float:
+        """``lr_decay`` at the samples the trace trained before the current step (1 without one)."""
+        if self.lr_decay is None:
+            return 1.0
+        return float(self.lr_decay(self.sampler.schedule.trace.samples_before(self.plan.first_step + self.step_index)))
 
     def adapt_lr(self) -> None:
         """Set every group's LR to the rule's LR for the current step, from the LR it holds now
@@ -491,6 +511,14 @@ class RootRuleOptimizer(TraceOptimizer):
     """LR proportional to the square root of the global batch (Malladi et al., 2022): for Adam."""
 
     rule = "sqrt"
+
+
+class SeesawOptimizer(TraceOptimizer):
+    """Seesaw (Meterez et al., 2025): the LR ``base x lr_decay(samples) x sqrt(B / ref_batch_size)``
+    over a trace of :func:`aikit.core.ramp.seesaw_schedule` made from the same ``lr_decay``: where
+    the decay halves the LR, the trace doubles the batch and the LR falls by ``1/sqrt(2)``."""
+
+    rule = "seesaw"
 
 
 class ConstantOptimizer(TraceOptimizer):
