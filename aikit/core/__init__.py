@@ -20,6 +20,7 @@ _HOME = {
     "Schedule": "schedule",
     "Trace": "trace",
     "TraceExhaustedError": "trace",
+    "TraceTooShortError": "trace",
     "load_trace": "trace",
     "make_plan": "plan",
     "scale_factor": "scaling",

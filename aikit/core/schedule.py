@@ -33,7 +33,7 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import sample_weight
 from aikit.core.plan import even_micro_batches, even_split_problems
 from aikit.core.ramp import world_fit_problem
-from aikit.core.trace import Trace, TraceExhaustedError, load_trace, multiple_problems
+from aikit.core.trace import Trace, TraceExhaustedError, TraceTooShortError, load_trace, multiple_problems
 from aikit.core.validate import aliased, checked_bool, non_negative_int, positive_int
 
 MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
@@ -312,14 +312,15 @@ class Schedule:
         ):
             return self._tail[0], self._tail[1], False
         covered = self.full_epochs()
+        exhausted = TraceTooShortError if epoch == 0 else TraceExhaustedError  # no first epoch: bad input
         if self.trace.when_exhausted == "stop":
             last = len(self._starts) - 2 + bool(self._tail and self._tail[1] > self._tail[0])
-            raise TraceExhaustedError(
+            raise exhausted(
                 f"epoch {epoch} is past the end of the trace ({self.trace.source}, {len(self.trace)} steps): with "
                 f"when_exhausted='stop' training ends in epoch {last}, so train epochs 0..{last} only, extend "
                 "the trace, or load it with when_exhausted='repeat_last' or 'cycle'"
             )
-        raise TraceExhaustedError(
+        raise exhausted(
             f"epoch {epoch} needs steps past the end of the trace ({self.trace.source}, "
             f"{len(self.trace)} steps), which covers {covered} full epoch"
             f"{'' if covered == 1 else 's'} of {self.dataset_size} samples: extend the trace, "

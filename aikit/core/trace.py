@@ -48,9 +48,10 @@ from aikit.core.ramp import (
 )
 from aikit.core.validate import positive_int, writable_file
 
-__all__ = ["EXHAUSTION_POLICIES", "BatchSchedule", "Trace", "TraceExhaustedError", "TraceStepWarning", "constant",
-           "linear_ramp", "linear_schedule", "load_trace", "multiple_problems", "rampup", "read_csv_trace",
-           "schedule_trace", "seesaw_schedule", "staged_schedule", "step_increase", "threshold_schedule"]
+__all__ = ["EXHAUSTION_POLICIES", "BatchSchedule", "Trace", "TraceExhaustedError", "TraceStepWarning",
+           "TraceTooShortError", "constant", "linear_ramp", "linear_schedule", "load_trace", "multiple_problems",
+           "rampup", "read_csv_trace", "schedule_trace", "seesaw_schedule", "staged_schedule", "step_increase",
+           "threshold_schedule"]
 
 EXHAUSTION_POLICIES = ("error", "stop", "repeat_last", "cycle")
 MAX_BATCH_SIZE = np.iinfo(np.int64).max  # sizes are int64 from here on
@@ -67,6 +68,11 @@ def row_name(source: str, row: int, line: int | None = None) -> str:
 
 class TraceExhaustedError(AikitError, RuntimeError):
     """A step past the end of a trace whose policy is ``"error"`` or ``"stop"`` was asked for."""
+
+
+class TraceTooShortError(TraceExhaustedError, InvalidValue):
+    """A trace that cannot make even the first epoch of its data set: bad input to the sampler
+    or schedule given it (a ``ValueError``) as much as a run past the trace's end."""
 
 
 def exact_size(value: object, where: str) -> int:

@@ -11,7 +11,7 @@ from aikit.cli import main
 from aikit.core.errors import AikitError, InvalidType, InvalidValue, TraceFileError
 from aikit.core.plan import make_plan
 from aikit.core.schedule import Schedule
-from aikit.core.trace import Trace, TraceExhaustedError, load_trace
+from aikit.core.trace import Trace, TraceExhaustedError, TraceTooShortError, load_trace
 
 
 def write(tmp_path, content: str | bytes, name: str = "trace.csv"):
@@ -93,6 +93,18 @@ def test_a_directory_or_a_missing_file_as_the_trace(tmp_path, capsys):
         load_trace(tmp_path / "no.csv")
     with pytest.raises(TraceFileError, match=r"trace path 'a\\x00.csv' holds a NUL character: give the path of a"):
         load_trace("a\x00.csv")  # found by tests/core/test_fuzz.py: open() raised a bare ValueError
+
+
+def test_a_trace_that_cannot_make_the_first_epoch_is_refused_as_bad_input():
+    """Found by tests/core/test_fuzz.py: CustomSampler(2, [1], ...) raised a RuntimeError for a
+    trace of fewer samples than the data set (no first epoch): that is bad input."""
+    with pytest.raises(TraceTooShortError, match=r"epoch 0 needs steps past the end of the trace \(list, 1 steps\), "
+                       r"which covers 0 full epochs of 2 samples: extend the trace") as error:
+        Schedule(load_trace([1]), 2, minibatch_size=1).epoch(0)
+    assert isinstance(error.value, ValueError) and isinstance(error.value, TraceExhaustedError)
+    with pytest.raises(TraceExhaustedError) as error:  # a later epoch past the end is not bad input
+        Schedule(load_trace([1, 1]), 2, minibatch_size=1).epoch(1)
+    assert not isinstance(error.value, ValueError)
 
 
 def test_the_stop_policy_message_does_not_recommend_stop():
