@@ -47,6 +47,9 @@ from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipP
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' launcher helper, also when only docs/ is collected
+from launching import run_launcher  # noqa: E402
+
 BIN = Path(sys.executable).parent  # this Python's aikit, torchrun and horovodrun
 LAUNCH_TIMEOUT = 300
 os.environ.setdefault("MPLBACKEND", "Agg")  # the blocks' plots go to files
@@ -135,9 +138,8 @@ class Launch(NextPythonBlock):
         script.write_text(f"{body}\n{example.parsed}")
         env = {name: value for name, value in os.environ.items()
                if name not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
-        done = subprocess.run(command, capture_output=True, text=True,
-                              env=env, timeout=LAUNCH_TIMEOUT)
+        env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        done = run_launcher(f"{launcher} of {example.path}:{example.line}", command, env, timeout=LAUNCH_TIMEOUT)
         if done.returncode:
             raise AssertionError(f"{arguments} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}")
 

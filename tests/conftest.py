@@ -3,49 +3,27 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
+from launching import run_launcher
 from multihost import network, require_netns  # noqa: F401 (fixtures: several hosts in network namespaces)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 # torchrun sets these for its workers; inherited from a surrounding launch they would confuse it
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS}
-
-
-def crashed_worker(output: str) -> str | None:
-    """The signal that killed a worker, read from torchrun's or horovodrun's report, or None."""
-    found = re.search(r"Root Cause.*?exitcode\s*:\s*-(\d+)", output, re.S)  # torchrun
-    code = int(found[1]) if found else None
-    for status in re.findall(r"exit with status code (\d+)", output):  # horovodrun: 128 + signal
-        code = code or (int(status) - 128 if int(status) > 128 else None)
-    return signal.Signals(code).name if code in CRASH_SIGNALS else None
 
 
 def launch(name: str, command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """Run a multi-process launcher; fail the test with the end of its output when it exits
-    non-zero. A worker that died of a signal (gloo's threads have aborted a process at exit on
-    rare runs, "terminate called without an active exception") gets one rerun, reported as a
-    warning with the first run's output and its Python stacks (PYTHONFAULTHANDLER); a failure
-    that repeats, or any other failure, fails the test."""
-    env = {**env, "PYTHONFAULTHANDLER": "1"}
-    for attempt in range(2):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        output = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-        killed = crashed_worker(done.stdout + done.stderr) if done.returncode else None
-        if not killed or attempt:
-            break
-        warnings.warn(f"{name}: a worker died of {killed}; running it once more. Its output:\n{output}",
-                      pytest.PytestWarning, stacklevel=3)
+    """Run a multi-process launcher (a worker that died of a signal at exit gets one rerun:
+    :func:`launching.run_launcher`); fail the test with the end of its output when it exits
+    non-zero."""
+    done = run_launcher(name, command, env, timeout=timeout, cwd=ROOT)
     if done.returncode:
-        pytest.fail(f"{name} exited {done.returncode}:\n{output}")
+        pytest.fail(f"{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     return done
 
 
