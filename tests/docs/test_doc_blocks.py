@@ -60,6 +60,8 @@ def check(tmp_path: Path, **changes: str) -> dict[str, str]:
         shutil.copy(ROOT / name, tmp_path / name)
     (tmp_path / "examples").mkdir()
     shutil.copy(ROOT / "examples" / "trace.csv", tmp_path / "examples")
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ROOT / "tests" / "launching.py", tmp_path / "tests")  # conftest.py's launcher helper
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "test.sh").write_text("")
     plan = subprocess.run([sys.executable, "-m", "aikit.cli", "plan", "--global-batch-size", "8",
