@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from aikit.core.errors import CheckpointError, CommitError, InvalidType
-from aikit.elastic.Torch.sharded import dtensor_type, dtype_named
+from aikit.elastic.Torch.sharded import dtensor_type, dtype_named, fsync_directory
 
 FORMAT = "aikit-state/2"
 LEGACY = "aikit_state.pt"  # aikit 0.1 pickled here; never loaded
@@ -123,7 +123,7 @@ def write_encoded(directory: str | os.PathLike, number: int, encoded: Encoded, *
                 os.fsync(f.fileno())
         os.replace(tmp, path)
         if fsync:
-            _fsync_directory(directory)
+            fsync_directory(directory)
     except OSError as error:
         with contextlib.suppress(OSError):  # a read-only or vanished directory holds no temporary file
             tmp.unlink(missing_ok=True)
@@ -141,15 +141,6 @@ def _cause(error: OSError) -> str:
         errno.EPERM: "permission denied: give ElasticState a directory this process may write",
     }
     return fixes.get(error.errno, f"{error.strerror or error} ({type(error).__name__})")
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself survive a crash of the host."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _prune(directory: Path, number: int, shards: tuple[str, set[str]] | None = None) -> None:

@@ -125,7 +125,7 @@ class ShardWriter:
         for data in storage.values():
             sizes[data["file"]] = sizes.get(data["file"], 0) + data["nbytes"]
         if self.fsync:
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
         index = {"format": FORMAT, "directory": self.directory.name, "files": dict(sorted(sizes.items())),
                  "tensors": _metadata_to_json(metadata, storage)}
         if self.on_finish is not None:
@@ -142,7 +142,8 @@ def _raw_bytes(tensor: torch.Tensor) -> bytes:
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` survive a crash of the host."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
