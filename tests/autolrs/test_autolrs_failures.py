@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from test_autolrs_torch import one_thread  # noqa: F401 (autouse: tiny models on one thread)
 from torch import nn
 
 from aikit.autolrs.Torch import AutoLRS, ReplaySchedule
@@ -22,14 +23,6 @@ from aikit.core.errors import InvalidType, InvalidValue, TrainingFailed
 # validation-scored stages from the first (val_tau=1): 2 trials of 12 steps, 4 validations each
 VALIDATED = {"min_lr": 1e-3, "max_lr": 0.3, "tau": 60, "tau_max": 60, "trials": 2, "val_tau": 1, "val_points": 4,
              "trial_ratio": 5}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class Run:

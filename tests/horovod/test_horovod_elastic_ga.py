@@ -53,6 +53,23 @@ def tail(run_dir: Path) -> str:
     return (run_dir / "horovodrun.log").read_text()[-4000:]
 
 
+def check_2_1_2_run(run_dir: Path) -> None:
+    """Every update made once (an update redone after a restore: its last record counts), by 2,
+    then 1, then 2 workers, re-planned for 1, and the final weights equal the big-batch steps."""
+    done: dict[int, dict] = {}
+    for record in updates(run_dir):
+        if record["rank"] == 0:
+            done[record["update"]] = record
+    assert sorted(done) == list(range(1, len(ELASTIC.windows) + 1))
+    worlds = [done[u]["world"] for u in sorted(done)]
+    phases = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
+    assert phases == [2, 1, 2], f"worlds by update: {worlds}"
+    assert {done[u]["steps"] for u in done if done[u]["world"] == 1} == {4}  # re-planned: [3, 3, 3, 2]
+    final = torch.load(run_dir / "final.pt")
+    for got, want in zip(final, reference(ELASTIC), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
 def test_an_elastic_run_2_1_2_workers_equals_the_big_batch_steps(require_horovod, tmp_path):
     (tmp_path / "logs").mkdir()
     set_slots(tmp_path, 2)
@@ -78,15 +95,4 @@ def test_an_elastic_run_2_1_2_workers_equals_the_big_batch_steps(require_horovod
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    done: dict[int, dict] = {}
-    for record in updates(tmp_path):  # an update redone after a restore: its last record counts
-        if record["rank"] == 0:
-            done[record["update"]] = record
-    assert sorted(done) == list(range(1, len(ELASTIC.windows) + 1))
-    worlds = [done[u]["world"] for u in sorted(done)]
-    phases = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
-    assert phases == [2, 1, 2], f"worlds by update: {worlds}"
-    assert {done[u]["steps"] for u in done if done[u]["world"] == 1} == {4}  # re-planned: [3, 3, 3, 2]
-    final = torch.load(tmp_path / "final.pt")
-    for got, want in zip(final, reference(ELASTIC), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    check_2_1_2_run(tmp_path)

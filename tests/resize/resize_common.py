@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.scaling import scaled_lr
 from aikit.core.schedule import Schedule
@@ -54,11 +55,12 @@ def total_steps(epochs: int = EPOCHS) -> int:
     return sum(len(schedule.epoch(e)) for e in range(epochs))
 
 
-def reference(x: np.ndarray, y: np.ndarray, epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
-    """Final weights of the uninterrupted run: one big-batch update per trace step."""
+def train_big_batches(model: torch.nn.Module, opt: torch.optim.Optimizer, x: np.ndarray, y: np.ndarray,
+                      epochs: int = EPOCHS) -> None:
+    """The uninterrupted run: one big-batch update per trace step, at the linear rule's LR from
+    the optimizer's own."""
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    model = make_model()
-    opt = make_sgd(model)
+    base = opt.param_groups[0]["lr"]
     schedule = Schedule(trace(), N, 1, MINIBATCH, SEED)
     for epoch in range(epochs):
         plan = schedule.epoch(epoch)
@@ -66,11 +68,32 @@ def reference(x: np.ndarray, y: np.ndarray, epochs: int = EPOCHS) -> dict[str, t
             idx = torch.from_numpy(plan.step_indices(step))
             opt.zero_grad()
             loss_of(model, xt[idx], yt[idx]).backward()
-            opt.param_groups[0]["lr"] = scaled_lr(LR, int(plan.batch_sizes[step]), REF_BATCH, "linear")
+            opt.param_groups[0]["lr"] = scaled_lr(base, int(plan.batch_sizes[step]), REF_BATCH, "linear")
             opt.step()
+
+
+def reference(x: np.ndarray, y: np.ndarray, epochs: int = EPOCHS) -> dict[str, torch.Tensor]:
+    """Final weights of the uninterrupted run with SGD at ``LR``."""
+    model = make_model()
+    train_big_batches(model, make_sgd(model), x, y, epochs)
     return model.state_dict()
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def train(x, y, model, opt, state, commit=True, stop_after_micro=None) -> None:
+    """Train to the end with the trace optimizer ``opt`` (or stop after that many micro-batches:
+    a kill); commit every update unless ``commit=False``."""
+    loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_sampler=opt.sampler)
+    micro = 0
+    for _ in state.epochs(EPOCHS):
+        for xb, yb in loader:
+            loss_of(model, xb, yb).backward()
+            micro += 1
+            if opt.step() and commit:
+                state.commit()
+            if micro == stop_after_micro:
+                return

@@ -24,7 +24,17 @@ from pathlib import Path
 
 import multihost
 import pytest
-from resize_checks import WORKER, check_accounting, check_final_weights, commits, prepare, records, tail, worker_env
+from resize_checks import (
+    WORKER,
+    check_accounting,
+    check_final_weights,
+    commits,
+    prepare,
+    records,
+    tail,
+    wait_for,
+    worker_env,
+)
 from resize_common import MINIBATCH, SEED, N, total_steps, trace
 
 from aikit.core.schedule import Schedule
@@ -72,22 +82,6 @@ def agent(net: multihost.Network, host: str, rendezvous: str, run_dir: Path, log
 def hosts(network) -> multihost.Network:
     """Hosts b (10.231.0.1, rank 0) and a (10.231.0.2, the rendezvous)."""
     return network(names=["b", "a"])
-
-
-def wait_for(predicate, run_dir: Path, timeout: float, procs=(), what: str = "") -> list[dict]:
-    """Poll the workers' logs until ``predicate(records)``; fail early when an agent that must
-    live has exited."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        recs = records(run_dir)
-        if predicate(recs):
-            return recs
-        for proc in procs:
-            if proc.poll() is not None:
-                raise AssertionError(f"an agent exited with {proc.returncode} while waiting for {what}:\n"
-                                     f"{tail(run_dir)}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{tail(run_dir)}")
 
 
 def committed(world: int, at_least: int = 1, after: float = 0.0):

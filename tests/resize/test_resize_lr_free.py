@@ -8,12 +8,21 @@ from __future__ import annotations
 import pytest
 import torch
 from prodigyopt import Prodigy
-from resize_common import EPOCHS, LR, MINIBATCH, REF_BATCH, SEED, N, digits_subset, loss_of, make_model, trace
+from resize_common import (
+    LR,
+    MINIBATCH,
+    REF_BATCH,
+    SEED,
+    N,
+    digits_subset,
+    loss_of,
+    make_model,
+    trace,
+    train,
+    train_big_batches,
+)
 from schedulefree import AdamWScheduleFree, SGDScheduleFree
-from torch.utils.data import DataLoader, TensorDataset
 
-from aikit.core.scaling import scaled_lr
-from aikit.core.schedule import Schedule
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
@@ -34,22 +43,12 @@ def data():
 
 
 def reference(x, y, name):
-    """One big-batch update per trace step at the linear rule's LR (as resize_common's, for ``name``)."""
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    """One big-batch update per trace step at the linear rule's LR (resize_common's run, for ``name``)."""
     model = make_model()
     opt = OPTIMIZERS[name](model)
     if name in SCHEDULE_FREE:
         opt.train()
-    base = opt.param_groups[0]["lr"]
-    schedule = Schedule(trace(), N, 1, MINIBATCH, SEED)
-    for epoch in range(EPOCHS):
-        plan = schedule.epoch(epoch)
-        for step in range(len(plan)):
-            idx = torch.from_numpy(plan.step_indices(step))
-            opt.zero_grad()
-            loss_of(model, xt[idx], yt[idx]).backward()
-            opt.param_groups[0]["lr"] = scaled_lr(base, int(plan.batch_sizes[step]), REF_BATCH, "linear")
-            opt.step()
+    train_big_batches(model, opt, x, y)
     return model, opt
 
 
@@ -64,19 +63,6 @@ def build(directory, name, restarted=False):
     if name in SCHEDULE_FREE:
         opt.train()  # the user's script: train mode before training (through the trace optimizer)
     return model, opt, ElasticState(directory, model=model, optimizer=opt, verbose=False)
-
-
-def train(x, y, model, opt, state, commit=True, stop_after_micro=None):
-    loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_sampler=opt.sampler)
-    micro = 0
-    for _ in state.epochs(EPOCHS):
-        for xb, yb in loader:
-            loss_of(model, xb, yb).backward()
-            micro += 1
-            if opt.step() and commit:
-                state.commit()
-            if micro == stop_after_micro:
-                return
 
 
 def weights(model):

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from resize_common import (
-    EPOCHS,
     MINIBATCH,
     REF_BATCH,
     SEED,
@@ -22,8 +21,8 @@ from resize_common import (
     reference,
     total_steps,
     trace,
+    train,
 )
-from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.trace import Trace
 from aikit.elastic.Torch import checkpoint
@@ -51,20 +50,6 @@ def build(directory, trace_=None, seed=SEED, restarted=False, permutation="numpy
                             permutation=permutation)
     opt = LinearRuleOptimizer(make_sgd(model), sampler, ref_batchsize=REF_BATCH)
     return model, opt, ElasticState(directory, model=model, optimizer=opt, verbose=False)
-
-
-def train(x, y, model, opt, state, stop_after_micro=None):
-    """Train to the end (or stop after that many micro-batches: a kill); commit every update."""
-    loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_sampler=opt.sampler)
-    micro = 0
-    for _ in state.epochs(EPOCHS):
-        for xb, yb in loader:
-            loss_of(model, xb, yb).backward()
-            micro += 1
-            if opt.step():
-                state.commit()
-            if micro == stop_after_micro:
-                return
 
 
 # micro-batches: step 0 has 2, step 1 has 4, step 2 has 6; epoch 0 ends after 30 (7 steps)
