@@ -9,9 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aikit.core.autolrs import (
+    DIVERGE_WINDOW,
+    RANGE_NEAR,
+    ROLLBACK_FACTOR,
     Action,
     Controller,
     LogLRSearch,
+    Settings,
+    bottom_lr,
     failed_forecast,
     fit_exponential,
     forecast,
@@ -369,7 +374,11 @@ def test_without_a_range_a_short_range_test_sets_it_and_is_undone(caplog):
             action = c.step(1.0 + (math.log10(action.lr) + 0.5) ** 2 / 10)
     assert lrs == pytest.approx(np.geomspace(1e-6, 10.0, 50).tolist())
     assert action.restore and action.checkpoint  # undone, and the first stage starts from there
-    hot = c.range_test["lr"][int(np.argmin(c.range_test["loss"]))]
+    losses = np.array(c.range_test["loss"])  # smoothed over about a tenth of the test: 5 / 50 per step
+    assert losses[1] == pytest.approx(0.9 * losses[0] + 0.1 * (1.0 + (math.log10(lrs[1]) + 0.5) ** 2 / 10))
+    near = losses.min() + 0.1 * (losses[0] - losses.min())  # the loss bottoms out within 10 % of its drop
+    hot = c.range_test["lr"][int(np.argmax(losses <= near))]
+    assert hot < c.range_test["lr"][int(np.argmin(losses))]  # below the lowest point of a wide floor
     assert c.max_lr == pytest.approx(hot / 3) and c.min_lr == pytest.approx(hot / 3000)
     assert "no min_lr/max_lr given; running an LR range test of 50 steps" in caplog.text
     assert f"searching min_lr={c.min_lr:.4g} to max_lr={c.max_lr:.4g}" in caplog.text
@@ -386,7 +395,7 @@ def range_tested(steps: int = 20, **options) -> tuple[Controller, Action]:
 
 
 def test_after_a_range_test_the_first_stage_trains_at_max_lr_without_trials():
-    c, action = range_tested(total_steps=1000)
+    c, action = range_tested(total_steps=1000, stages=2, anneal=0.5, ramp_steps=0)
     stage = c.stages[0]
     assert action.restore and action.checkpoint and action.lr == c.max_lr and c.kept
     assert stage.trials == [] and stage.lr == c.max_lr
@@ -410,7 +419,7 @@ def test_without_exploit_or_with_a_given_range_the_first_stage_searches():
 
 
 def test_a_first_stage_that_blows_up_is_rolled_back_lower_and_noise_at_the_first_loss_is_not_a_divergence():
-    c, _ = range_tested(total_steps=1000)
+    c, _ = range_tested(total_steps=1000, ramp_steps=0)
     start, first = c.max_lr, c.history[0].loss  # ~4.0: the range test starts at lr 1e-6
     for _ in range(5):  # more than `diverge` (5) times the loss at the checkpoint
         action = c.step(6 * first)
@@ -479,3 +488,51 @@ def test_schedule_csv_round_trips_and_bad_files_are_refused(tmp_path):
     path.write_text("lr\n0.1\n")
     with pytest.raises(InvalidValue, match="expected a 'step,lr' header"):
         read_schedule(path)
+
+
+def test_with_a_budget_the_defaults_are_a_range_test_of_a_tenth_a_ramp_a_held_lr_and_an_anneal():
+    assert [Settings(total_steps=n).range_steps for n in (100, 300, 900, 5000)] == [20, 30, 90, 100]
+    assert Settings().range_steps == 100 and Settings().ramp_steps == 0  # no budget: the paper's AutoLRS
+    budgeted = Settings(total_steps=1000)
+    assert (budgeted.ramp_steps, budgeted.anneal, budgeted.stages) == (50, 0.3, 1)
+    assert Settings(total_steps=1000, exploit=False).ramp_steps == 0  # stage 0 searches: nothing to ramp to
+    with pytest.raises(InvalidValue, match="ramp_steps"):
+        Settings(total_steps=1000, ramp_steps=-1)
+
+
+def test_stage_0_ramps_linearly_to_max_lr_and_again_after_a_rollback():
+    c, action = range_tested(total_steps=1000, ramp_steps=4)
+    lrs = [action.lr]
+    for _ in range(8):
+        lrs.append(c.step(0.5).lr)  # progress: no rollback
+    assert lrs == pytest.approx([c.max_lr * k / 5 for k in (1, 2, 3, 4)] + [c.max_lr] * 5)
+    top = c.max_lr
+    action = c.step(1e4)  # blown up
+    assert action.restore and c.stages[0].lr == pytest.approx(top / ROLLBACK_FACTOR)
+    assert action.lr == pytest.approx(top / ROLLBACK_FACTOR / 5)  # the ramp starts over, lower
+    assert c.step(0.5).lr == pytest.approx(2 * top / ROLLBACK_FACTOR / 5)
+
+
+def test_a_stage_0_that_never_leaves_the_first_loss_is_rolled_back_once():
+    c, _ = range_tested(total_steps=1000, ramp_steps=3)
+    first, top = c.history[0].loss, c.max_lr
+    actions = [c.step(first) for _ in range(3 + 2 * DIVERGE_WINDOW)]  # a dead net: the first loss, for good
+    assert not any(a.restore for a in actions[:-1]) and actions[-1].restore  # judged once, after ramp + 10 steps
+    assert c.rollbacks == 1 and c.stages[0].lr == pytest.approx(top / ROLLBACK_FACTOR)
+    for _ in range(50):  # still at the first loss: slow, not rolled back again and again
+        assert not c.step(first).restore
+    c, _ = range_tested(total_steps=1000, ramp_steps=3)
+    losses = np.linspace(first, 0.5 * first, 3 + 2 * DIVERGE_WINDOW)  # it leaves the first loss: no rollback
+    assert not any(c.step(loss).restore for loss in losses) and c.rollbacks == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 100.0), min_size=2, max_size=60))
+def test_the_range_test_bottoms_out_at_the_first_lr_near_its_lowest_loss(losses):
+    lrs = np.geomspace(1e-6, 10.0, len(losses)).tolist()
+    lr = bottom_lr(lrs, losses)
+    index = lrs.index(lr)
+    lowest = min(losses)
+    assert losses[index] <= lowest + RANGE_NEAR * (losses[0] - lowest)  # near the lowest loss
+    assert all(loss > lowest + RANGE_NEAR * (losses[0] - lowest) for loss in losses[:index])  # the first such
+    assert index <= losses.index(lowest)  # never past the lowest loss

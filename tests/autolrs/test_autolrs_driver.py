@@ -49,7 +49,8 @@ class Quadratic:
 
 @pytest.mark.parametrize("options", [
     {"min_lr": 1e-3, "max_lr": 0.5, "tau": 30, "tau_max": 60, "trials": 3, "val_tau": 60, "val_points": 4},
-    {"total_steps": 400, "range_steps": 20, "trials": 3},  # a range test, its restore and checkpoint, an anneal
+    # a range test, its restore and checkpoint, a searched stage, an anneal
+    {"total_steps": 400, "range_steps": 20, "trials": 3, "stages": 2},
 ])
 def test_the_driver_keeps_restores_resumes_checkpoints_then_sets_the_lr(options):
     training = Quadratic()

@@ -177,11 +177,12 @@ def test_the_original_autolrs_call_works_unchanged(data, caplog):
     assert positional.controller.min_lr is None and positional.controller.phase == "range"
 
 
-def run_with_autolrs(data, steps, autolrs_state=None, start=0, model_state=None, optimizer_state=None):
+def run_with_autolrs(data, steps, autolrs_state=None, start=0, model_state=None, optimizer_state=None, **options):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    autolrs = AutoLRS(model, optimizer, lambda: val_loss(model, data), total_steps=300, tau=30, trials=3,
-                      trial_ratio=5, range_steps=20, val_tau=80, val_points=4, seed=1)
+    options = {"total_steps": 300, "tau": 30, "trials": 3, "trial_ratio": 5, "range_steps": 20, "val_tau": 80,
+               "val_points": 4, "seed": 1, **options}
+    autolrs = AutoLRS(model, optimizer, lambda: val_loss(model, data), **options)
     if autolrs_state is not None:
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
@@ -215,12 +216,13 @@ def test_a_state_saved_before_the_hook_saved_kept_still_resumes(data):
 
 
 def test_the_found_schedule_replays_without_search(data, tmp_path):
-    _, _, autolrs = run_with_autolrs(data, 300)
+    _, _, autolrs = run_with_autolrs(data, 300, range_steps=30)  # (20 steps of SGD find an LR that is rolled back)
     autolrs.export_schedule(tmp_path / "schedule.csv")
     kept = [lr for _, lr in autolrs.controller.schedule()]
     assert read_schedule(tmp_path / "schedule.csv") == kept
-    assert len(kept) == 300 - sum(len(s.trials) * s.trial_steps for s in autolrs.controller.stages) - 20 + sum(
-        s.trial_steps for s in autolrs.controller.stages if s.kept is not None)  # 20: the range test
+    assert autolrs.controller.rollbacks == 0
+    assert len(kept) == 300 - sum(len(s.trials) * s.trial_steps for s in autolrs.controller.stages) - 30 + sum(
+        s.trial_steps for s in autolrs.controller.stages if s.kept is not None)  # 30: the range test
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
     replay = ReplaySchedule(optimizer, tmp_path / "schedule.csv")

@@ -23,18 +23,38 @@ from aikit.core.autolrs.search import LogLRSearch
 from aikit.core.autolrs.settings import Settings
 from aikit.core.autolrs.stages import Record, Stage, Trial, plan_stages, stage_length
 from aikit.core.errors import InvalidState, InvalidValue, TrainingFailed
-from aikit.core.lr_range import LossTracker, lr_sequence, suggest
+from aikit.core.lr_range import LossTracker, lr_sequence
 
 log = logging.getLogger("aikit.autolrs")
 
 RANGE_START, RANGE_END = 1e-6, 10.0  # the default range test's sweep
-RANGE_BELOW_HOT = 3.0  # max_lr = (LR at the range test's lowest loss) / 3: that LR is already too hot
+RANGE_BELOW_HOT = 3.0  # max_lr = (the LR where the range test's loss bottoms out) / 3: that LR is already too hot
+RANGE_NEAR = 0.1  # the loss bottoms out where it is within this fraction of its whole drop of its lowest
+RANGE_SMOOTHING = 5.0  # the range test's losses are averaged over about range_steps / this many steps
 RANGE_DECADES = 3  # min_lr = max_lr / 10**3
 ROLLBACK_FACTOR = 3.0  # a diverged stage is retried at lr / 3 (again and again if needed)
 DIVERGE_WINDOW = 5  # losses averaged to call a divergence (a single noisy batch is not one)
 PROGRESS = 1.5  # a checkpoint's loss this far below the first loss is progress a divergence can lose
 MAX_ROLLBACKS = 8  # rollbacks in a row (LR / 3**8) after which the loss is not the LR's doing: stop
 VAL_FAILED = "val_fn"  # how the reason a trial failed on its validation losses begins
+
+
+def range_smoothing(range_steps: int) -> float:
+    """The range test's smoothing factor: an average over a fixed fraction of the test (0.05,
+    torch-lr-finder's, at 100 steps), so that a shorter test does not find where its loss
+    bottoms out later in its sweep than a longer one."""
+    return min(0.5, RANGE_SMOOTHING / range_steps)
+
+
+def bottom_lr(lrs: list[float], losses: list[float]) -> float:
+    """The first LR at which the range test's smoothed loss came within :data:`RANGE_NEAR` of
+    its whole drop of the lowest loss. Not the LR at the lowest loss itself: where the loss
+    flattens into a long floor before it blows up (a transformer under Adam), the lowest point
+    lies anywhere on the floor, and training there stalls (measured on the small LM of
+    ``benchmarks/lr_free.py``: the lowest point 3-15x the LR that trains best)."""
+    lowest = min(losses)
+    near = lowest + RANGE_NEAR * (losses[0] - lowest)
+    return next(lr for lr, loss in zip(lrs, losses, strict=True) if loss <= near)
 
 
 @dataclass(frozen=True)
@@ -228,7 +248,7 @@ class Controller:
                                  first=state["search"]["first"], design=self.settings.design)
             search.x, search.scores = list(state["search"]["x"]), list(state["search"]["scores"])
         if state["tracker"] is not None:
-            tracker = LossTracker()
+            tracker = LossTracker(range_smoothing(self.settings.range_steps))
             tracker.best, tracker.last, tracker.stop_reason = (state["tracker"][k] for k in ("best", "last",
                                                                                              "stop_reason"))
         for name in _STATE:
@@ -277,14 +297,25 @@ class Controller:
         first, mean = self.history[0].loss, float(np.mean(recent))
         if math.isfinite(first) and first > PROGRESS * self._reference:
             return mean > self._reference + (first - self._reference) / 2
-        return mean > self.settings.diverge * self._reference
+        return mean > self.settings.diverge * self._reference or self._stalled(first, mean)
+
+    def _stalled(self, first: float, mean: float) -> bool:
+        """Stage 0 after a range test has not made a quarter of the range test's drop of the
+        loss by ``2 * DIVERGE_WINDOW`` steps after its ramp: the range test's LR killed the net
+        (a dead ReLU net sits at its first loss, which no blow-up rule sees)."""
+        if not self._exploits(self.stage.index) or self.phase != "train" or self.rollbacks:
+            return False  # once a run: a net that is slow to leave its first loss is not rolled back for ever
+        if self.steps - self._segment_start != self.settings.ramp_steps + 2 * DIVERGE_WINDOW:
+            return False
+        lowest = min(self.range_test["loss"])
+        return math.isfinite(first) and mean > first - (first - lowest) / 4
 
     def _after_warmup(self) -> Action:
         if self.min_lr is not None:
             return self._start_stage(checkpoint=True)
         self.phase, self._in_phase = "range", 0
         self._range_lrs = lr_sequence(RANGE_START, RANGE_END, self.settings.range_steps)
-        self._tracker = LossTracker()
+        self._tracker = LossTracker(range_smoothing(self.settings.range_steps))
         log.info("AutoLRS: no min_lr/max_lr given; running an LR range test of %d steps (%.0e to %.0e) to set them",
                  self.settings.range_steps, RANGE_START, RANGE_END)
         return self._set(self._range_lrs[0], checkpoint=True)
@@ -302,10 +333,10 @@ class Controller:
                 f"the LR range test stopped at its first LRs {self.range_test['lr']} with losses "
                 f"{self.range_test['loss']}: a loss that is not finite at an LR of {RANGE_START:g} comes from the "
                 "model, the data or the loss function, not the LR; check them (or give min_lr and max_lr)")
-        hot = suggest(lrs, losses, method="minimum").lr * 10  # the LR at the lowest loss
+        hot = bottom_lr(lrs, losses)
         self.max_lr = hot / RANGE_BELOW_HOT
         self.min_lr = self.max_lr / 10**RANGE_DECADES
-        log.info("AutoLRS: range test over %d steps (%s): lowest loss at lr=%.4g; searching min_lr=%.4g to "
+        log.info("AutoLRS: range test over %d steps (%s): the loss bottoms out at lr=%.4g; searching min_lr=%.4g to "
                  "max_lr=%.4g", len(self.range_test["lr"]), self._tracker.stop_reason or "completed",
                  hot, self.min_lr, self.max_lr)
         return self._start_stage(restore=True)
@@ -364,7 +395,7 @@ class Controller:
             self.stage.lr, self.phase, self._in_phase = self.max_lr, "train", 0
             log.info("AutoLRS stage 0 at step %d: %d steps at the range test's max_lr=%.4g, without trials",
                      self.steps, tau, self.stage.lr)
-            action = self._set(self.stage.lr, checkpoint=True, restore=restore)
+            action = self._set(self._ramped(self.stage.lr, 0), checkpoint=True, restore=restore)
             start = self.steps - len(self.range_test["lr"])  # the checkpoint's loss: the test's first losses
             self._reference = self._recent_loss(start, start + DIVERGE_WINDOW)
             return action
@@ -445,15 +476,15 @@ class Controller:
             self._rollbacks_in_row += 1
             if self._rollbacks_in_row > MAX_ROLLBACKS:
                 raise TrainingFailed(self._hopeless())
-            lowered = self.lr / ROLLBACK_FACTOR
+            lowered = (self._anneal_from if self.phase == "anneal" else self.stage.lr) / ROLLBACK_FACTOR
             if self.phase == "anneal":
-                self._anneal_from /= ROLLBACK_FACTOR
+                self._anneal_from = lowered
             else:
                 self.stage.lr = lowered
             log.warning("AutoLRS: the loss diverged at step %d (lr=%.4g); rolled back to the %s's checkpoint "
                         "and retrying at lr=%.4g", self.steps, self.lr, "anneal" if self.phase == "anneal"
                         else "stage", lowered)
-            return self._set(lowered if self.phase == "train" else self._anneal_lr(), restore=True)
+            return self._set(self._ramped(lowered, 0) if self.phase == "train" else self._anneal_lr(), restore=True)
         if self.phase == "anneal":
             if self._in_phase >= self.anneal_steps:
                 self.phase = "done"
@@ -462,7 +493,16 @@ class Controller:
             return self._set(self._anneal_lr())
         if self._in_phase >= self.stage.tau:
             return self._start_stage(checkpoint=True)
-        return self._set(self.lr)
+        return self._set(self._ramped(self.stage.lr, self.steps - self._segment_start))
+
+    def _ramped(self, lr: float, since: int) -> float:
+        """``lr``, or less in the first ``ramp_steps`` steps of stage 0 after a range test
+        (``since`` its start or rollback): a linear warmup from the untrained net to the range
+        test's LR, which trains an untrained net too hard at once."""
+        ramp = self.settings.ramp_steps
+        if self._exploits(self.stage.index) and since < ramp:
+            return lr * (since + 1) / (ramp + 1)
+        return lr
 
     def _hopeless(self) -> str:
         """Why the run stops after :data:`MAX_ROLLBACKS` rollbacks in a row."""

@@ -10,19 +10,30 @@ from aikit.core.autolrs.search import DESIGN
 from aikit.core.errors import InvalidValue
 from aikit.core.validate import checked_float, checked_int, positive_float, positive_int
 
+RANGE_STEPS = 100  # the range test's steps without a budget
+RAMP = 0.05  # with a budget, stage 0 ramps up to max_lr over this fraction of it
+ANNEAL = 0.3  # with a budget, the LR decays to zero over this last fraction of it
+
 
 @dataclass(frozen=True)
 class Settings:
     """The options of an AutoLRS run (both adapters take them as keywords).
 
     ``min_lr``, ``max_lr``: the log-scale search range; when either is None a short LR range
-    test (``range_steps`` steps climbing from 1e-6 to 10, then undone) sets both: ``max_lr``
-    a third of the LR at its lowest smoothed loss, ``min_lr`` three decades below.
+    test (``range_steps`` steps climbing from 1e-6 to 10, then undone; default 100, with a
+    budget a tenth of it, 20 to 100) sets both: ``max_lr`` a third of the LR where its smoothed
+    loss bottoms out (:func:`~aikit.core.autolrs.controller.bottom_lr`), ``min_lr`` three
+    decades below.
 
     ``total_steps``: the run's whole budget, search included. With it the stages are planned
-    to fill the budget exactly, the last ``anneal`` fraction (default 0.5) decays the LR to zero
-    on a cosine, and ``tau`` defaults to a length that gives ``stages`` doubling stages.
-    Without it stages go on forever (the paper's AutoLRS).
+    to fill the budget exactly, the last ``anneal`` fraction (default 0.3) decays the LR to zero
+    on a cosine, and ``tau`` defaults to a length that gives ``stages`` doubling stages
+    (default 1: range test, ramp, hold, anneal; a searched stage did not pay at budgets of
+    300 and 900 steps, ``benchmarks/lr_free.py``). Without it stages go on forever (the
+    paper's AutoLRS). ``ramp_steps``: stage 0 after a range test ramps linearly up to
+    ``max_lr`` over this many steps (default with a budget 5 % of it, else 0); a stage 0 that
+    has not left its first loss ``2 * DIVERGE_WINDOW`` steps after its ramp (a net the LR
+    killed) is rolled back once, like a divergence.
 
     ``tau``, ``tau_max``, ``growth``: stage lengths (paper: 1000 doubling to 8000).
     ``trials`` LRs per stage, each trained ``tau // trial_ratio`` steps (paper: 10 and 10;
@@ -54,7 +65,7 @@ class Settings:
     tau: int | None = None
     tau_max: int | None = None
     growth: int = 2
-    stages: int = 2
+    stages: int = 1
     trials: int | None = None
     trial_ratio: int | None = None
     keep_winner: bool = True
@@ -63,7 +74,8 @@ class Settings:
     val_points: int = 16
     warmup_steps: int = 0
     warmup_lr: float = 0.0
-    range_steps: int = 100
+    range_steps: int | None = None
+    ramp_steps: int | None = None
     design: int = 3
     tie: float = 0.0
     kappa: float = 2.0
@@ -117,7 +129,7 @@ class Settings:
         trial_ratio = (5 if self.budget else 10) if given["trial_ratio"] is None else given["trial_ratio"]
         self._resolve(trial_ratio=positive_int(trial_ratio, "trial_ratio"))
         self._resolve(keep_winner=bool(self.keep_winner), warm_start=bool(self.warm_start))
-        anneal = (0.5 if self.budget else 0.0) if given["anneal"] is None else given["anneal"]
+        anneal = (ANNEAL if self.budget else 0.0) if given["anneal"] is None else given["anneal"]
         anneal = checked_float(anneal, "anneal", "a fraction in [0, 1) of total_steps",
                                lambda fraction: 0 <= fraction < 1)
         if anneal and not self.budget:
@@ -144,7 +156,14 @@ class Settings:
         self._resolve(warmup_steps=checked_int(self.warmup_steps, "warmup_steps", 0, None, "an integer >= 0"))
         self._resolve(warmup_lr=float(self.warmup_lr) if not self.warmup_steps else checked_float(
             self.warmup_lr, "warmup_lr", "a finite number > 0 when warmup_steps > 0", lambda lr: 0 < lr < math.inf))
-        self._resolve(range_steps=positive_int(self.range_steps, "range_steps"))
+        range_steps = self.given["range_steps"]
+        if range_steps is None:  # with a budget, a tenth of it (an undone test costs what it takes)
+            range_steps = min(RANGE_STEPS, max(20, self.total_steps // 10)) if self.budget else RANGE_STEPS
+        self._resolve(range_steps=positive_int(range_steps, "range_steps"))
+        ramp_steps = self.given["ramp_steps"]
+        if ramp_steps is None:
+            ramp_steps = round(RAMP * self.total_steps) if self.budget and self.exploit else 0
+        self._resolve(ramp_steps=checked_int(ramp_steps, "ramp_steps", 0, None, "an integer >= 0"))
         if self.min_lr is None and self.range_steps < 10:
             raise InvalidValue(f"range_steps must be >= 10 for a range test, got {self.given['range_steps']}")
 
