@@ -12,7 +12,7 @@ Contenders (each over ``--seeds`` seeds, at budgets ``B`` and ``3B``):
 
 * ``AutoLRS SGD`` / ``AutoLRS AdamW``: aikit's AutoLRS with its defaults and ``total_steps``
   (a range test of a tenth of the budget, a ramp to its LR, the LR held, a cosine anneal over
-  the last 30 %);
+  the last 40 %);
 * ``AutoLRS ... 2 stages``: the same with ``stages=2``, a searched stage after the held one
   (the default before this benchmark showed it does not pay at these budgets);
 * ``SF-AdamW`` / ``SF-SGD``: Schedule-Free with its defaults (lr 0.0025 / 1.0), evaluated in its

@@ -494,7 +494,7 @@ def test_with_a_budget_the_defaults_are_a_range_test_of_a_tenth_a_ramp_a_held_lr
     assert [Settings(total_steps=n).range_steps for n in (100, 300, 900, 5000)] == [20, 30, 90, 100]
     assert Settings().range_steps == 100 and Settings().ramp_steps == 0  # no budget: the paper's AutoLRS
     budgeted = Settings(total_steps=1000)
-    assert (budgeted.ramp_steps, budgeted.anneal, budgeted.stages) == (50, 0.3, 1)
+    assert (budgeted.ramp_steps, budgeted.anneal, budgeted.stages) == (50, 0.4, 1)
     assert Settings(total_steps=1000, exploit=False).ramp_steps == 0  # stage 0 searches: nothing to ramp to
     with pytest.raises(InvalidValue, match="ramp_steps"):
         Settings(total_steps=1000, ramp_steps=-1)

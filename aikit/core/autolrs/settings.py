@@ -12,7 +12,7 @@ from aikit.core.validate import checked_float, checked_int, positive_float, posi
 
 RANGE_STEPS = 100  # the range test's steps without a budget
 RAMP = 0.05  # with a budget, stage 0 ramps up to max_lr over this fraction of it
-ANNEAL = 0.3  # with a budget, the LR decays to zero over this last fraction of it
+ANNEAL = 0.4  # with a budget, the LR decays to zero over this last fraction of it
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Settings:
     decades below.
 
     ``total_steps``: the run's whole budget, search included. With it the stages are planned
-    to fill the budget exactly, the last ``anneal`` fraction (default 0.3) decays the LR to zero
+    to fill the budget exactly, the last ``anneal`` fraction (default 0.4) decays the LR to zero
     on a cosine, and ``tau`` defaults to a length that gives ``stages`` doubling stages
     (default 1: range test, ramp, hold, anneal; a searched stage did not pay at budgets of
     300 and 900 steps, ``benchmarks/lr_free.py``). Without it stages go on forever (the
