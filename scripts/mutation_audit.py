@@ -1,4 +1,4 @@
-"""Mutation audit of the GA engine and its core arithmetic: do the tests catch realistic bugs?
+"""Mutation audit of the GA engine, its core arithmetic and AutoLRS's controller: do the tests catch realistic bugs?
 
 Each mutant is one named, realistic bug planted as a text patch in one file; the fast tests
 about that code run against it (``pytest -x -q``), and the mutant is *caught* when they fail.
@@ -33,6 +33,7 @@ HOROVOD_SINGLE = "tests/horovod/test_horovod_single.py"
 ELASTIC_TESTS = "tests/horovod/test_horovod_elastic_ga.py"
 TOKEN_TESTS = "tests/lm/test_token_weights.py"
 TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
+AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -158,6 +159,15 @@ MUTANTS = [
      "\n\n_register_state_handler()", "", HOROVOD_SINGLE),
     ("elastic: a joining worker keeps its own optimizer state", "aikit/elastic/Torch/horovod.py",
      "        if hvd.size() > 1:\n            _broadcast_optimizer(self.value)", "        pass", ELASTIC_TESTS),
+    ("autolrs: the ramp starts at zero and ends a step early", "aikit/core/autolrs/controller.py",
+     "return lr * (since + 1) / (ramp + 1)", "return lr * since / ramp", AUTOLRS_TESTS),
+    ("autolrs: a slow net is rolled back again and again", "aikit/core/autolrs/controller.py",
+     'or self.phase != "train" or self.rollbacks:', 'or self.phase != "train":', AUTOLRS_TESTS),
+    ("autolrs: max_lr from the LR at the lowest loss", "aikit/core/autolrs/controller.py",
+     "    return next(lr for lr, loss in zip(lrs, losses, strict=True) if loss <= near)",
+     "    return lrs[losses.index(lowest)]", AUTOLRS_TESTS),
+    ("autolrs: a short range test smoothed as a long one", "aikit/core/autolrs/controller.py",
+     "return min(0.5, RANGE_SMOOTHING / range_steps)", "return 0.05", AUTOLRS_TESTS),
 ]
 
 
