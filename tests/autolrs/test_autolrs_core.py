@@ -451,24 +451,29 @@ def test_a_resumed_search_decides_exactly_as_an_uninterrupted_one(at):
     whole, state = run_to(uninterrupted, 700, state_at=at)
     resumed = Controller(**options)
     resumed.load_state_dict(state)
-    action = whole[at - 1]
-    rest = []
-    for step in range(at, 700):
+    assert run_on(resumed, whole, at, 700) == whole[at:]
+    assert resumed.history == uninterrupted.history and resumed.schedule() == uninterrupted.schedule()
+    assert resumed.state_dict() == uninterrupted.state_dict()
+
+
+def run_on(resumed: Controller, whole: list[Action], at: int, steps: int) -> list[Action]:
+    """Drive ``resumed`` (loaded from step ``at`` of ``run_to``'s run ``whole``) on the same losses
+    up to ``steps``; its actions."""
+    action, rest = whole[at - 1], []
+    for step in range(at, steps):
         loss = 1.0 + 0.5 * math.sin(step) ** 2 + abs(math.log10(action.lr / 0.02)) / (1 + step / 50)
         action = resumed.step(loss)
         if action.evaluate:
             action = resumed.validation(loss / 2)
         rest.append(action)
-    assert rest == whole[at:]
-    assert resumed.history == uninterrupted.history and resumed.schedule() == uninterrupted.schedule()
-    assert resumed.state_dict() == uninterrupted.state_dict()
+    return rest
 
 
 def test_a_state_saved_with_other_options_is_refused_and_changes_nothing():
     _, state = run_to(Controller(1e-3, 1.0, tau=30, trials=3), 50, state_at=40)
     other = Controller(1e-3, 1.0, tau=60, trials=3)
     before = other.state_dict()
-    with pytest.raises(InvalidValue, match=r"saved with other options .*tau=30, 60"):
+    with pytest.raises(InvalidValue, match=r"saved with other options: tau 30 saved, 60 here; .*with \(tau=30\)"):
         other.load_state_dict(state)
     assert other.state_dict() == before
 
@@ -536,3 +541,26 @@ def test_the_range_test_bottoms_out_at_the_first_lr_near_its_lowest_loss(losses)
     assert losses[index] <= lowest + RANGE_NEAR * (losses[0] - lowest)  # near the lowest loss
     assert all(loss > lowest + RANGE_NEAR * (losses[0] - lowest) for loss in losses[:index])  # the first such
     assert index <= losses.index(lowest)  # never past the lowest loss
+
+
+OLD_DEFAULTS = {"range_steps": 100, "stages": 2, "anneal": 0.5, "ramp_steps": 0}  # before issue 27
+
+
+def test_a_state_saved_with_the_old_defaults_resumes_only_with_them_spelled_out():
+    """A state saved before ``ramp_steps`` existed recorded its options as given (anneal None,
+    range_steps 100, stages 2): it ran with that release's defaults, which a resume must match."""
+    old = Controller(total_steps=600, **OLD_DEFAULTS)
+    whole, state = run_to(old, 300, state_at=150)
+    state["options"] = {**state["options"], "anneal": None}
+    del state["options"]["ramp_steps"]
+    fresh = Controller(total_steps=600)
+    before = fresh.state_dict()
+    with pytest.raises(InvalidValue, match=r"stages 2 saved, 1 here; anneal 0.5 saved, 0.4 here; range_steps 100 "
+                                           r"saved, 60 here; ramp_steps 0 saved, 30 here; build the AutoLRS with the "
+                                           r"options it was saved with \(stages=2, anneal=0.5, range_steps=100, "
+                                           r"ramp_steps=0\)"):
+        fresh.load_state_dict(state)
+    assert fresh.state_dict() == before  # refused: nothing changed
+    resumed = Controller(total_steps=600, **OLD_DEFAULTS)  # the old defaults, spelled out
+    resumed.load_state_dict(state)
+    assert run_on(resumed, whole, 150, 300) == whole[150:] and resumed.history == old.history

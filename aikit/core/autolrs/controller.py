@@ -20,7 +20,7 @@ import numpy as np
 
 from aikit.core.autolrs.loss_forecast import failed_forecast, forecast, standard_error
 from aikit.core.autolrs.search import LogLRSearch
-from aikit.core.autolrs.settings import Settings
+from aikit.core.autolrs.settings import Settings, settings_of_state
 from aikit.core.autolrs.stages import Record, Stage, Trial, plan_stages, stage_length
 from aikit.core.errors import InvalidState, InvalidValue, TrainingFailed
 from aikit.core.lr_range import LossTracker, lr_sequence
@@ -232,12 +232,15 @@ class Controller:
         missing = {*_STATE, "options", "rng", "stages", "history", "search", "tracker"} - set(state)
         if missing:
             raise InvalidValue(f"not an AutoLRS state: keys {sorted(missing)} are missing")
-        saved = state["options"]
-        differ = {k: (saved.get(k), v) for k, v in self.settings.given.items() if saved.get(k) != v}
-        if differ:
-            raise InvalidValue("the AutoLRS state was saved with other options (saved, here): "
-                               + ", ".join(f"{k}={a!r}, {b!r}" for k, (a, b) in differ.items())
-                               + "; build the AutoLRS with the options it was saved with")
+        if not isinstance(state["options"], dict):
+            raise InvalidValue(f"not an AutoLRS state: its options are a {type(state['options']).__name__}")
+        then, now = settings_of_state(state["options"]).resolved(), self.settings.resolved()
+        differ = {k: (then[k], v) for k, v in now.items() if then[k] != v}
+        if differ:  # compared as resolved: a default that changed between releases is a difference too
+            raise InvalidValue("the AutoLRS state was saved with other options: "
+                               + "; ".join(f"{k} {a!r} saved, {b!r} here" for k, (a, b) in differ.items())
+                               + "; build the AutoLRS with the options it was saved with ("
+                               + ", ".join(f"{k}={a!r}" for k, (a, _) in differ.items()) + ")")
         rng = np.random.default_rng()
         rng.bit_generator.state = state["rng"]
         stages = [Stage(**{**s, "trials": [Trial(**t) for t in s["trials"]]}) for s in state["stages"]]

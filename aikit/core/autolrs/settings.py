@@ -93,6 +93,10 @@ class Settings:
         self._check_warmup_and_range_test()
         self._check_search()
 
+    def resolved(self) -> dict:
+        """Every option as the run uses it, defaults filled in: what a resumed run must match."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
     @property
     def budget(self) -> bool:
         """Whether the run has a step budget (``total_steps``), which sets other defaults."""
@@ -176,3 +180,15 @@ class Settings:
                                             "a number > 1 (a multiple of the checkpoint's loss)",
                                             lambda factor: factor > 1))
         self._resolve(exploit=bool(self.exploit))
+
+
+def settings_of_state(options: dict) -> Settings:
+    """The settings a saved AutoLRS state ran with, from the options it recorded. A state saved
+    before ``ramp_steps`` existed ran with that release's defaults: no ramp, ``anneal`` 0.5 with
+    a budget, a 100-step range test and 2 stages (this release's defaults differ)."""
+    if "ramp_steps" in options:
+        return Settings(**options)
+    legacy = {"range_steps": 100, "stages": 2, **options, "ramp_steps": 0}
+    if legacy.get("anneal") is None:
+        legacy["anneal"] = 0.5 if legacy.get("total_steps") is not None else 0.0
+    return Settings(**legacy)
