@@ -163,9 +163,9 @@ MUTANTS = [
      "return lr * (since + 1) / (ramp + 1)", "return lr * since / ramp", AUTOLRS_TESTS),
     ("autolrs: a slow net is rolled back again and again", "aikit/core/autolrs/controller.py",
      'or self.phase != "train" or self.rollbacks:', 'or self.phase != "train":', AUTOLRS_TESTS),
-    ("autolrs: max_lr from the LR at the lowest loss", "aikit/core/autolrs/controller.py",
-     "    return next(lr for lr, loss in zip(lrs, losses, strict=True) if loss <= near)",
-     "    return lrs[losses.index(lowest)]", AUTOLRS_TESTS),
+    ("autolrs: max_lr from the LR at the lowest loss", "aikit/core/lr_range/suggestions.py",
+     "index = int(np.argmax(losses <= lowest + BOTTOM_NEAR * (losses[0] - lowest)))",
+     "index = int(losses.argmin())", f"tests/lr_finder/test_lr_range.py {AUTOLRS_TESTS}"),
     ("autolrs: a short range test smoothed as a long one", "aikit/core/autolrs/controller.py",
      "return min(0.5, RANGE_SMOOTHING / range_steps)", "return 0.05", AUTOLRS_TESTS),
 ]

@@ -29,7 +29,7 @@ class RangeTestResults:
             raise InvalidState(f"{what} reads the range test's history, which is empty: run range_test() first")
 
     def suggest_lr(self, method: str = "steepest", skip_start: int = 10, skip_end: int = 5, **options) -> float:
-        """The LR that ``method`` (steepest, valley, minimum or slide) reads off the curve."""
+        """The LR that ``method`` (steepest, valley, minimum, slide or bottom) reads off the curve."""
         self._tested("suggest_lr()")
         return lr_range.suggest(
             self.history["lr"], self.history["loss"], method, skip_start, skip_end, **options

@@ -10,13 +10,11 @@ from hypothesis import strategies as st
 
 from aikit.core.autolrs import (
     DIVERGE_WINDOW,
-    RANGE_NEAR,
     ROLLBACK_FACTOR,
     Action,
     Controller,
     LogLRSearch,
     Settings,
-    bottom_lr,
     failed_forecast,
     fit_exponential,
     forecast,
@@ -530,17 +528,6 @@ def test_a_stage_0_that_never_leaves_the_first_loss_is_rolled_back_once():
     losses = np.linspace(first, 0.5 * first, 3 + 2 * DIVERGE_WINDOW)  # it leaves the first loss: no rollback
     assert not any(c.step(loss).restore for loss in losses) and c.rollbacks == 0
 
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0.0, 100.0), min_size=2, max_size=60))
-def test_the_range_test_bottoms_out_at_the_first_lr_near_its_lowest_loss(losses):
-    lrs = np.geomspace(1e-6, 10.0, len(losses)).tolist()
-    lr = bottom_lr(lrs, losses)
-    index = lrs.index(lr)
-    lowest = min(losses)
-    assert losses[index] <= lowest + RANGE_NEAR * (losses[0] - lowest)  # near the lowest loss
-    assert all(loss > lowest + RANGE_NEAR * (losses[0] - lowest) for loss in losses[:index])  # the first such
-    assert index <= losses.index(lowest)  # never past the lowest loss
 
 
 OLD_DEFAULTS = {"range_steps": 100, "stages": 2, "anneal": 0.5, "ramp_steps": 0}  # before issue 27

@@ -25,6 +25,6 @@ def test_the_torch_example_saves_a_png_and_a_csv_and_prints_lrs_from_the_history
     history = read_history(tmp_path / "lr_finder_torch.csv")
     line = next(line for line in done.stdout.splitlines() if line.startswith("torch: "))
     suggested = dict(part.split() for part in line.removeprefix("torch: ").split(", "))
-    assert sorted(suggested) == ["minimum", "slide", "steepest", "valley"]
+    assert sorted(suggested) == ["bottom", "minimum", "slide", "steepest", "valley"]
     for method in ("steepest", "valley"):
         assert min(history["lr"]) <= float(suggested[method]) <= max(history["lr"])

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aikit.core import lr_range
-from aikit.core.lr_range import LossTracker, lr_sequence, suggest
+from aikit.core.lr_range import BOTTOM_NEAR, LossTracker, lr_sequence, suggest
 
 lrs = st.floats(1e-8, 1e3)
 iterations = st.integers(2, 300)
@@ -148,6 +148,23 @@ def test_valley_is_halfway_down_the_longest_decreasing_run():
     assert suggest(lrs, losses, "valley") == (5.0, 5, "valley")
 
 
+@given(st.lists(st.floats(0.0, 100.0), min_size=2, max_size=60))
+def test_bottom_is_the_first_lr_near_the_lowest_loss_never_past_it(losses):
+    lrs = np.geomspace(1e-6, 10.0, len(losses)).tolist()
+    got = suggest(lrs, losses, "bottom")
+    lowest, near = min(losses), min(losses) + BOTTOM_NEAR * (losses[0] - min(losses))
+    assert got.lr == lrs[got.index] and losses[got.index] <= near  # near the lowest loss
+    assert all(loss > near for loss in losses[:got.index])  # the first such
+    assert got.index <= losses.index(lowest)  # never past the lowest loss
+
+
+def test_bottom_reads_a_long_floor_at_its_start_not_at_its_lowest_point():
+    # a drop from 5 to a floor near 3 (index 3 on), its lowest point late on it, then a blow-up
+    losses = [5.0, 4.5, 3.5, 3.1, 3.05, 3.08, 3.02, 3.0, 3.04, 6.0]
+    lrs = [float(i) for i in range(len(losses))]
+    assert suggest(lrs, losses, "bottom") == (3.0, 3, "bottom")
+
+
 def test_slide_walks_left_until_the_gradients_across_the_window_agree():
     # a flat start, a straight descent from index 10 on, then a blow-up over the last points
     losses = [5.0] * 10 + [5.0 - 0.1 * i for i in range(1, 21)] + [3.5, 5.0, 9.0]
@@ -182,7 +199,8 @@ def test_too_few_points_to_suggest_is_an_error_naming_the_count():
 
 
 def test_unknown_method_and_negative_skips_are_refused():
-    with pytest.raises(ValueError, match=r"must be one of \('steepest', 'valley', 'minimum', 'slide'\), got 'best'"):
+    with pytest.raises(ValueError,
+                       match=r"must be one of \('steepest', 'valley', 'minimum', 'slide', 'bottom'\), got 'best'"):
         suggest([1, 2, 3], [3, 2, 1], "best")
     with pytest.raises(ValueError, match="skip_start cannot be negative, got -1"):
         suggest([1, 2, 3], [3, 2, 1], skip_start=-1)

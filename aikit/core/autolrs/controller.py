@@ -23,13 +23,12 @@ from aikit.core.autolrs.search import LogLRSearch
 from aikit.core.autolrs.settings import Settings, settings_of_state
 from aikit.core.autolrs.stages import Record, Stage, Trial, plan_stages, stage_length
 from aikit.core.errors import InvalidState, InvalidValue, TrainingFailed
-from aikit.core.lr_range import LossTracker, lr_sequence
+from aikit.core.lr_range import LossTracker, lr_sequence, suggest
 
 log = logging.getLogger("aikit.autolrs")
 
 RANGE_START, RANGE_END = 1e-6, 10.0  # the default range test's sweep
 RANGE_BELOW_HOT = 3.0  # max_lr = (the LR where the range test's loss bottoms out) / 3: that LR is already too hot
-RANGE_NEAR = 0.1  # the loss bottoms out where it is within this fraction of its whole drop of its lowest
 RANGE_SMOOTHING = 5.0  # the range test's losses are averaged over about range_steps / this many steps
 RANGE_DECADES = 3  # min_lr = max_lr / 10**3
 ROLLBACK_FACTOR = 3.0  # a diverged stage is retried at lr / 3 (again and again if needed)
@@ -44,17 +43,6 @@ def range_smoothing(range_steps: int) -> float:
     torch-lr-finder's, at 100 steps), so that a shorter test does not find where its loss
     bottoms out later in its sweep than a longer one."""
     return min(0.5, RANGE_SMOOTHING / range_steps)
-
-
-def bottom_lr(lrs: list[float], losses: list[float]) -> float:
-    """The first LR at which the range test's smoothed loss came within :data:`RANGE_NEAR` of
-    its whole drop of the lowest loss. Not the LR at the lowest loss itself: where the loss
-    flattens into a long floor before it blows up (a transformer under Adam), the lowest point
-    lies anywhere on the floor, and training there stalls (measured on the small LM of
-    ``benchmarks/lr_free.py``: the lowest point 3-15x the LR that trains best)."""
-    lowest = min(losses)
-    near = lowest + RANGE_NEAR * (losses[0] - lowest)
-    return next(lr for lr, loss in zip(lrs, losses, strict=True) if loss <= near)
 
 
 @dataclass(frozen=True)
@@ -336,7 +324,7 @@ class Controller:
                 f"the LR range test stopped at its first LRs {self.range_test['lr']} with losses "
                 f"{self.range_test['loss']}: a loss that is not finite at an LR of {RANGE_START:g} comes from the "
                 "model, the data or the loss function, not the LR; check them (or give min_lr and max_lr)")
-        hot = bottom_lr(lrs, losses)
+        hot = suggest(lrs, losses, method="bottom").lr  # where the loss bottoms out
         self.max_lr = hot / RANGE_BELOW_HOT
         self.min_lr = self.max_lr / 10**RANGE_DECADES
         log.info("AutoLRS: range test over %d steps (%s): the loss bottoms out at lr=%.4g; searching min_lr=%.4g to "

@@ -26,9 +26,10 @@ from aikit.core.lr_range.driver import (
 )
 from aikit.core.lr_range.history import read_history, write_history
 from aikit.core.lr_range.rules import STEP_MODES, LossTracker, lr_sequence, step_mode_name
-from aikit.core.lr_range.suggestions import SUGGESTIONS, Suggestion, suggest, trim
+from aikit.core.lr_range.suggestions import BOTTOM_NEAR, SUGGESTIONS, Suggestion, suggest, trim
 
 __all__ = [
+    "BOTTOM_NEAR",
     "MAX_SKIPPED",
     "ONE_PROCESS",
     "STEP_MODES",

@@ -1,5 +1,5 @@
-"""Reading an LR off a range test's (lr, loss) curve: torch-lr-finder's steepest descent and
-fastai's ``valley``, ``minimum`` and ``slide``, by name."""
+"""Reading an LR off a range test's (lr, loss) curve: torch-lr-finder's steepest descent,
+fastai's ``valley``, ``minimum`` and ``slide``, and ``bottom`` (AutoLRS's), by name."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import NamedTuple
 import numpy as np
 
 from aikit.core.errors import InvalidState, InvalidValue
+
+BOTTOM_NEAR = 0.1  # "bottom": the loss within this fraction of its whole drop of its lowest
 
 
 class Suggestion(NamedTuple):
@@ -37,6 +39,17 @@ def _minimum(lrs: np.ndarray, losses: np.ndarray) -> tuple[int, float]:
     """A tenth of the LR at the lowest loss (fastai's ``minimum``): the minimum is already too hot."""
     index = int(losses.argmin())
     return index, lrs[index] / 10
+
+
+def _bottom(lrs: np.ndarray, losses: np.ndarray) -> tuple[int, float]:
+    """Where the loss bottoms out: the first LR at which it came within :data:`BOTTOM_NEAR` of its
+    whole drop of the lowest loss. Not the lowest point itself: where the loss runs along a long
+    floor before it blows up (a transformer under Adam), the lowest point lies anywhere on the
+    floor, and training there stalls (the small LM of ``benchmarks/lr_free.py``: 3-15x the LR
+    that trains best). AutoLRS's ``max_lr`` is a third of it."""
+    lowest = losses.min()
+    index = int(np.argmax(losses <= lowest + BOTTOM_NEAR * (losses[0] - lowest)))
+    return index, lrs[index]
 
 
 def _valley(lrs: np.ndarray, losses: np.ndarray) -> tuple[int, float]:
@@ -73,7 +86,7 @@ def _slide(lrs: np.ndarray, losses: np.ndarray, lr_diff: int = 15, thresh: float
     return index, lrs[index]
 
 
-SUGGESTIONS = {"steepest": _steepest, "valley": _valley, "minimum": _minimum, "slide": _slide}
+SUGGESTIONS = {"steepest": _steepest, "valley": _valley, "minimum": _minimum, "slide": _slide, "bottom": _bottom}
 
 
 def suggest(
