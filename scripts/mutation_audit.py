@@ -167,7 +167,7 @@ MUTANTS = [
      "index = int(np.argmax(losses <= lowest + BOTTOM_NEAR * (losses[0] - lowest)))",
      "index = int(losses.argmin())", f"tests/lr_finder/test_lr_range.py {AUTOLRS_TESTS}"),
     ("autolrs: a short range test smoothed as a long one", "aikit/core/autolrs/controller.py",
-     "return min(0.5, RANGE_SMOOTHING / range_steps)", "return 0.05", AUTOLRS_TESTS),
+     "return LossTracker(min(0.5, RANGE_SMOOTHING / range_steps))", "return LossTracker(0.05)", AUTOLRS_TESTS),
 ]
 
 

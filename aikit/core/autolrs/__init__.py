@@ -40,7 +40,7 @@ from aikit.core.autolrs.controller import (
     ROLLBACK_FACTOR,
     Action,
     Controller,
-    range_smoothing,
+    range_tracker,
 )
 from aikit.core.autolrs.driver import DECISION_SIZE, FLAGS, SLOTS, Driver, Training, pack, unpack
 from aikit.core.autolrs.loss_forecast import (
@@ -93,7 +93,7 @@ __all__ = [
     "forecast",
     "pack",
     "plan_stages",
-    "range_smoothing",
+    "range_tracker",
     "read_schedule",
     "replay_lr",
     "schedule_lrs",

@@ -38,11 +38,11 @@ MAX_ROLLBACKS = 8  # rollbacks in a row (LR / 3**8) after which the loss is not 
 VAL_FAILED = "val_fn"  # how the reason a trial failed on its validation losses begins
 
 
-def range_smoothing(range_steps: int) -> float:
-    """The range test's smoothing factor: an average over a fixed fraction of the test (0.05,
+def range_tracker(range_steps: int) -> LossTracker:
+    """The range test's loss tracker, averaging over a fixed fraction of the test (0.05,
     torch-lr-finder's, at 100 steps), so that a shorter test does not find where its loss
     bottoms out later in its sweep than a longer one."""
-    return min(0.5, RANGE_SMOOTHING / range_steps)
+    return LossTracker(min(0.5, RANGE_SMOOTHING / range_steps))
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ class Controller:
         self._reference = math.inf  # the loss at the latest checkpoint (for divergence)
         self._anneal_from = math.nan
         self._search: LogLRSearch | None = None
+        self._range_lrs = lr_sequence(RANGE_START, RANGE_END, self.settings.range_steps)  # a range test's LRs
         self._kept: list[float] = []  # the LR of every step on the kept trajectory
         self._kept_mark = 0  # len(_kept) at the latest checkpoint
         self._segment_start = 0  # the step of the latest checkpoint or restore
@@ -239,7 +240,7 @@ class Controller:
                                  first=state["search"]["first"], design=self.settings.design)
             search.x, search.scores = list(state["search"]["x"]), list(state["search"]["scores"])
         if state["tracker"] is not None:
-            tracker = LossTracker(range_smoothing(self.settings.range_steps))
+            tracker = range_tracker(self.settings.range_steps)
             tracker.best, tracker.last, tracker.stop_reason = (state["tracker"][k] for k in ("best", "last",
                                                                                              "stop_reason"))
         for name in _STATE:
@@ -249,7 +250,6 @@ class Controller:
         self.rng, self.stages, self.history, self._search = rng, stages, history, search
         if tracker is not None:
             self._tracker = tracker
-            self._range_lrs = lr_sequence(RANGE_START, RANGE_END, self.settings.range_steps)
 
     # -- transitions ------------------------------------------------------------------------
 
@@ -305,8 +305,7 @@ class Controller:
         if self.min_lr is not None:
             return self._start_stage(checkpoint=True)
         self.phase, self._in_phase = "range", 0
-        self._range_lrs = lr_sequence(RANGE_START, RANGE_END, self.settings.range_steps)
-        self._tracker = LossTracker(range_smoothing(self.settings.range_steps))
+        self._tracker = range_tracker(self.settings.range_steps)
         log.info("AutoLRS: no min_lr/max_lr given; running an LR range test of %d steps (%.0e to %.0e) to set them",
                  self.settings.range_steps, RANGE_START, RANGE_END)
         return self._set(self._range_lrs[0], checkpoint=True)
