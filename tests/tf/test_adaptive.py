@@ -158,6 +158,17 @@ def test_an_adascale_run_replays_under_its_own_rule_name_given_its_learning_rate
     assert max_difference(adaptive, replay) < 1e-12
 
 
+def counting_traces(layers: list, traces: list) -> keras.Sequential:
+    """A Sequential model of ``layers`` whose every tracing of its training step appends the
+    batch size it was traced for to ``traces`` (None: a shape-generic tracing)."""
+
+    class Counting(keras.Sequential):
+        def train_step(self, batch):
+            traces.append(batch[0].shape[0])
+            return super().train_step(batch)
+
+    return Counting(layers)
+
 def test_plan_changes_do_not_retrace_the_training_step_each_time(float64):
     """Four micro-batch sizes: the training step is traced for the first (twice: Keras' first
     call, as with one fixed size) and once more for a shape-generic one (tf.function's
@@ -165,13 +176,8 @@ def test_plan_changes_do_not_retrace_the_training_step_each_time(float64):
     x, y = data(200)
     traces = []
 
-    class Counting(keras.Sequential):
-        def train_step(self, batch):
-            traces.append(batch[0].shape[0])
-            return super().train_step(batch)
-
     keras.utils.set_random_seed(1)
-    model = Counting([keras.Input((4,)), keras.layers.Dense(3)])
+    model = counting_traces([keras.Input((4,)), keras.layers.Dense(3)], traces)
     model.compile(NoiseOptimizer(momentum()), loss="mse")
     controller = ScriptedController({2: 10, 3: 6, 4: 2, 5: 12}, 5, 1, base_batch=8, max_batch=12)
     rows = fit_adaptive(model, x, y, controller, base_lr=0.05, rule="sqrt")
@@ -188,13 +194,9 @@ def test_the_per_device_batch_grows_with_the_batch_and_tracing_stays_bounded(flo
     x, y = data(200)
     traces = []
 
-    class Counting(keras.Sequential):
-        def train_step(self, batch):
-            traces.append(batch[0].shape[0])
-            return super().train_step(batch)
-
     keras.utils.set_random_seed(1)  # mlp()'s weights, for the reference
-    model = Counting([keras.Input((4,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(3)])
+    model = counting_traces([keras.Input((4,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(3)],
+                            traces)
     model.compile(NoiseOptimizer(momentum()), loss="mse")
     controller = ScriptedController({3: 12, 6: 24, 9: 40, 12: 64, 15: 20}, 64, 1, base_batch=8, max_batch=64,
                                     noise_every=4)
