@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,34 @@ def tail(run_dir: Path) -> str:
     return (run_dir / "horovodrun.log").read_text()[-4000:]
 
 
+def drive_2_1_2(proc: subprocess.Popen, run_dir: Path, allow: Callable[[int], None],
+                kill: Callable[[], None]) -> list[float]:
+    """Take the elastic run ``proc`` writes to ``run_dir`` from 2 workers to 1 and back
+    (``allow(n)``: the discovery now offers ``n`` slots), let it finish without delays and check
+    it (:func:`check_2_1_2_run`); ``kill`` stops it if it does not end. Returns when 1 worker was
+    allowed, when 1 worker had trained 2 updates (and 2 were allowed again), and when 2 trained
+    again."""
+    marks = []
+    try:
+        wait_until(lambda u: sum(r["world"] == 2 and r["rank"] == 0 for r in u) >= 2, run_dir, proc,
+                   "two updates by 2 workers")
+        marks.append(time.time())
+        allow(1)
+        wait_until(lambda u: sum(r["world"] == 1 for r in u) >= 2, run_dir, proc, "two updates by 1 worker")
+        marks.append(time.time())
+        allow(2)
+        wait_until(lambda u: u[-1]["world"] == 2, run_dir, proc, "an update by 2 workers again")
+        marks.append(time.time())
+        (run_dir / "fast").touch()  # the rest without delays
+        assert proc.wait(timeout=120) == 0, tail(run_dir)
+    finally:
+        if proc.poll() is None:
+            kill()
+            proc.wait()
+    check_2_1_2_run(run_dir)
+    return marks
+
+
 def check_2_1_2_run(run_dir: Path) -> None:
     """Every update made once (an update redone after a restore: its last record counts), by 2,
     then 1, then 2 workers, re-planned for 1, and the final weights equal the big-batch steps."""
@@ -82,17 +111,4 @@ def test_an_elastic_run_2_1_2_workers_equals_the_big_batch_steps(require_horovod
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent.parent}"}
     with open(tmp_path / "horovodrun.log", "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    try:
-        wait_until(lambda u: sum(r["world"] == 2 and r["rank"] == 0 for r in u) >= 2, tmp_path, proc,
-                   "two updates by 2 workers")
-        set_slots(tmp_path, 1)
-        wait_until(lambda u: sum(r["world"] == 1 for r in u) >= 2, tmp_path, proc, "two updates by 1 worker")
-        set_slots(tmp_path, 2)
-        wait_until(lambda u: u[-1]["world"] == 2, tmp_path, proc, "an update by 2 workers again")
-        (tmp_path / "fast").touch()  # the rest without delays
-        assert proc.wait(timeout=120) == 0, tail(tmp_path)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    check_2_1_2_run(tmp_path)
+    drive_2_1_2(proc, tmp_path, lambda slots: set_slots(tmp_path, slots), proc.kill)

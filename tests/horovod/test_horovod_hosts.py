@@ -17,7 +17,7 @@ from pathlib import Path
 
 import multihost
 import pytest
-from test_horovod_elastic_ga import check_2_1_2_run, tail, updates, wait_until
+from test_horovod_elastic_ga import drive_2_1_2, updates
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 
@@ -60,23 +60,7 @@ def test_a_host_removed_and_added_back_equals_the_big_batch_steps(require_horovo
            "PATH": f"{net.ssh_bin}{os.pathsep}{os.environ['PATH']}"}
     proc = a.popen(command, log=tmp_path / "horovodrun.log", env=env, cwd=tmp_path)
     started = time.time()
-    try:
-        wait_until(lambda u: sum(r["world"] == 2 and r["rank"] == 0 for r in u) >= 2, tmp_path, proc,
-                   "two updates by 2 workers")
-        removed_at = time.time()
-        set_hosts(tmp_path, a)
-        wait_until(lambda u: sum(r["world"] == 1 for r in u) >= 2, tmp_path, proc, "two updates by 1 worker")
-        alone = time.time()
-        set_hosts(tmp_path, a, b)
-        wait_until(lambda u: u[-1]["world"] == 2, tmp_path, proc, "an update by 2 workers again")
-        back = time.time()
-        (tmp_path / "fast").touch()  # the rest without delays
-        assert proc.wait(timeout=120) == 0, tail(tmp_path)
-    finally:
-        if proc.poll() is None:
-            a.kill()
-            proc.wait()
-    check_2_1_2_run(tmp_path)
+    removed_at, alone, back = drive_2_1_2(proc, tmp_path, lambda slots: set_hosts(tmp_path, *(a, b)[:slots]), a.kill)
     hosts_seen = {r["host"] for r in updates(tmp_path)}
     assert hosts_seen == {a.address, b.address}, hosts_seen  # a worker ran in each host
     print(f"\nHorovod across hosts: b removed, alone after {alone - removed_at:.1f} s; b added back, a pair again "
