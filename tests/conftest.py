@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from capabilities import skip_or_fail
 from launching import run_launcher
 from multihost import network, require_netns  # noqa: F401 (fixtures: several hosts in network namespaces)
 
@@ -81,10 +82,7 @@ def require_horovod() -> None:
     builds Horovod and sets it, so a broken build cannot pass as a skip)."""
     missing = horovod_missing()
     if missing:
-        message = f"Horovod is not installed ({missing}): run scripts/install_horovod.sh"
-        if os.environ.get("AIKIT_REQUIRE_HOROVOD") == "1":
-            pytest.fail(f"AIKIT_REQUIRE_HOROVOD=1 but {message}")
-        pytest.skip(message)
+        skip_or_fail("HOROVOD", f"Horovod is not installed ({missing}): run scripts/install_horovod.sh")
 
 
 @pytest.fixture

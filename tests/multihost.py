@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 
 import pytest
+from capabilities import skip_or_fail
 
 from aikit.core.errors import InvalidValue
 
@@ -350,10 +351,8 @@ def require_netns() -> None:
     capability there is a failure, not a skip). Removes what killed runs left behind first."""
     missing = unavailable()
     if missing:
-        message = f"needs Linux network namespaces to run several hosts on one machine: {missing}"
-        if os.environ.get("AIKIT_REQUIRE_NETNS") == "1":
-            pytest.fail(f"AIKIT_REQUIRE_NETNS=1 but this test {message}")
-        pytest.skip(message)
+        skip_or_fail("NETNS", f"this test needs Linux network namespaces to run several hosts on one machine: "
+                              f"{missing}")
     clean_stale()
 
 

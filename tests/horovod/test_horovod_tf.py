@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from capabilities import skip_or_fail
 
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
@@ -24,9 +24,7 @@ def horovod_tensorflow_missing() -> str | None:
 def ranks(horovodrun, tmp_path_factory):
     missing = horovod_tensorflow_missing()
     if missing:
-        if os.environ.get("AIKIT_REQUIRE_HOROVOD") == "1":
-            pytest.fail(f"AIKIT_REQUIRE_HOROVOD=1 but {missing}")
-        pytest.skip(missing)
+        skip_or_fail("HOROVOD", missing)
     out = tmp_path_factory.mktemp("hvd_tf")
     horovodrun("tests/horovod/tf_worker.py", out, timeout=300)
     return [np.load(out / f"rank{r}.npy", allow_pickle=True).item() for r in range(2)]

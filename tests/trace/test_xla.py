@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from capabilities import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 XLA_PYTHON = ROOT / ".venv-xla" / "bin" / "python"
@@ -17,10 +18,7 @@ pytestmark = pytest.mark.xla
 
 def xla_python() -> Path:
     if not XLA_PYTHON.exists():
-        reason = f"{XLA_PYTHON} is missing: run scripts/install_xla.sh (torch 2.9.0 + torch_xla 2.9.0)"
-        if os.environ.get("AIKIT_REQUIRE_XLA") == "1":
-            pytest.fail(reason + " (AIKIT_REQUIRE_XLA=1 requires it)")
-        pytest.skip(reason)
+        skip_or_fail("XLA", f"{XLA_PYTHON} is missing: run scripts/install_xla.sh (torch 2.9.0 + torch_xla 2.9.0)")
     return XLA_PYTHON
 
 
