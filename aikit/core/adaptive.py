@@ -26,6 +26,7 @@ framework; everything else is written here, once:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -41,7 +42,7 @@ from aikit.core.schedule import EpochSchedule, checked_settings, numpy_permutati
 from aikit.core.validate import checked_bool, non_negative_int, positive_int
 
 if TYPE_CHECKING:
-    from aikit.core.goodput import GoodputController
+    from aikit.core.goodput import BatchSplit, GoodputController
 
 __all__ = ["HISTORY_KEYS", "AdaptiveRun", "AdaptiveSchedule", "UpdateClock", "history_row", "learning_rate"]
 
@@ -57,12 +58,18 @@ class AdaptiveSchedule:
     :meth:`extend` decides the updates up to ``lookahead`` ahead of training; :meth:`epoch` is the
     view of an epoch's updates decided so far. Views grow by appending: an epoch of tens of
     thousands of updates costs the new updates each time, not the epoch.
+
+    ``hold_after``: the first update that starts at or after this many samples of the run
+    (:attr:`held_from`) and every later one keep the controller's batch of that moment: no more
+    decisions, and no update split to measure the noise, so the rest of the run costs what a fixed
+    batch costs (None: the controller decides throughout, as Pollux's). Where it holds follows
+    from the batches alone, so a restored schedule holds where the saved one did.
     """
 
     micro_name = "micro_batch"  # what messages call the micro-batch (a Schedule's may be eth-easl's minibatch_size)
 
     def __init__(self, dataset_size: int, controller: GoodputController, seed: int = 42, shuffle: bool = True,
-                 lookahead: int = 0) -> None:
+                 lookahead: int = 0, hold_after: int | None = None) -> None:
         split = controller.split
         if split is None:
             raise InvalidValue(f"an adaptive run deals equal micro-batches: its controller must plan with "
@@ -75,6 +82,9 @@ class AdaptiveSchedule:
         self.permutation = numpy_permutation  # the sample order of CustomSampler's default, so a replay matches
         self.controller = controller
         self.lookahead = non_negative_int(lookahead, "lookahead")
+        self.hold_after = None if hold_after is None else positive_int(hold_after, "hold_after")
+        self.held_from: int | None = None  # the first update that holds the batch (None: not yet)
+        self._decided_samples = 0  # samples the updates decided so far take
         self.sizes: list[int] = []  # the global batch of every update decided so far
         self.starts = [0]  # the first update of every epoch begun so far
         self._views: dict[int, tuple[int, EpochSchedule, _Columns]] = {}  # epoch: (end, view, its arrays)
@@ -95,14 +105,40 @@ class AdaptiveSchedule:
     # --- deciding ---------------------------------------------------------------------------------
     def extend(self, done: int) -> None:
         """Decide the batches up to update ``done + lookahead`` (updates ``0..done-1`` are trained)."""
-        largest = self.split.largest
+        self._hold_if_due()
         while len(self.sizes) <= done + self.lookahead:
             left, update = self.dataset_size - self._open_samples, len(self.sizes)
-            self.sizes.append(min(self._chosen(), largest(left, update)))
+            self.sizes.append(min(self._chosen(), self.split.largest(left, update)))
             self._open_samples += self.sizes[-1]
-            if not largest(left - self.sizes[-1], update + 1):
+            self._decided_samples += self.sizes[-1]
+            self._hold_if_due()  # before the next update's split decides whether the epoch goes on
+            if not self.split.largest(left - self.sizes[-1], update + 1):
                 self.starts.append(len(self.sizes))  # the epoch is full: the next update opens the next one
                 self._open_samples = 0
+
+    @property
+    def held(self) -> bool:
+        """Whether the run holds its batch from :attr:`held_from` on: the controller decides no more."""
+        return self.held_from is not None
+
+    def _hold_if_due(self) -> None:
+        """Hold the batch from the next update on where the updates decided reach ``hold_after``
+        samples: it and every later update run whole where they can (no split to measure the noise)."""
+        if self.held_from is None and self.hold_after is not None and self._decided_samples >= self.hold_after:
+            self.held_from = len(self.sizes)
+            self.split = dataclasses.replace(self.split, noise_until=self.held_from)
+
+    def held_split(self, sizes: list[int]) -> tuple[int | None, BatchSplit]:
+        """Where a schedule of ``sizes`` holds its batch (None: not within them) and the split its
+        updates ran with: from the batches alone, as :meth:`extend` decided it."""
+        split = dataclasses.replace(self.split, noise_until=None)
+        if self.hold_after is None:
+            return None, split
+        reached = np.flatnonzero(np.cumsum([0, *sizes]) >= self.hold_after)  # samples before each update
+        if not len(reached):
+            return None, split
+        update = int(reached[0])
+        return update, dataclasses.replace(split, noise_until=update)
 
     def _chosen(self) -> int:
         """The controller's batch, refused (naming it) if this run cannot deal it."""
@@ -144,10 +180,11 @@ class AdaptiveSchedule:
         c, split = self.controller, self.split
         per_device = {"max_device_batch": self.micro_batch, "noise_every": split.noise_every} if split.grows \
             else {"micro_batch": self.micro_batch}
+        held = {} if self.hold_after is None else {"hold_after": self.hold_after}  # states saved before it lack it
         return {"dataset_size": self.dataset_size, **per_device,
                 "num_replicas": self.num_replicas, "seed": self.seed, "shuffle": self.shuffle,
                 # "base_batch": the key states saved before ref_batch_size was its name keep
-                "base_batch": c.ref_batch_size, "min_batch": c.min_batch, "max_batch": c.max_batch}
+                "base_batch": c.ref_batch_size, "min_batch": c.min_batch, "max_batch": c.max_batch, **held}
 
     def identity(self) -> dict:
         """What fixes every update's samples, for ``ElasticState``'s resume check."""
@@ -162,13 +199,16 @@ class AdaptiveSchedule:
         if not isinstance(state, dict) or set(state) != _STATE_KEYS:
             keys = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise InvalidValue(f"not an adaptive schedule state: keys {keys}, expected {sorted(_STATE_KEYS)}")
-        if state["settings"] != self.settings():
-            differ = [f"{k} {state['settings'].get(k)!r} then, {v!r} now" for k, v in self.settings().items()
-                      if state["settings"].get(k) != v]
+        settings = self.settings()
+        if state["settings"] != settings:
+            differ = [f"{k} {state['settings'].get(k)!r} then, {settings.get(k)!r} now"
+                      for k in [*settings, *(k for k in state["settings"] if k not in settings)]
+                      if state["settings"].get(k) != settings.get(k)]
             raise InvalidValue(f"the adaptive state was saved by a run with other settings ({'; '.join(differ)}): "
                                "build the AdaptiveSampler as that run did")
         sizes, starts = [positive_int(s, "sizes[i]") for s in state["sizes"]], [int(s) for s in state["starts"]]
-        uneven = [size for update, size in enumerate(sizes) if self.split.largest(size, update) != size]
+        split = self.held_split(sizes)[1]
+        uneven = [size for update, size in enumerate(sizes) if split.largest(size, update) != size]
         if uneven:
             raise InvalidValue(f"the adaptive state holds batch {uneven[0]}, which this run cannot deal in whole "
                                "micro-batches: it was not saved by a run with these settings")
@@ -179,6 +219,8 @@ class AdaptiveSchedule:
     def load(self, sizes: list[int], starts: list[int], controller: GoodputController) -> None:
         self.sizes, self.starts, self.controller, self._views = sizes, starts, controller, {}
         self._open_samples = sum(sizes[starts[-1]:])
+        self._decided_samples = sum(sizes)
+        self.held_from, self.split = self.held_split(sizes)
 
     def resume_recorded(self) -> int:
         """Take the updates the controller recorded (a controller restored from a run's end of
@@ -186,15 +228,16 @@ class AdaptiveSchedule:
         returns the epoch to go on with. Refused, changing nothing, where they end inside an
         epoch or could not have been decided over this data set."""
         batches, starts, used = list(self.controller.batches), [0], 0
+        split = self.held_split(batches)[1]
         for update, size in enumerate(batches):
             left = self.dataset_size - used
-            if size > left or self.split.largest(size, update) != size:
+            if size > left or split.largest(size, update) != size:
                 raise InvalidValue(
                     f"the controller's update {update} took {size} samples, which an adaptive run over "
                     f"{self.dataset_size} samples cannot deal there ({left} left in its epoch): resume with the data "
                     "set and settings of the run that recorded it")
             used += size
-            if not self.split.largest(left - size, update + 1):
+            if not split.largest(left - size, update + 1):
                 starts.append(update + 1)
                 used = 0
         if used:
@@ -377,6 +420,8 @@ class AdaptiveRun:
         device: its timing (:func:`update_timing`: two measurements for the throughput model) and
         its noise estimate go to the controller."""
         timings = [] if timing is None else [(micro_batch, steps, timing[0]), (micro_batch, 1, timing[1])]
+        if self.schedule.held and len(self.controller.batches) >= self.schedule.held_from:
+            noise = None  # a held update measures nothing: its batch and LR stay as they were at the hold
         self.controller.record(batch, noise, timings)
         self._recorded = (batch, micro_batch, steps, None if timing is None else timing[0])
 
@@ -393,7 +438,7 @@ class AdaptiveRun:
         row = history_row(epoch, update, batch, steps, micro, lr, seconds, controller.noise)
         self.history.append(row)
         old = controller.batch
-        new = controller.propose()
+        new = None if self.schedule.held else controller.propose()
         if new is not None and (log_change or say is not None):
             plan, gain = controller.plan(new), controller.changes[-1][3]
             message = (f"adaptive batch: update {update}: global batch {old} -> {new} from update "

@@ -59,13 +59,15 @@ class BatchSplit:
     most ``per_device`` (:func:`aikit.core.plan.even_micro_batches`, what policy ``"error"``
     plans), so the per-device batch grows with the batch, as AdaptDL's does; with
     ``noise_every`` every ``noise_every``-th update (0, k, 2k, ...) runs in two micro-batches or
-    more, where one device measures the gradient noise.
+    more, where one device measures the gradient noise, before update ``noise_until`` (None:
+    throughout; an adaptive run that holds its batch measures nothing from then on).
     """
 
     per_device: int  # the micro-batch (fixed), or the most one device holds (grows)
     devices: int
     grows: bool
     noise_every: int | None = None
+    noise_until: int | None = None
 
     @property
     def unit(self) -> int:
@@ -74,7 +76,7 @@ class BatchSplit:
 
     def least(self, first: int, end: int) -> np.ndarray:
         """The fewest micro-batches of updates ``first..end-1`` (over all devices)."""
-        return split_minimums(first, end, 1, self.noise_every)
+        return split_minimums(first, end, 1, self.noise_every, self.noise_until)
 
     def micro_sizes(self, sizes: list[int] | np.ndarray, first: int) -> np.ndarray | None:
         """The micro-batch of updates ``first, first + 1, ...`` of ``sizes`` (None when fixed:

@@ -133,20 +133,25 @@ class EpochSchedule:
         return sample_weight(self.micro_size(step), int(self.batch_sizes[step]))
 
 
-def split_minimums(first: int, end: int, min_micro_batches: int, noise_every: int | None) -> np.ndarray:
+def split_minimums(first: int, end: int, min_micro_batches: int, noise_every: int | None,
+                   noise_until: int | None = None) -> np.ndarray:
     """The fewest micro-batches of steps ``first..end-1`` split by ``max_device_batch``:
-    ``min_micro_batches``, and two on every ``noise_every``-th step (0, k, 2k, ...), where an
-    adaptive run on one device measures the gradient noise from the two halves of one update."""
+    ``min_micro_batches``, and two on every ``noise_every``-th step (0, k, 2k, ...) before step
+    ``noise_until`` (None: all), where an adaptive run on one device measures the gradient noise
+    from the two halves of one update (until it holds its batch)."""
     steps = np.arange(first, end)
     if not noise_every:
         return np.full(len(steps), min_micro_batches, dtype=np.int64)
-    return np.where(steps % noise_every == 0, max(min_micro_batches, 2), min_micro_batches)
+    measured = steps % noise_every == 0
+    if noise_until is not None:
+        measured &= steps < noise_until
+    return np.where(measured, max(min_micro_batches, 2), min_micro_batches)
 
 
 def schedule_problems(
     trace: Trace, dataset_size: int, num_replicas: int, micro_batch: int, balanced: bool = False, *,
     max_device_batch: int | None = None, min_micro_batches: int = 1, noise_every: int | None = None,
-    name: str = "micro_batch",
+    noise_until: int | None = None, name: str = "micro_batch",
 ) -> list[str]:
     """Every reason ``trace`` cannot be scheduled with these settings (empty when it can);
     ``name``: what the caller called the micro-batch (eth-easl's ``minibatch_size``)."""
@@ -154,7 +159,7 @@ def schedule_problems(
         if noise_every and not trace.is_finite:  # a repeated row may fall on any step: it must split both ways
             minimums = [min_micro_batches, max(min_micro_batches, 2)]
         else:
-            minimums = [split_minimums(0, len(trace), min_micro_batches, noise_every)]
+            minimums = [split_minimums(0, len(trace), min_micro_batches, noise_every, noise_until)]
         problems = []
         for least in minimums:
             problems = problems or even_split_problems(trace.sizes, max_device_batch, num_replicas, least)
@@ -230,6 +235,7 @@ class Schedule:
         max_device_batch: int | None = None,
         min_micro_batches: int = 1,
         noise_every: int | None = None,
+        noise_until: int | None = None,
     ):
         self.trace = load_trace(trace)
         micro, self.micro_name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
@@ -242,12 +248,14 @@ class Schedule:
             dataset_size, num_replicas, max_device_batch if grows else 32 if micro is None else micro, bound=grows,
             name=self.micro_name)
         self.max_device_batch = self.micro_batch if grows else None
-        self.min_micro_batches, self.noise_every = 1, None
+        self.min_micro_batches, self.noise_every, self.noise_until = 1, None, None
         if grows:
             self.min_micro_batches = positive_int(min_micro_batches, "min_micro_batches")
             self.noise_every = None if noise_every is None else positive_int(noise_every, "noise_every")
-        elif noise_every is not None:
-            raise InvalidValue("noise_every splits steps that max_device_batch would run whole: give max_device_batch")
+            self.noise_until = None if noise_until is None else non_negative_int(noise_until, "noise_until")
+        elif noise_every is not None or noise_until is not None:
+            name = "noise_every" if noise_every is not None else "noise_until"
+            raise InvalidValue(f"{name} splits steps that max_device_batch would run whole: give max_device_batch")
         self.seed = seed_value(seed)
         self.shuffle = checked_bool(shuffle, "shuffle")
         self.balanced = checked_bool(balanced, "balanced")
@@ -272,7 +280,7 @@ class Schedule:
         """Every reason the trace cannot run with these settings (empty when it can)."""
         return schedule_problems(self.trace, self.dataset_size, self.num_replicas, self.micro_batch, self.balanced,
                                  max_device_batch=self.max_device_batch, min_micro_batches=self.min_micro_batches,
-                                 noise_every=self.noise_every, name=self.micro_name)
+                                 noise_every=self.noise_every, noise_until=self.noise_until, name=self.micro_name)
 
     def _find_epochs(self, count: int | float) -> None:
         """Extend the known epoch starts to ``count`` complete epochs, or to the trace's end."""
@@ -335,7 +343,7 @@ class Schedule:
         sizes = self.trace.window(first, end)
         micro = None if self.max_device_batch is None else even_micro_batches(
             sizes, self.max_device_batch, self.num_replicas,
-            split_minimums(first, end, self.min_micro_batches, self.noise_every))
+            split_minimums(first, end, self.min_micro_batches, self.noise_every, self.noise_until))
         return EpochSchedule(epoch, first, sizes, order, self.micro_batch, self.num_replicas, complete, micro)
 
     def _order(self, epoch: int) -> np.ndarray:

@@ -20,13 +20,16 @@ from adaptive_common import (
     with_weights,
 )
 
+from aikit.autolrs.Torch import ReplaySchedule
 from aikit.elastic.Torch import (
     AdaptiveSampler,
+    ConstantOptimizer,
     CustomSampler,
     ElasticState,
     LinearRuleMomentumOptimizer,
     LinearRuleOptimizer,
 )
+from aikit.ga.Torch.optim import UpdateScheduler
 
 DEVICE, BASE, MAX = 16, 8, 64
 
@@ -113,6 +116,41 @@ def test_an_adascale_run_resumes_to_the_same_bits(tmp_path):
     assert sampler.controller.batches == batches
     for got, want in zip(rest, full[stop:], strict=True):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+HOLD = 300  # samples: the hold comes in epoch 1 of the 256-sample data set, after the batch has grown
+
+
+@pytest.fixture(scope="module")
+def held_run():
+    return recorded_run(lambda data, model, clock: growing(data, model, "adascale", clock=clock, min_estimates=5,
+                                                           hold_after=HOLD))
+
+
+def test_a_held_run_keeps_its_batch_measures_nothing_and_replays_with_noise_until(held_run, tmp_path):
+    data, start, sampler, optimizer, history, samples = held_run
+    schedule, batches = sampler.schedule, sampler.controller.batches
+    held = schedule.held_from
+    assert held is not None and sum(batches[:held]) >= HOLD > sum(batches[:held - 1])
+    assert len(set(batches[:held])) > 1  # it decided before the hold
+    ends = {start - 1 for start in schedule.starts[1:]}  # an epoch's last update takes what is left
+    assert {b for update, b in enumerate(batches) if update >= held and update not in ends} == {batches[held]}
+    parts = {}
+    for _, update, _ in samples:
+        parts[update] = parts.get(update, 0) + 1
+    assert all(parts[u] == -(-batches[u] // DEVICE) for u in parts if u >= held)  # none split to measure
+    measured = [u for u in parts if parts[u] >= 2 and u < held]
+    assert optimizer.controller.noise.updates == len(measured)
+    assert len({row["lr"] for row in optimizer.history[held + 1:] if row["batch_size"] == batches[held]}) == 1
+
+    sampler.write_trace(tmp_path / "trace.csv")
+    optimizer.write_lr_schedule(tmp_path / "lr.csv")
+    model = with_weights(make_model(), start)
+    replay = CustomSampler(data, str(tmp_path / "trace.csv"), seed=5, max_device_batch=DEVICE, noise_every=4,
+                           noise_until=held)
+    constant = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), replay)
+    scheduler = UpdateScheduler(ReplaySchedule(constant, tmp_path / "lr.csv"))
+    assert_replays(history, model, data, replay, constant, epochs=3, scheduler=scheduler)
 
 
 @pytest.mark.parametrize(("options", "message"), [

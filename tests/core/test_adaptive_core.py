@@ -20,24 +20,32 @@ from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.plan import make_plan
 
 
-def runs_on(batch: int, update: int, per_device: int, devices: int, grows: bool, noise_every: int | None) -> bool:
+def runs_on(batch: int, update: int, per_device: int, devices: int, grows: bool, noise_every: int | None,
+            held_from: int | None = None) -> bool:
     """Whether update ``update`` can run ``batch``, from the rule's words: whole micro-batches of
     ``per_device`` (fixed), or an even split over the devices in the fewest micro-batches of at
-    most ``per_device`` per device, two or more in all on every ``noise_every``-th update."""
+    most ``per_device`` per device, two or more in all on every ``noise_every``-th update before
+    the run holds its batch (``held_from``)."""
     if not grows:
         return batch % per_device == 0
-    least = 2 if noise_every and update % noise_every == 0 else 1
+    measures = noise_every and update % noise_every == 0 and (held_from is None or update < held_from)
+    least = 2 if measures else 1
     steps = max(math.ceil(least / devices), math.ceil(batch / (devices * per_device)))
     return batch % (devices * steps) == 0
 
 
 @settings(max_examples=150, deadline=None)
-@example(dataset=20, per_device=1, devices=1, grows=True, noise_every=2, choices=[0, 0, 144])  # 1 left: the
-# next update measures the noise in two micro-batches, so the epoch ends (whatever the closing update could run)
+@example(dataset=20, per_device=1, devices=1, grows=True, noise_every=2, choices=[0, 0, 144], hold_after=None)  # 1
+# left: the next update measures the noise in two micro-batches, so the epoch ends (whatever the closing update runs)
+@example(dataset=20, per_device=1, devices=1, grows=True, noise_every=2, choices=[0, 0, 144], hold_after=19)  # the
+# same, held from there: the next update runs whole, so it takes the sample left
 @given(dataset=st.integers(20, 400), per_device=st.integers(1, 9), devices=st.integers(1, 3), grows=st.booleans(),
-       noise_every=st.sampled_from([None, 2, 4]), choices=st.lists(st.integers(0, 10_000), min_size=1, max_size=60))
+       noise_every=st.sampled_from([None, 2, 4]), choices=st.lists(st.integers(0, 10_000), min_size=1, max_size=60),
+       hold_after=st.one_of(st.none(), st.integers(1, 3000)))
 def test_every_update_takes_the_chosen_batch_or_the_largest_rest_and_epochs_end_when_nothing_runs(
-        dataset, per_device, devices, grows, noise_every, choices):
+        dataset, per_device, devices, grows, noise_every, choices, hold_after):
+    """And with ``hold_after``: from the first update that starts at or after that many samples
+    on, the batch is the one chosen last and no update is split to measure the noise."""
     noise_every = noise_every if grows else None
     unit = devices if grows else per_device * devices
     if unit > dataset:
@@ -50,19 +58,30 @@ def test_every_update_takes_the_chosen_batch_or_the_largest_rest_and_epochs_end_
     base = int(runnable[0])
     controller = GoodputController(per_device, devices, base_batch=base, max_batch=high, **options)
     candidates = controller.candidates()
-    schedule = AdaptiveSchedule(dataset, controller, seed=1)
+    schedule = AdaptiveSchedule(dataset, controller, seed=1, hold_after=hold_after)
     chosen = [controller.batch]
     for done, pick in enumerate(choices, start=1):
-        controller.batch = int(candidates[pick % len(candidates)])
+        if not schedule.held:  # what AdaptiveRun does: no decision once the run holds its batch
+            controller.batch = int(candidates[pick % len(candidates)])
         chosen.append(controller.batch)
         schedule.extend(done)
+    sizes = schedule.sizes
+    held_from = None if hold_after is None else next(
+        (update for update in range(len(sizes) + 1) if sum(sizes[:update]) >= hold_after), None)
+    assert schedule.held_from == held_from
+    assert AdaptiveSchedule(dataset, controller, seed=1, hold_after=hold_after).held_split(sizes) == (
+        held_from, schedule.split)  # where it held follows from the batches alone (what a restore uses)
+    if held_from is not None and held_from < len(sizes):
+        assert set(chosen[held_from:len(sizes)]) == {chosen[held_from]}
     left = dataset
-    for update, (size, want) in enumerate(zip(schedule.sizes, chosen, strict=False)):
-        fits = [b for b in range(left, 0, -1) if runs_on(b, update, per_device, devices, grows, noise_every)]
+    for update, (size, want) in enumerate(zip(sizes, chosen, strict=False)):
+        fits = [b for b in range(left, 0, -1)
+                if runs_on(b, update, per_device, devices, grows, noise_every, held_from)]
         assert fits, "an update was decided in an epoch that had ended"
         assert size == (want if want <= left else fits[0]), (update, size, want, left)
         left -= size
-        ended = not any(runs_on(b, update + 1, per_device, devices, grows, noise_every) for b in range(1, left + 1))
+        ended = not any(runs_on(b, update + 1, per_device, devices, grows, noise_every, held_from)
+                        for b in range(1, left + 1))
         assert ended == ((update + 1) in schedule.starts), (update, left)
         if ended:
             left = dataset
@@ -229,3 +248,35 @@ def test_one_history_row_per_update_and_each_change_logged(caplog):
     untimed.record(16, 8, 2, None, None)
     row = untimed.finish(0, 0.1)
     assert row["seconds"] is None and all(math.isnan(row[key]) for key in ("grad_sq", "trace", "noise_scale"))
+
+
+def test_a_held_run_decides_and_measures_no_more_and_a_restored_schedule_holds_where_it_did():
+    controller = measured_controller(interval=1, min_estimates=1)  # it doubles the batch at every decision
+    estimates_before = controller.noise.updates
+    run = AdaptiveRun(AdaptiveSchedule(10_000, controller, hold_after=100), "adascale")
+    lrs = []
+    for update in range(12):
+        batch = run.schedule.sizes[update]
+        lrs.append(run.lr(0.1, batch))
+        run.record(batch, batch, 1, (0.3, 0.3), NoiseEstimate(grad_sq=1.0, trace=2000.0 * (update + 1)))
+        run.finish(0, lrs[-1])
+    schedule = run.schedule
+    assert schedule.sizes[:3] == [16, 32, 64] and schedule.held_from == 3  # 112 samples before update 3
+    assert set(schedule.sizes[3:]) == {64} and [change[0] for change in controller.changes] == [1, 2]
+    assert controller.noise.updates == estimates_before + 3  # the held updates' noise is not recorded
+    assert len(set(lrs[3:])) == 1  # so AdaScale's LR at the held batch stays
+    assert schedule.split.noise_until == 3
+
+    state = schedule.state_dict()
+    restored = AdaptiveSchedule(10_000, measured_controller(interval=1, min_estimates=1), hold_after=100)
+    restored.load(*restored.checked(state))
+    assert (restored.held_from, restored.split) == (3, schedule.split)
+    restored.extend(len(restored.sizes))
+    assert restored.sizes[12] == 64
+    with pytest.raises(InvalidValue, match=r"other settings \(hold_after 100 then, None now\): build the "):
+        AdaptiveSchedule(10_000, measured_controller()).checked(state)
+    unheld = AdaptiveSchedule(10_000, measured_controller()).state_dict()
+    with pytest.raises(InvalidValue, match=r"other settings \(hold_after None then, 100 now\)"):
+        AdaptiveSchedule(10_000, measured_controller(), hold_after=100).checked(unheld)
+    with pytest.raises(InvalidValue, match="hold_after"):
+        AdaptiveSchedule(10_000, measured_controller(), hold_after=0)

@@ -6,6 +6,8 @@ updates the same."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -36,9 +38,10 @@ class Clock:
         return self.now
 
 
-def torch_run(x: np.ndarray, y: np.ndarray, clock: Clock, epochs: int = 2) -> tuple[list[dict], GoodputController]:
+def torch_run(x: np.ndarray, y: np.ndarray, clock: Clock, epochs: int = 2,
+              hold_after: int | None = None) -> tuple[list[dict], GoodputController]:
     """The adaptive run in PyTorch, its controller's decisions the script's."""
-    sampler = AdaptiveSampler(len(x), max_device_batch=4, noise_every=4, seed=3, **SETTINGS)
+    sampler = AdaptiveSampler(len(x), max_device_batch=4, noise_every=4, seed=3, hold_after=hold_after, **SETTINGS)
     sampler.schedule.controller = ScriptedController(SCRIPT, 4, 1, noise_every=4, **SETTINGS)
     torch.manual_seed(0)
     model = torch.nn.Linear(x.shape[1], y.shape[1]).double()
@@ -56,7 +59,8 @@ def torch_run(x: np.ndarray, y: np.ndarray, clock: Clock, epochs: int = 2) -> tu
     return optimizer.history, sampler.controller
 
 
-def keras_run(x: np.ndarray, y: np.ndarray, clock: Clock | None = None, epochs: int = 2):
+def keras_run(x: np.ndarray, y: np.ndarray, clock: Clock | None = None, epochs: int = 2,
+              hold_after: int | None = None):
     """The same run in Keras (run eagerly with a clock: every micro-step and update advance it)."""
     inner = keras.optimizers.SGD(0.05, momentum=0.9)
 
@@ -74,7 +78,7 @@ def keras_run(x: np.ndarray, y: np.ndarray, clock: Clock | None = None, epochs: 
     model.compile(NoiseOptimizer(inner), loss="mse", run_eagerly=clock is not None)
     controller = ScriptedController(SCRIPT, 4, 1, noise_every=4, **SETTINGS)
     rows = fit_adaptive(model, x, y, controller, base_lr=0.05, rule="sqrt", epochs=epochs, seed=3,
-                        **({} if clock is None else {"clock": clock}))
+                        hold_after=hold_after, **({} if clock is None else {"clock": clock}))
     return model, rows, controller
 
 
@@ -95,6 +99,23 @@ def test_both_frameworks_take_the_same_batches_end_epochs_alike_and_log_the_same
     assert torch_controller.batches == keras_controller.batches and torch_controller.changes == keras_controller.changes
     assert max_difference(keras_model, big_batch_reference(x, y, keras_rows, 3, lambda: keras.optimizers.SGD(
         0.05, momentum=0.9))) < 1e-12  # and Keras trained those samples, each update one big-batch step
+
+
+def test_both_frameworks_hold_the_batch_at_the_same_update(float64):
+    """Held after 30 samples: update 3 starts at 40 (8, 8, then the script's 24), so it and every
+    later update keep 24 and none is split to measure the noise: the 1 sample left after update 3
+    (9 of the 10 left) runs whole as update 4 (without the hold update 4 measures, so it sits epoch
+    0 out), and the script's later proposals are not asked for."""
+    x, y = data(50)
+    torch_rows, torch_controller = torch_run(x, y, Clock(), hold_after=30)
+    keras_model, keras_rows, keras_controller = keras_run(x, y, hold_after=30)
+    assert [r["batch_size"] for r in torch_rows] == [8, 8, 24, 9, 1, 24, 24, 2]
+    assert [r["ga_steps"] for r in torch_rows] == [2, 2, 6, 3, 1, 6, 6, 1]
+    for key in ("epoch", "step", "batch_size", "ga_steps", "micro_batch", "lr"):
+        assert [r[key] for r in keras_rows] == [r[key] for r in torch_rows], key
+    assert torch_controller.changes == keras_controller.changes == [(2, 8, 24, math.inf)]
+    assert max_difference(keras_model, big_batch_reference(x, y, keras_rows, 3, lambda: keras.optimizers.SGD(
+        0.05, momentum=0.9))) < 1e-12
 
 
 def test_both_frameworks_time_their_updates_alike(float64):

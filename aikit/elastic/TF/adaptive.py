@@ -69,6 +69,7 @@ def fit_adaptive(
     trace_path: str | os.PathLike | None = None,
     verbose: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    hold_after: int | None = None,
 ) -> list[dict]:
     """Train ``model`` for ``epochs`` epochs at the global batch ``controller`` picks.
 
@@ -80,7 +81,9 @@ def fit_adaptive(
     ``rule`` scales it to each update's batch: ``"adascale"`` (the gain from the measured
     noise), ``"linear"``, ``"sqrt"`` or ``"constant"``. ``trace_path``: where to write the run's
     batches as a ``step,batchsize`` CSV (after every epoch, so a stopped run leaves its trace).
-    ``clock`` times the updates (seconds).
+    ``clock`` times the updates (seconds). ``hold_after``: hold the batch from the first update
+    that starts at or after this many samples of the run, as PyTorch's ``AdaptiveSampler``
+    (:class:`~aikit.core.adaptive.AdaptiveSchedule`): no more decisions, no noise measured.
 
     Returns one row per update, as PyTorch's ``AdaptiveOptimizer.history``
     (:func:`aikit.core.adaptive.history_row`: epoch, step, batch_size, ga_steps, micro_batch, lr,
@@ -94,7 +97,7 @@ def fit_adaptive(
         "aikit.ga.TF.noise.NoiseOptimizer(optimizer), which measures the gradient noise the controller needs")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     _check(controller, replicas, x, y)
-    run = AdaptiveRun(AdaptiveSchedule(len(x), controller, seed, shuffle), rule)
+    run = AdaptiveRun(AdaptiveSchedule(len(x), controller, seed, shuffle, hold_after=hold_after), rule)
     first = run.schedule.resume_recorded()
     update_clock = UpdateClock(clock)
     compiled: set[int] = set()  # micro-batch sizes run so far: the first update at a new one may compile

@@ -87,6 +87,11 @@ class AdaptiveSampler(CustomSampler):
         lookahead: updates between a decision and the update it changes; at least the
             micro-batches a DataLoader fetches ahead (``num_workers * prefetch_factor``; 0 without
             workers). :meth:`loader` sets it for you.
+        hold_after: hold the batch from the first update that starts at or after this many
+            samples of the run (``schedule.held_from``): no more decisions and no more noise
+            measured (nor the extra micro-step that costs on one device), the LR rule's noise kept
+            as it was; a tenth of the run's samples is what measured best (docs/adaptive.md).
+            None: decide throughout (Pollux's).
 
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``ref_batch_size``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
@@ -119,6 +124,7 @@ class AdaptiveSampler(CustomSampler):
         noise_every: int = 4,
         max_change: float = 2.0,
         base_batch: int | None = None,
+        hold_after: int | None = None,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
@@ -140,7 +146,7 @@ class AdaptiveSampler(CustomSampler):
                                        min_batch=min_batch, threshold=threshold, decay=decay, max_change=max_change,
                                        policy="error", min_estimates=min_estimates, interval=interval,
                                        fixed_micro_batch=not grows, noise_every=split.noise_every)
-        self.schedule = AdaptiveSchedule(size, controller, seed, shuffle, lookahead)
+        self.schedule = AdaptiveSchedule(size, controller, seed, shuffle, lookahead, hold_after)
         self.devices = 1
         self.rank = _checked_rank(rank, num_replicas)
         if self.schedule.samples_left_out:
@@ -189,7 +195,8 @@ class AdaptiveSampler(CustomSampler):
     def trace(self) -> list[int]:
         """The global batch of every update trained so far: replays the run with ``CustomSampler``
         (same seed and shuffle, and ``micro_batch``, or ``max_device_batch`` and
-        ``noise_every`` as here; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
+        ``noise_every`` as here, and ``noise_until=schedule.held_from`` where the run held its
+        batch; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
         return list(self.controller.batches)
 
     @property
@@ -345,10 +352,13 @@ class AdaptiveOptimizer(TraceOptimizer):
 
     def _arm(self) -> None:
         """Record micro-batch norms only for an update of two parts or more: a one-part update
-        (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing."""
+        (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing; nor
+        does an update of a run that holds its batch (it measures nothing)."""
         if hasattr(self, "norms"):
-            plan, step = self.plan, self.step_index
-            self.norms.active = self.sampler.num_replicas > 1 or step >= len(plan) or plan.counts(0)[step] >= 2
+            plan, step, schedule = self.plan, self.step_index, self.sampler.schedule
+            held = schedule.held and plan.first_step + step >= schedule.held_from
+            self.norms.active = not held and (
+                self.sampler.num_replicas > 1 or step >= len(plan) or plan.counts(0)[step] >= 2)
 
     # --- measuring -----------------------------------------------------------------------------
     def unhook(self) -> None:
@@ -382,7 +392,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         plan, step = self.plan, self.step_index
         batch, micro, parts = int(plan.batch_sizes[step]), plan.micro_size(step), int(plan.micro_batches_per_step[step])
         noise = None
-        if parts >= 2:  # one part alone cannot tell noise from signal
+        if parts >= 2 and self.norms.active:  # one part alone cannot tell noise from signal
             amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
             mean = sum(mean_sq_norms(self.param_groups, self.norms.dtype, self._gradient_scale() / amp))
             estimates = update_estimates([sum(totals[:groups]) * micro], parts, batch, [mean])

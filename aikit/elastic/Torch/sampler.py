@@ -73,7 +73,8 @@ class CustomSampler(Sampler[list[int]]):
     at least ``min_micro_batches`` of them in all, two on every ``noise_every``-th step
     (:func:`aikit.core.plan.even_micro_batches`): the per-device batch grows with the step, as in
     an :class:`~aikit.elastic.Torch.AdaptiveSampler` run with ``max_device_batch``, which this
-    replays (give its ``noise_every`` too). eth-easl's figures (``minibatches_per_epoch``,
+    replays (give its ``noise_every`` too, and, for a run that held its batch, ``noise_until``: its
+    ``held_from``, from which no step is split to measure the noise). eth-easl's figures (``minibatches_per_epoch``,
     ``max_epoch``) then count micro-batches of ``max_device_batch``.
 
     ``balanced=True`` deals every step to every replica as the same number of whole micro-batches
@@ -110,6 +111,7 @@ class CustomSampler(Sampler[list[int]]):
         min_micro_batches: int = 1,
         noise_every: int | None = None,
         balanced: bool = False,
+        noise_until: int | None = None,
     ):
         size = _dataset_size(dataset, dataset_size)
         self.balanced = checked_bool(balanced, "balanced")
@@ -141,11 +143,11 @@ class CustomSampler(Sampler[list[int]]):
             if max_device_batch is None:
                 micro = spmd.micro_batch(trace, 32 if micro is None else micro, self.devices, name)
                 self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
-                                         noise_every=noise_every, **{name: micro})
+                                         noise_every=noise_every, noise_until=noise_until, **{name: micro})
             else:
                 self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
                                          max_device_batch=max_device_batch, min_micro_batches=min_micro_batches,
-                                         noise_every=noise_every)
+                                         noise_every=noise_every, noise_until=noise_until)
             self.rank = _checked_rank(rank, self.schedule.num_replicas)
         except (InvalidType, InvalidValue) as error:
             if str(error).startswith(("seed", "num_replicas", "rank", "micro_batch", "minibatch_size")):
@@ -387,7 +389,8 @@ class CustomSampler(Sampler[list[int]]):
             {old.micro_name: old.micro_batch}
         self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, seed=old.seed, shuffle=old.shuffle,
                                  balanced=old.balanced, permutation=old.permutation, **per_device,
-                                 min_micro_batches=old.min_micro_batches, noise_every=old.noise_every)
+                                 min_micro_batches=old.min_micro_batches, noise_every=old.noise_every,
+                                 noise_until=old.noise_until)
         self.rank = _checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
