@@ -32,7 +32,7 @@ from aikit.core.errors import AikitError, InvalidValue
 from aikit.core.scaling import cosine_decay, step_decay
 from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, schedule_trace
-from aikit.core.validate import aliased, positive_int, writable_file
+from aikit.core.validate import aliased, non_negative_int, positive_int, writable_file
 from aikit.optional import require
 
 
@@ -109,14 +109,18 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
     if (micro is None) == (args.max_device_batch is None):
         raise InvalidValue(f"give {micro_name} (one micro-batch size) or --max-device-batch (each step split "
                            "evenly, as an adaptive run's trace replays), one of them")
-    if args.noise_every is not None and args.max_device_batch is None:
-        raise InvalidValue("--noise-every splits steps that --max-device-batch would run whole: "
-                           "give --max-device-batch")
-    grown = {"max_device_batch": args.max_device_batch, "noise_every": args.noise_every}
+    for option in ("noise_every", "noise_until"):
+        if getattr(args, option) is not None and args.max_device_batch is None:
+            flag = "--" + option.replace("_", "-")
+            raise InvalidValue(f"{flag} splits steps that --max-device-batch would run whole: give --max-device-batch")
+    grown = {"max_device_batch": args.max_device_batch, "noise_every": args.noise_every,
+             "noise_until": args.noise_until}
     for option, value in {micro_name: micro, "--max-device-batch": args.max_device_batch,
                           "--noise-every": args.noise_every}.items():
         if value is not None:
             positive_int(value, option)  # 0 refused, as CustomSampler refuses it
+    if args.noise_until is not None:
+        non_negative_int(args.noise_until, "--noise-until")
     trace, batch_schedule = checked_trace(args)
     sizes = trace.sizes
     print(f"{trace}: {len(sizes)} steps, {sum(sizes.tolist())} samples, batch sizes {sizes.min()}..{sizes.max()}")
@@ -127,7 +131,8 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
                      bound=args.max_device_batch is not None, name=name)  # refused as CustomSampler does
     problems = schedule_problems(trace, args.dataset_size, args.replicas, micro, args.balanced, **grown, name=name)
     if not problems:
-        schedule = Schedule(trace, args.dataset_size, args.replicas, micro, balanced=args.balanced, **grown)
+        fixed = None if args.max_device_batch is not None else micro  # one of the two, as CustomSampler takes them
+        schedule = Schedule(trace, args.dataset_size, args.replicas, fixed, balanced=args.balanced, **grown)
         try:
             schedule.epoch(0)  # as CustomSampler does when it is built: the trace must cover its first epoch
         except TraceExhaustedError as error:
@@ -270,6 +275,8 @@ def parser() -> argparse.ArgumentParser:
                    help="instead: each step split evenly in micro-batches of at most this (an adaptive run's trace)")
     c.add_argument("--noise-every", type=whole_number,
                    help="with --max-device-batch: every k-th step in two halves at least")
+    c.add_argument("--noise-until", type=whole_number,
+                   help="with --noise-every: only the steps before this one (where an adaptive run held its batch)")
     c.add_argument("--replicas", type=whole_number, default=1)
     c.add_argument("--dataset-size", type=whole_number, required=True)
     c.add_argument("--balanced", action="store_true", help="require multiples of micro-batch x replicas (XLA)")

@@ -75,10 +75,17 @@ def test_trace_check_splits_each_step_as_an_adaptive_run_with_max_device_batch(t
            "max_device_batch 64; use 66 or 68" in out and "1 problem(s)" in out  # 31 and 100 split: 1x31, 2x50
     assert main(["trace", "check", str(trace), "--max-device-batch", "64", "--noise-every", "2",
                  "--dataset-size", "1000"]) == 1  # step 2 of 100 splits in two; step 0 too, 67 still not
+    held = tmp_path / "held.csv"  # a run that measured on every step, then held its batch from step 1
+    held.write_text("step,batchsize\n0,32\n1,31\n2,31\n")
+    measured = ["trace", "check", str(held), "--max-device-batch", "64", "--noise-every", "1", "--dataset-size", "94"]
+    assert main(measured) == 1 and "2 problem(s)" in capsys.readouterr().out  # 31 does not split in two halves
+    assert main([*measured, "--noise-until", "1"]) == 0  # held: steps 1 and 2 run whole
     for bad, message in (
         (["--minibatch-size", "8", "--max-device-batch", "64"], "give --minibatch-size .* one of them"),
         (["--max-device-batch", "0"], "--max-device-batch must be a positive integer, got 0"),
         (["--minibatch-size", "8", "--noise-every", "2"], "--noise-every splits steps"),
+        (["--minibatch-size", "8", "--noise-until", "2"], "--noise-until splits steps"),
+        (["--max-device-batch", "64", "--noise-until", "-1"], "--noise-until must be a non-negative integer, got -1"),
     ):
         assert main(["trace", "check", str(trace), "--dataset-size", "1000", *bad]) == 2
         assert re.search(message, capsys.readouterr().err)
