@@ -90,16 +90,22 @@ def test_one_device_measures_the_noise_on_every_update_of_two_parts_or_more(run)
     assert optimizer.controller.noise.updates == len(measured)
 
 
-def test_an_adascale_run_resumes_to_the_same_bits(tmp_path):
+@pytest.mark.parametrize("hold_after", [None, 400])
+def test_an_adascale_run_resumes_to_the_same_bits(tmp_path, hold_after):
+    """Through ElasticState, from the middle of the run: where it holds its batch (after 400
+    samples, past the resume), the resumed run holds at the same update."""
     data, model, clock = dataset(), make_model(), Clock()
-    sampler, optimizer = growing(data, model, rule="adascale", clock=clock, min_estimates=5)
+    sampler, optimizer = growing(data, model, rule="adascale", clock=clock, min_estimates=5, hold_after=hold_after)
     full, _ = train(model, data, 2, sampler=sampler, optimizer=optimizer, clock=clock)
-    batches = list(sampler.controller.batches)
+    batches, held_from = list(sampler.controller.batches), sampler.schedule.held_from
     stop = len(batches) // 2
-    assert len(set(batches[stop:])) > 1  # a change after the resume
+    if hold_after is None:
+        assert len(set(batches[stop:])) > 1  # a change after the resume
+    else:
+        assert stop < held_from < len(batches)  # the hold after the resume
 
     model, clock = make_model(), Clock()
-    sampler, optimizer = growing(data, model, rule="adascale", clock=clock, min_estimates=5)
+    sampler, optimizer = growing(data, model, rule="adascale", clock=clock, min_estimates=5, hold_after=hold_after)
     state = ElasticState(tmp_path, model=model, optimizer=optimizer, verbose=False)
 
     def commit_at():
@@ -109,11 +115,11 @@ def test_an_adascale_run_resumes_to_the_same_bits(tmp_path):
     train(model, data, 2, sampler=sampler, optimizer=optimizer, clock=clock, after_step=commit_at)
     model, clock_2 = make_model(seed=9), Clock()
     clock_2.now = clock.now
-    sampler, optimizer = growing(data, model, rule="adascale", clock=clock_2, min_estimates=5)
+    sampler, optimizer = growing(data, model, rule="adascale", clock=clock_2, min_estimates=5, hold_after=hold_after)
     state = ElasticState(tmp_path, model=model, optimizer=optimizer, verbose=False)
     assert state.restore()
     rest, _ = train(model, data, 2, sampler=sampler, optimizer=optimizer, clock=clock_2)
-    assert sampler.controller.batches == batches
+    assert sampler.controller.batches == batches and sampler.schedule.held_from == held_from
     for got, want in zip(rest, full[stop:], strict=True):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
