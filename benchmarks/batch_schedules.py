@@ -14,9 +14,9 @@ For each task and seed:
 * **adaptive**: aikit's ``AdaptiveSampler``/``AdaptiveOptimizer`` from their defaults at the base
   batch and its tuned LR (``max_batch``, ``max_device_batch``: the task's; the LR rule AdaScale for
   SGD, sqrt for AdamW), and any ``--variants``.
-* **settle**: the controller as a batch-size warmup: an adaptive run deciding early (5 noise
-  estimates, every 5 updates) for the first tenth of the budget, then the batch it chose, fixed,
-  with nothing more measured.
+* **hold**: the controller as a batch-size warmup: an adaptive run deciding early (5 noise
+  estimates, every 5 updates) that holds its batch after the first tenth of the budget
+  (``hold_after``: nothing more decided or measured), at the linear rule's LR (sqrt for AdamW).
 
 Tasks: ``mnist1d`` (the small CNN of ``adaptive_mnist1d.py``, SGD with momentum) and ``lm`` (the
 small GPT of ``examples/gpt_stdlib.py`` over the standard library's bytes, 64 tokens a sample,
@@ -195,16 +195,13 @@ def evaluate(task: Task, model: nn.Module, split: tuple[torch.Tensor, torch.Tens
 
 
 def train(task: Task, model, sampler, optimizer, clock: Clock, budget: int,
-          metric: Callable[[], float] | None = None, after: dict | None = None) -> dict:
+          metric: Callable[[], float] | None = None) -> dict:
     """Train until ``budget`` samples (or the trace's end); the curve ``(samples, updates, cpu,
-    wall, metric)`` every ``eval_every`` samples, and the final test metric. ``after``: the run
-    this one goes on from (its curve, samples, updates and next epoch)."""
+    wall, metric)`` every ``eval_every`` samples, and the final test metric."""
     metric = metric or (lambda: evaluate(task, model, task.validation))
     loader_data = task.train
     curve, samples, updates, epoch = [], 0, 0, 0
-    if after is not None:
-        curve, samples, updates, epoch = list(after["curve"]), after["samples"], after["updates"], after["epoch"]
-    next_eval = (samples // task.eval_every + 1) * task.eval_every
+    next_eval = task.eval_every
     while samples < budget:
         try:
             sampler.set_epoch(epoch)
@@ -224,8 +221,7 @@ def train(task: Task, model, sampler, optimizer, clock: Clock, budget: int,
         epoch += 1
     if not curve or curve[-1][0] != samples:
         curve.append((samples, updates, clock(), clock.wall(), clock.paused(metric)))
-    return {"curve": curve, "test": evaluate(task, model, task.test), "samples": samples, "updates": updates,
-            "epoch": epoch}
+    return {"curve": curve, "test": evaluate(task, model, task.test), "samples": samples, "updates": updates}
 
 
 def tuned(lr_grid_value: float, batch: int, task: Task) -> float:
@@ -273,31 +269,6 @@ def adaptive_run(task: Task, base: int, lr: float, seed: int, rule: str | None =
     return run, sampler, optimizer
 
 
-def settle_run(task: Task, base: int, lr: float, seed: int, epochs: int, **options) -> dict:
-    """The controller as a warmup: an adaptive run (linear LR rule, or sqrt where the task's rule
-    is sqrt (Adam); deciding from 5 noise estimates every 5 updates) for the first ``epochs``
-    epochs, then the rest of the budget at the batch it chose, with nothing measured (a
-    ``CustomSampler`` trace and a plain trace optimizer at the rule's LR for that batch)."""
-    torch.manual_seed(seed)
-    model, clock = task.model(), Clock()
-    sampler = AdaptiveSampler(len(task.train), base_batch=base, max_batch=task.max_batch,
-                              max_device_batch=task.max_device, seed=seed,
-                              **{"min_estimates": 5, "interval": 5, **options})
-    inner = task.optimizer(model, lr)
-    rule = "sqrt" if task.rule == "sqrt" else "linear"
-    adaptive = AdaptiveOptimizer(inner, sampler, rule, clock=clock)
-    first = train(task, model, sampler, adaptive, clock, epochs * len(task.train))
-    adaptive.unhook()
-    batch = sampler.controller.batch
-    for group in inner.param_groups:
-        group["lr"] = lr * (batch / base) ** (0.5 if rule == "sqrt" else 1)  # the rule's LR at the settled batch
-    fixed = CustomSampler(len(task.train), batch, max_device_batch=task.max_device, seed=seed)
-    run = train(task, model, fixed, ConstantOptimizer(inner, fixed), clock, task.budget, after=first)
-    run["history"] = adaptive.history
-    run["settled"] = batch
-    return run
-
-
 def to_target(run: dict, target: float) -> tuple[float, float, float]:
     """``(updates, cpu seconds, wall seconds)`` at the first evaluation at or above ``target``."""
     for _, updates, cpu, wall, metric in run["curve"]:
@@ -343,7 +314,7 @@ def main() -> None:
     parser.add_argument("--seesaw-max", type=int, default=8, help="Seesaw grows the batch up to this many times")
     parser.add_argument("--plot", help="draw the adaptive run, its predicted and the measured best batch here")
     parser.add_argument("--json", help="write every curve here")
-    parser.add_argument("--runs", nargs="+", default=["fixed", "warmup", "cosine", "seesaw", "adaptive", "settle"])
+    parser.add_argument("--runs", nargs="+", default=["fixed", "warmup", "cosine", "seesaw", "adaptive", "hold"])
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="an adaptive run with other AdaptiveSampler options, e.g. 'fast:min_estimates=5'")
     args = parser.parse_args()
@@ -395,9 +366,11 @@ def one_seed(task: Task, seed: int, args) -> dict:
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed)
         runs[f"adaptive from {base}"] = run
         runs[f"adaptive from {base}"]["history"] = optimizer.history
-    if "settle" in args.runs:
-        runs[f"settle from {base}"] = settle_run(task, base, tuned_lr[base], seed, max(1, task.epochs // 10))
-        print(f"  settle from {base}: the controller settled on batch {runs[f'settle from {base}']['settled']}")
+    if "hold" in args.runs:
+        run, sampler, optimizer = adaptive_run(task, base, tuned_lr[base], seed, "sqrt" if task.rule == "sqrt" else
+                                               "linear", hold_after=task.budget // 10, min_estimates=5, interval=5)
+        runs[f"hold from {base}"] = {**run, "history": optimizer.history}
+        print(f"  hold from {base}: batch {sampler.controller.batch} held from update {sampler.schedule.held_from}")
     for text in args.variant:
         name, options = parse_variant(text)
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed, **options)
