@@ -1,4 +1,5 @@
-"""Mutation audit of the GA engine, its core arithmetic and AutoLRS's controller: do the tests catch realistic bugs?
+"""Mutation audit of the GA engine, its core arithmetic, AutoLRS's controller and the adaptive hold: do the tests
+catch realistic bugs?
 
 Each mutant is one named, realistic bug planted as a text patch in one file; the fast tests
 about that code run against it (``pytest -x -q``), and the mutant is *caught* when they fail.
@@ -34,6 +35,7 @@ ELASTIC_TESTS = "tests/horovod/test_horovod_elastic_ga.py"
 TOKEN_TESTS = "tests/lm/test_token_weights.py"
 TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
 AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
+ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -168,6 +170,16 @@ MUTANTS = [
      "index = int(losses.argmin())", f"tests/lr_finder/test_lr_range.py {AUTOLRS_TESTS}"),
     ("autolrs: a short range test smoothed as a long one", "aikit/core/autolrs/controller.py",
      "return LossTracker(min(0.5, RANGE_SMOOTHING / range_steps))", "return LossTracker(0.05)", AUTOLRS_TESTS),
+    ("adaptive: the hold starts an update late", "aikit/core/adaptive.py",
+     "self._decided_samples >= self.hold_after:", "self._decided_samples > self.hold_after:", ADAPTIVE_TESTS),
+    ("adaptive: the next update's split is read before the hold", "aikit/core/adaptive.py",
+     "            self._hold_if_due()  # before the next update's split decides whether the epoch goes on\n", "",
+     ADAPTIVE_TESTS),
+    ("adaptive: a held run still decides", "aikit/core/adaptive.py",
+     "new = None if self.schedule.held else controller.propose()", "new = controller.propose()", ADAPTIVE_TESTS),
+    ("adaptive: a held update's noise is recorded", "aikit/core/adaptive.py",
+     "            noise = None  # a held update measures nothing", "            pass  # a held update measures nothing",
+     ADAPTIVE_TESTS),
 ]
 
 
