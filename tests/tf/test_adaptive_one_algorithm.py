@@ -118,6 +118,20 @@ def test_both_frameworks_hold_the_batch_at_the_same_update(float64):
         0.05, momentum=0.9))) < 1e-12
 
 
+def test_a_keras_run_resumed_after_its_hold_holds_on(float64):
+    """A controller saved at the end of epoch 0 of that held run resumes held: the proposal its
+    script makes after update 5 is not asked for, and epoch 1 is 24, 24 and the 2 left."""
+    x, y = data(50)
+    _, first_rows, first = keras_run(x, y, epochs=1, hold_after=30)
+    resumed = ScriptedController({6: 12}, 4, 1, noise_every=4, **SETTINGS)
+    resumed.load_state_dict(first.state_dict())
+    model = mlp()
+    model.compile(NoiseOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+    rows = fit_adaptive(model, x, y, resumed, base_lr=0.05, rule="sqrt", epochs=1, seed=3, hold_after=30)
+    assert [r["batch_size"] for r in first_rows] == [8, 8, 24, 9, 1]
+    assert [r["batch_size"] for r in rows] == [24, 24, 2] and resumed.changes == first.changes
+
+
 def test_both_frameworks_time_their_updates_alike(float64):
     """A micro-step of m samples costs a·m seconds and an update c: whichever way the framework
     runs its update (torch after the last micro-step, Keras inside it), every timed update gives
