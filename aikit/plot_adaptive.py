@@ -14,12 +14,15 @@ from aikit.optional import require
 
 
 def plot_adaptive(history: Sequence[tuple[int, int, float, float]] | Sequence[Mapping],
-                  path: str | os.PathLike | None = None, title: str = "aikit adaptive batch"):
+                  path: str | os.PathLike | None = None, title: str = "aikit adaptive batch",
+                  held_from: int | None = None):
     """Three panels over the updates of ``history``: the global batch, the noise scale (log scale,
     with the batch drawn over it: the batch follows the noise scale) and the LR. ``history`` is
     the rows of an adaptive run (keys ``step``, ``batch_size``, ``lr`` and ``noise_scale`` are
     drawn), or tuples ``(update, batch, lr, noise_scale)``: PyTorch's history before both
-    adapters kept one row format. Saved to ``path`` when given; returns the figure."""
+    adapters kept one row format. ``held_from``: the update from which the run held its batch
+    (``sampler.schedule.held_from``), marked on every panel. Saved to ``path`` when given;
+    returns the figure."""
     plt = require("matplotlib.pyplot", "the adaptive batch plot")
     if not history:
         raise InvalidValue("no update in the history yet: train first, then plot")
@@ -39,6 +42,10 @@ def plot_adaptive(history: Sequence[tuple[int, int, float, float]] | Sequence[Ma
     ax_lr.plot(updates, lrs, color="tab:green")
     ax_lr.set_ylabel("LR")
     ax_lr.set_xlabel("update")
+    if held_from is not None:
+        for axis in (ax_batch, ax_noise, ax_lr):
+            axis.axvline(held_from, color="grey", linestyle=":", label="batch held from here")
+        ax_batch.legend(loc="upper left", fontsize="small")
     ax_batch.set_title(title)
     fig.tight_layout()
     if path is not None:

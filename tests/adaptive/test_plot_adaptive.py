@@ -30,6 +30,14 @@ def test_torch_history_and_keras_rows_draw_the_same(tmp_path):
     assert ([0, 1, 2, 3], [0.1, 0.1, 0.17, 0.18]) in lines  # the LR
 
 
+def test_where_the_run_held_its_batch_is_marked_on_every_panel():
+    figure = plot_adaptive(HISTORY, held_from=2)
+    marks = [line for axis in figure.axes for line in axis.get_lines() if list(line.get_xdata()) == [2, 2]]
+    assert len(marks) == 3 and marks[0].get_label() == "batch held from here"
+    assert not [line for axis in plot_adaptive(HISTORY).axes for line in axis.get_lines()
+                if list(line.get_xdata()) == [2, 2]]
+
+
 def test_an_empty_history_is_refused():
     with pytest.raises(ValueError, match="no update in the history yet: train first, then plot"):
         plot_adaptive([])
