@@ -51,6 +51,9 @@ def main() -> int:
                         help="instead of --micro-batch: the per-device batch grows with the global batch up to this")
     parser.add_argument("--lr", type=float, default=0.05, help="LR at --ref-batch-size")
     parser.add_argument("--rule", default="adascale", choices=["adascale", "sqrt", "linear", "constant"])
+    parser.add_argument("--hold-after", type=int,
+                        help="hold the batch from the update that starts at this many samples on (nothing more "
+                             "decided or measured)")
     parser.add_argument("--plot", help="save the batch / noise scale / LR plot here (PNG)")
     parser.add_argument("--trace-out", help="write the batches taken as a step,batchsize trace here")
     parser.add_argument("--target", type=float,
@@ -69,7 +72,8 @@ def main() -> int:
         warnings.simplefilter("ignore")
         per_device = ({"micro_batch": args.micro_batch} if args.max_device_batch is None
                       else {"max_device_batch": args.max_device_batch})
-        sampler = AdaptiveSampler(data, ref_batch_size=args.ref_batch_size, max_batch=args.max_batch, **per_device)
+        sampler = AdaptiveSampler(data, ref_batch_size=args.ref_batch_size, max_batch=args.max_batch,
+                                  hold_after=args.hold_after, **per_device)
     net = model()
     optimizer = AdaptiveOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9), sampler, args.rule)
     loader = sampler.loader(data)
@@ -102,7 +106,8 @@ def main() -> int:
     if master and args.plot:
         from aikit.plot_adaptive import plot_adaptive
 
-        plot_adaptive(optimizer.history, args.plot, title="aikit adaptive batch: digits")
+        plot_adaptive(optimizer.history, args.plot, title="aikit adaptive batch: digits",
+                      held_from=sampler.schedule.held_from)
         print(f"plot written to {args.plot}")
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -127,6 +128,13 @@ class AdaptiveSchedule:
         if self.held_from is None and self.hold_after is not None and self._decided_samples >= self.hold_after:
             self.held_from = len(self.sizes)
             self.split = dataclasses.replace(self.split, noise_until=self.held_from)
+            c = self.controller
+            if not c.changes and c.noise.updates < max(1, c.min_estimates):
+                warnings.warn(
+                    f"the adaptive run holds its batch {c.batch} from update {self.held_from} (hold_after="
+                    f"{self.hold_after} samples), before the controller's first decision: it decides once "
+                    f"min_estimates={c.min_estimates} noise estimates are in and has {c.noise.updates}, so the run "
+                    "keeps its starting batch; give a larger hold_after, or a smaller min_estimates", stacklevel=2)
 
     def held_split(self, sizes: list[int]) -> tuple[int | None, BatchSplit]:
         """Where a schedule of ``sizes`` holds its batch (None: not within them) and the split its

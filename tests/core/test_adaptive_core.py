@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ def runs_on(batch: int, update: int, per_device: int, devices: int, grows: bool,
     return batch % (devices * steps) == 0
 
 
+@pytest.mark.filterwarnings("ignore:the adaptive run holds its batch")  # a controller that never measured holds
 @settings(max_examples=150, deadline=None)
 @example(dataset=20, per_device=1, devices=1, grows=True, noise_every=2, choices=[0, 0, 144], hold_after=None)  # 1
 # left: the next update measures the noise in two micro-batches, so the epoch ends (whatever the closing update runs)
@@ -280,3 +282,14 @@ def test_a_held_run_decides_and_measures_no_more_and_a_restored_schedule_holds_w
         AdaptiveSchedule(10_000, measured_controller(), hold_after=100).checked(unheld)
     with pytest.raises(InvalidValue, match="hold_after"):
         AdaptiveSchedule(10_000, measured_controller(), hold_after=0)
+
+
+def test_a_hold_before_the_first_decision_is_warned_of_naming_the_fix():
+    fresh = GoodputController(64, 1, base_batch=16, max_batch=1024, policy="error")  # no noise estimate yet
+    with pytest.warns(UserWarning, match=r"holds its batch 16 from update 1 \(hold_after=10 samples\), before the "
+                                         r"controller's first decision: .* min_estimates=20 noise estimates are in "
+                                         r"and has 0, .* give a larger hold_after, or a smaller min_estimates"):
+        AdaptiveSchedule(10_000, fresh, hold_after=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AdaptiveSchedule(10_000, measured_controller(min_estimates=25), hold_after=10)  # it could have decided
