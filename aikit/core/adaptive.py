@@ -122,6 +122,10 @@ class AdaptiveSchedule:
         """Whether the run holds its batch from :attr:`held_from` on: the controller decides no more."""
         return self.held_from is not None
 
+    def holds(self, update: int) -> bool:
+        """Whether ``update`` is one of the held updates (it measures nothing)."""
+        return self.held_from is not None and update >= self.held_from
+
     def _hold_if_due(self) -> None:
         """Hold the batch from the next update on where the updates decided reach ``hold_after``
         samples: it and every later update run whole where they can (no split to measure the noise)."""
@@ -428,7 +432,7 @@ class AdaptiveRun:
         device: its timing (:func:`update_timing`: two measurements for the throughput model) and
         its noise estimate go to the controller."""
         timings = [] if timing is None else [(micro_batch, steps, timing[0]), (micro_batch, 1, timing[1])]
-        if self.schedule.held and len(self.controller.batches) >= self.schedule.held_from:
+        if self.schedule.holds(len(self.controller.batches)):
             noise = None  # a held update measures nothing: its batch and LR stay as they were at the hold
         self.controller.record(batch, noise, timings)
         self._recorded = (batch, micro_batch, steps, None if timing is None else timing[0])

@@ -90,8 +90,7 @@ class AdaptiveSampler(CustomSampler):
         hold_after: hold the batch from the first update that starts at or after this many
             samples of the run (``schedule.held_from``): no more decisions and no more noise
             measured (nor the extra micro-step that costs on one device), the LR rule's noise kept
-            as it was; a tenth of the run's samples is what measured best (docs/adaptive.md).
-            None: decide throughout (Pollux's).
+            as it was (docs/adaptive.md has what it measured). None: decide throughout (Pollux's).
 
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``ref_batch_size``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
@@ -355,9 +354,8 @@ class AdaptiveOptimizer(TraceOptimizer):
         (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing; nor
         does an update of a run that holds its batch (it measures nothing)."""
         if hasattr(self, "norms"):
-            plan, step, schedule = self.plan, self.step_index, self.sampler.schedule
-            held = schedule.held and plan.first_step + step >= schedule.held_from
-            self.norms.active = not held and (
+            plan, step = self.plan, self.step_index
+            self.norms.active = not self.sampler.schedule.holds(plan.first_step + step) and (
                 self.sampler.num_replicas > 1 or step >= len(plan) or plan.counts(0)[step] >= 2)
 
     # --- measuring -----------------------------------------------------------------------------
