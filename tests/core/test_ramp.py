@@ -241,7 +241,7 @@ def test_amounts_are_exact_ascii_numbers():
         (lambda: staged_schedule(1000, 10**6, [("1/3", "3%")]), r"stage 1: 1/3 of batch 1000 is 333.333 samples"),
         (lambda: staged_schedule(1024, 10**6, [("1/4", "60%"), ("1/2", "40%")]), r"the stages take 100% of the budget"),
         (lambda: staged_schedule(1024, 10**6, [("1/4", "3%%")]), r"budget fraction '3%%' is not a fraction"),
-        (lambda: seesaw_schedule(64, step_decay([10]), max_batch=32), r"max_batch 32 is below base_batch 64"),
+        (lambda: seesaw_schedule(64, step_decay([10]), max_batch=32), r"max_batch 32 is below ref_batch_size 64"),
         (lambda: seesaw_schedule(64, 0.5, max_batch=128), r"decay must be an LR decay over samples"),
         (lambda: step_decay([200, 100]), r"milestones must increase, got \[200, 100\]"),
         (lambda: threshold_schedule("0:8").sizes(steps=1, samples=8), r"give the length of .* once"),
