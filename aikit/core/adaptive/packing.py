@@ -1,35 +1,10 @@
-"""The adaptive batch, framework-free: one algorithm behind PyTorch's ``AdaptiveSampler`` and
-``AdaptiveOptimizer`` and Keras' ``fit_adaptive``.
-
-An adaptive run decides the global batch of every update while training, by a
-:class:`~aikit.core.goodput.GoodputController` (Pollux/AdaptDL's goodput = throughput x
-statistical efficiency). The adapters move tensors, call collectives and hook into their
-framework; everything else is written here, once:
-
-* **Packing** (:class:`AdaptiveSchedule`): update ``u`` takes the controller's batch at the time
-  it is decided (``lookahead`` updates ahead of training), or, where less is left of its epoch,
-  the largest batch of what is left that it can run (:meth:`BatchSplit.largest
-  <aikit.core.goodput.BatchSplit.largest>`). Updates take consecutive samples of the epoch's
-  permutation, :mod:`aikit.core.schedule`'s own, so the epoch views are ordinary
-  :class:`~aikit.core.schedule.EpochSchedule` objects and a replay of the batches with a trace
-  gets the same samples.
-* **End of epoch**: an epoch ends with the update after which what is left runs no batch: fewer
-  samples than one micro-batch (a fixed micro-batch), or than the replicas (an even split). An
-  update never straddles two epochs.
-* **Timing** (:class:`UpdateClock`): each update's whole cycle, and the cycle less its
-  micro-steps but one, go to the throughput model.
-* **Each update** (:class:`AdaptiveRun`): its LR (:func:`learning_rate`), the record of what it
-  measured, its history row (:func:`history_row`, one format for both adapters), the
-  controller's decision (logged on logger ``aikit.adaptive``) and the next batches decided.
-"""
+"""Packing an adaptive run's updates into epochs: :class:`AdaptiveSchedule`, the global batch of
+every update, decided while training (see :mod:`aikit.core.adaptive`)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
-import math
-import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -37,17 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aikit.core.errors import InvalidValue
-from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker
-from aikit.core.scaling import adaptive_lr, adaptive_rule_name
 from aikit.core.schedule import EpochSchedule, checked_settings, numpy_permutation, seed_value
 from aikit.core.validate import checked_bool, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from aikit.core.goodput import BatchSplit, GoodputController
 
-__all__ = ["HISTORY_KEYS", "AdaptiveRun", "AdaptiveSchedule", "UpdateClock", "history_row", "learning_rate"]
-
-log = logging.getLogger("aikit.adaptive")
 _STATE_KEYS = {"settings", "sizes", "starts", "controller"}
 
 
@@ -322,144 +292,3 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     view = array.view()
     view.flags.writeable = False
     return view
-
-
-class UpdateClock:
-    """Times an adaptive run's updates for the throughput model, the same way in both adapters.
-
-    An update's *cycle* runs from the end of the previous update to its own end: its micro-steps
-    and the work between two updates (all-reduce, optimizer step, decision). With it goes the
-    cycle less its micro-steps but one, what an update of a single micro-step would take
-    (AdaptDL times accumulation and update steps apart for the same reason): so the per-update
-    cost is known from the first batch on, and a larger batch's saving can be predicted.
-
-    :meth:`micro_step` marks the boundary between two micro-steps, so the marks of one update
-    span its micro-steps but one, none of them holding the update's own work: PyTorch marks after
-    each micro-step (its update runs after the last mark, where the update ends), Keras before
-    each (its update runs inside the last micro-step's ``train_on_batch``). Not timed: the first
-    update after :meth:`restart` (there is no previous end to time from: a new epoch's
-    DataLoader, a resume), and an update the adapter says may include other work.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
-        self.restart()
-
-    def restart(self) -> None:
-        """The next update is not timed (training stopped in between)."""
-        self._end: float | None = None
-        self._latest: float | None = None  # this update's latest mark
-        self._accumulating = 0.0  # seconds between this update's marks
-
-    def micro_step(self) -> None:
-        """Mark the boundary of a micro-step of the update in progress."""
-        stamp = self.clock()
-        if self._latest is not None:
-            self._accumulating += stamp - self._latest
-        self._latest = stamp
-
-    def measure(self, timed: bool = True, *, ends_at_last_mark: bool = False) -> list[float]:
-        """End the update: ``[cycle, single, 1.0]``, or zeros where it is not timed, as numbers
-        the replicas add up in the update's all-reduce (:func:`update_timing` reads the sums).
-        ``ends_at_last_mark``: the update ended at its last mark (PyTorch's; otherwise now)."""
-        end = self._latest if ends_at_last_mark and self._latest is not None else self.clock()
-        timed = timed and self._end is not None
-        cycle = end - self._end if timed else 0.0
-        measured = [cycle, cycle - self._accumulating if timed else 0.0, float(timed)]
-        self._end, self._latest, self._accumulating = end, None, 0.0
-        return measured
-
-
-def update_timing(sums: list[float], replicas: int = 1) -> tuple[float, float] | None:
-    """``(cycle, single)`` from :meth:`UpdateClock.measure`'s numbers summed over ``replicas``
-    (their mean), or None unless every replica timed the update."""
-    cycle, single, timed = (value / replicas for value in sums)
-    return (cycle, single) if timed == 1 and single > 0 else None
-
-
-HISTORY_KEYS = ("epoch", "step", "batch_size", "ga_steps", "micro_batch", "lr", "seconds", "grad_sq", "trace",
-                "noise_scale")
-
-
-def history_row(epoch: int, step: int, batch: int, ga_steps: int, micro_batch: int, lr: float, seconds: float | None,
-                noise: NoiseTracker) -> dict:
-    """One update of an adaptive run, as both adapters record it: its epoch, its step (the
-    update's number in the run), its global batch, GA steps (the busiest replica's) and
-    micro-batch, its LR, its cycle in seconds (None where not timed), and the smoothed ``|G|²``,
-    ``tr(Σ)`` and noise scale after it (``nan`` before the first estimate)."""
-    smoothed = noise.smoothed if noise.updates else None
-    measured = (math.nan,) * 3 if smoothed is None else (smoothed.grad_sq, smoothed.trace, smoothed.noise_scale)
-    values = (epoch, step, batch, ga_steps, micro_batch, lr, seconds, *measured)
-    return dict(zip(HISTORY_KEYS, values, strict=True))
-
-
-def learning_rate(controller: GoodputController, base_lr: float, batch: int, rule: str, step: int = 0,
-                  warmup_steps: int = 0) -> float:
-    """The LR of an update at ``batch``: :func:`aikit.core.scaling.adaptive_lr` over
-    ``controller.ref_batch_size`` with the controller's smoothed noise (None before a first estimate)."""
-    noise = controller.noise
-    return adaptive_lr(base_lr, batch, controller.ref_batch_size, rule, noise.smoothed if noise.updates else None,
-                       step, warmup_steps)
-
-
-class AdaptiveRun:
-    """What an adaptive run does around each update, for both adapters: the LR of its batch
-    (:meth:`lr`), the record of what it measured (:meth:`record`), then (:meth:`finish`) its
-    history row, the controller's decision, logged, and the next batches decided.
-
-    PyTorch records before its update's step (the noise of its micro-batches is known once they
-    are backpropagated, so AdaScale's LR for the update includes it); Keras after it (the noise is
-    measured inside the update's all-reduce, after its LR was set).
-    """
-
-    def __init__(self, schedule: AdaptiveSchedule, rule: str = "adascale") -> None:
-        self.schedule = schedule
-        self.rule = adaptive_rule_name(rule)
-        self.history: list[dict] = []  # one history_row per update
-        self._recorded: tuple[int, int, int, float | None] | None = None
-
-    @property
-    def controller(self) -> GoodputController:
-        return self.schedule.controller
-
-    def lr(self, base_lr: float, batch: int, step: int = 0, warmup_steps: int = 0) -> float:
-        """The LR of an update at ``batch`` from ``base_lr`` (the LR tuned at the base batch)."""
-        return learning_rate(self.controller, base_lr, batch, self.rule, step, warmup_steps)
-
-    def record(self, batch: int, micro_batch: int, steps: int, timing: tuple[float, float] | None,
-               noise: NoiseEstimate | None) -> None:
-        """One update of ``batch`` samples in ``steps`` micro-steps of ``micro_batch`` samples per
-        device: its timing (:func:`update_timing`: two measurements for the throughput model) and
-        its noise estimate go to the controller."""
-        timings = [] if timing is None else [(micro_batch, steps, timing[0]), (micro_batch, 1, timing[1])]
-        if self.schedule.holds(len(self.controller.batches)):
-            noise = None  # a held update measures nothing: its batch and LR stay as they were at the hold
-        self.controller.record(batch, noise, timings)
-        self._recorded = (batch, micro_batch, steps, None if timing is None else timing[0])
-
-    def finish(self, epoch: int, lr: float, *, log_change: bool = True,
-               say: Callable[[str], None] | None = None) -> dict:
-        """After the recorded update: its history row (returned, and kept in :attr:`history`), the
-        controller's decision (logged where ``log_change``, and passed to ``say``), and the
-        batches decided up to ``lookahead`` updates ahead."""
-        if self._recorded is None:
-            raise InvalidValue("no update recorded since the last finish(): record() it first")
-        (batch, micro, steps, seconds), self._recorded = self._recorded, None
-        controller = self.controller
-        update = len(controller.batches) - 1
-        row = history_row(epoch, update, batch, steps, micro, lr, seconds, controller.noise)
-        self.history.append(row)
-        old = controller.batch
-        new = None if self.schedule.held else controller.propose()
-        if new is not None and (log_change or say is not None):
-            plan, gain = controller.plan(new), controller.changes[-1][3]
-            message = (f"adaptive batch: update {update}: global batch {old} -> {new} from update "
-                       f"{update + 1 + self.schedule.lookahead} ({plan.steps} GA steps x {plan.batch_size} per device "
-                       f"on {controller.devices} replica(s)), predicted goodput gain {(gain - 1) * 100:.1f}%, "
-                       f"noise scale {row['noise_scale']:.4g}, lr {lr:.4g}")
-            if log_change:
-                log.info(message)
-            if say is not None:
-                say(message)
-        self.schedule.extend(update + 1)
-        return row
