@@ -7,12 +7,6 @@ and the trace reader with it.
 """
 
 import importlib
-import sys
-
-from aikit.core import plan as _plan
-
-# micro_batch_slices lives with the plan it slices; ``aikit.core.windows``, its old module, stays importable
-sys.modules[f"{__name__}.windows"] = _plan
 
 _HOME = {
     "EpochSchedule": "schedule",

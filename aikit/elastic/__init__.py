@@ -4,16 +4,26 @@ After either ``init``, the plan's attributes (``steps``, ``batch_size``, ``globa
 ``gpus``, ``master``) and the plan itself (``plan``) can also be read here, as Run:AI's AIkit
 Elastic writes them (``aikit.elastic.batch_size``); after the Keras ``init`` also its
 ``strategy``, and under Horovod ``hvd``. They are those of the latest ``init``, kept by
-:mod:`aikit.runtime.published`.
+:mod:`aikit.runtime.published`. Once ``aikit.elastic.TF`` is imported, ``aikit.elastic.models``
+is its ``model`` module, as Run:AI's AIkit Elastic writes ``aikit.elastic.models.Model(model)``.
 """
 
 from __future__ import annotations
 
+import sys
+
 from aikit.runtime.published import PUBLIC, latest_extras, latest_plan
+
+_KERAS_MODELS = "aikit.elastic.TF.model"
 
 
 def __getattr__(name: str):
-    if name in (*PUBLIC, "plan", "strategy"):
+    if name == "models":
+        if _KERAS_MODELS not in sys.modules:
+            raise AttributeError("aikit.elastic.models is the Keras Model wrapper's module: import aikit.elastic.TF "
+                                 "first (Run:AI's AIkit Elastic's `import runai.elastic.keras`)")
+        return sys.modules[_KERAS_MODELS]
+    if name in (*PUBLIC, "plan", "strategy", "hvd"):
         plan = latest_plan()
         if plan is None:
             raise AttributeError(
@@ -27,6 +37,9 @@ def __getattr__(name: str):
         extras = latest_extras()
         if name in extras:
             return extras[name]
+        if name == "hvd":
+            raise AttributeError("aikit.elastic.hvd is the Horovod module an init() under Horovod ran with; the "
+                                 "latest init() did not run under Horovod")
         raise AttributeError(
             f"aikit.elastic.{name} is set by aikit.elastic.TF.init(...); the latest init was PyTorch's"
         )

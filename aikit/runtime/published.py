@@ -19,15 +19,22 @@ PUBLIC = ("steps", "batch_size", "global_batch_size", "gpus", "master")
 _latest: Plan | None = None
 _latest_extras: dict[str, Any] = {}  # what the latest init published beside its plan (Keras: its strategy)
 _publishers: dict[str, types.ModuleType] = {}  # the packages whose init() published, by name
+_extras_on: dict[str, tuple[str, ...]] = {}  # the extras each package's last init() set on it
 
 
 def publish(plan: Plan, module: types.ModuleType, **extras: Any) -> None:
-    """Set ``plan``, its :data:`PUBLIC` attributes and ``extras`` (Keras' ``strategy``) on
-    ``module``, the package whose ``init`` planned it, and remember the plan as the latest of
-    either framework."""
+    """Set ``plan``, its :data:`PUBLIC` attributes and ``extras`` (Keras' ``strategy``, and ``hvd``
+    under Horovod) on ``module``, the package whose ``init`` planned it, and remember the plan as
+    the latest of either framework. An extra the package's previous ``init`` set and this one does
+    not give is removed (``hvd`` exists only under Horovod). The one place an ``init`` writes
+    attributes of a module: ``aikit.elastic`` reads the latest through :func:`latest_plan` and
+    :func:`latest_extras`."""
     global _latest, _latest_extras
     _latest, _latest_extras = plan, dict(extras)
     _publishers[module.__name__] = module
+    for name in set(_extras_on.get(module.__name__, ())) - set(extras):
+        module.__dict__.pop(name, None)
+    _extras_on[module.__name__] = tuple(extras)
     module.plan = plan
     for name in PUBLIC:
         setattr(module, name, getattr(plan, name))

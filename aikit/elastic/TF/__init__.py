@@ -16,17 +16,14 @@ import sys
 
 import tensorflow as tf
 
-import aikit.elastic
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.plan import POLICIES, Plan, checked_max_device_batch, devices_here, make_plan
 from aikit.core.validate import positive_int
-from aikit.runtime.moved import keep_old_paths
 from aikit.runtime.published import publish
 from aikit.runtime.TF import strategies
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras_on_tensorflow()
-keep_old_paths(sys.modules[__name__], strategies)  # aikit.elastic.TF.strategies: its old path
 
 from aikit.elastic.TF import model  # noqa: E402  (needs Keras on TF first)
 from aikit.elastic.TF.adaptive import fit_adaptive  # noqa: E402
@@ -34,8 +31,7 @@ from aikit.elastic.TF.model import Model, current_plan  # noqa: E402
 from aikit.elastic.TF.trace import fit_trace  # noqa: E402
 from aikit.ga.TF.optimizers import MAX_STEPS  # noqa: E402
 
-models = model
-aikit.elastic.models = model  # Run:AI's AIkit Elastic writes aikit.elastic.models.Model(model)
+models = model  # Run:AI's AIkit Elastic writes aikit.elastic.models.Model(model): aikit.elastic serves it too
 
 MAX_KERAS_STEPS = MAX_STEPS  # the GA optimizer's steps live in an int64 variable
 
@@ -105,13 +101,8 @@ def init(
             f"that splits evenly over {hvd.size()}"
         )
 
-    module = sys.modules[__name__]
-    publish(new_plan, module, strategy=chosen)
-    for target in (module, aikit.elastic):  # Run:AI's AIkit's runai.elastic.hvd: only under Horovod
-        if hvd is None:
-            target.__dict__.pop("hvd", None)
-        else:
-            target.hvd = hvd
+    # Run:AI's AIkit's runai.elastic.hvd (here and on aikit.elastic): only under Horovod
+    publish(new_plan, sys.modules[__name__], strategy=chosen, **({} if hvd is None else {"hvd": hvd}))
     if verbose and new_plan.master:
         print(new_plan.summary(), f"\n  strategy: {type(chosen).__name__}", sep="")
     return new_plan
