@@ -50,8 +50,9 @@ import torch
 from aikit.core.errors import AikitError, CheckpointError, CommitError, InvalidState, InvalidValue
 from aikit.core.schedule import world_problem
 from aikit.core.validate import checked_float, positive_int
-from aikit.elastic.Torch import checkpoint, sharded
-from aikit.elastic.Torch.checkpoint import CorruptCheckpointWarning, ShardedRef
+from aikit.elastic.Torch import checkpoint, encoding, sharded
+from aikit.elastic.Torch.checkpoint import CorruptCheckpointWarning
+from aikit.elastic.Torch.encoding import ShardedRef
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
@@ -176,7 +177,7 @@ class ElasticState:
             if self._sharded():
                 self._commit_shards(number, train_mode)
             elif distributed.rank() == 0:
-                encoded = checkpoint.encode(self._payload(number, train_mode))
+                encoded = encoding.encode(self._payload(number, train_mode))
                 self._refuse_unknown_commits(number)
                 self._wrote(number, checkpoint.write_encoded(self.directory, number, encoded, fsync=self.fsync))
         self.commits = number
@@ -209,13 +210,13 @@ class ElasticState:
         a failure on any rank fails the commit on every rank, before the marker."""
         shards, failure, encoded = {}, None, None
         try:
-            encoded = checkpoint.encode(self._payload(number, train_mode), sharded=shards)
+            encoded = encoding.encode(self._payload(number, train_mode), sharded=shards)
         except AikitError as error:  # every rank must hear of it: DCP's first gather carries it
             failure = error
         folder = checkpoint.shard_directory(self.directory, number)
 
         def write_marker(index: dict) -> None:
-            marker = checkpoint.with_entry(encoded, "sharded", index)
+            marker = encoding.with_entry(encoded, "sharded", index)
             path = checkpoint.write_encoded(self.directory, number, marker, fsync=self.fsync,
                                             shards=(folder.name, set(index["files"])))
             self._wrote(number, path)
@@ -373,7 +374,7 @@ class ElasticState:
                     _check_module(obj, saved[name])
                 elif isinstance(obj, torch.optim.Optimizer):
                     check_groups(obj, saved[name])
-                for path, ref in checkpoint.sharded_refs(saved[name]):
+                for path, ref in encoding.sharded_refs(saved[name]):
                     _shard_template(obj, path, ref)
             except ValueError as error:
                 raise InvalidValue(f"the checkpoint {self.path} cannot be restored into {name}=: {error}") from error
@@ -429,13 +430,13 @@ class ElasticState:
         index = payload["sharded"]
         destinations = {}
         for name, obj in self._objects.items():
-            for path, ref in checkpoint.sharded_refs(payload["objects"][name]):
+            for path, ref in encoding.sharded_refs(payload["objects"][name]):
                 destinations[ref.key] = torch.empty_like(_shard_template(obj, path, ref), dtype=ref.dtype)
         if not isinstance(index, dict) or set(destinations) - set(index.get("tensors", {})):
             raise CheckpointError(f"the checkpoint {self.path} names shards its index does not list")
         folder = self.directory / checkpoint.folder_name(index.get("directory"))
         sharded.load(destinations, folder, index)
-        return {**payload, "objects": checkpoint.resolve_refs(payload["objects"], destinations)}
+        return {**payload, "objects": encoding.resolve_refs(payload["objects"], destinations)}
 
     def _laid_out(self, payload: dict) -> dict:
         """A replicated commit's whole tensors laid out as the kept objects' DTensors are now (a
