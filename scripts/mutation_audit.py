@@ -115,9 +115,10 @@ MUTANTS = [
      "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)",
      "self.engine = Accumulator(optimizer, scaler=scaler)", TRACE_TESTS),
     ("resize: objects not checked before loading", "aikit/elastic/Torch/resize.py",
-     "        self._check(payload)  # everything, before anything changes\n", "", RESIZE_TESTS),
-    ("resize: unchecked objects not put back", "aikit/elastic/Torch/resize.py",
-     "            for name, state in before.items():\n                self._objects[name].load_state_dict(state)\n",
+     "            check_commit(payload, self._objects, self.optimizer, self.directory)  # everything, before "
+     "anything changes\n", "", RESIZE_TESTS),
+    ("resize: unchecked objects not put back", "aikit/elastic/Torch/loading.py",
+     "        for name, state in before.items():\n            objects[name].load_state_dict(state)\n",
      "", RESIZE_TESTS + " -k 'failed_restore or puts_back'"),
     ("keras: divides by steps, not micro-steps accumulated", "aikit/ga/TF/optimizers.py",
      "accumulated_divisor(self._accumulated + 1,", "accumulated_divisor(self._steps,", KERAS_TESTS),
