@@ -102,10 +102,11 @@ def test_an_engine_that_lacks_part_of_the_protocol_is_named():
     assert "in_use: missing" not in missing and "lazy: missing" not in missing
 
 
-def test_the_registry_names_each_engine_once_and_ends_with_the_one_that_is_always_there():
+def test_the_registry_names_each_engine_once_in_detection_order_and_ends_with_one_process():
     names = [engine.name for engine in ENGINES]
-    assert len(set(names)) == len(names) == 4
-    assert distributed.ENGINES == tuple(names) == ("torch.distributed", "horovod", "xla", "single")
+    assert len(set(names)) == len(names) and tuple(names) == distributed.ENGINES
+    known = ("torch.distributed", "horovod", "xla", "single")  # a new engine may go anywhere before the last
+    assert [name for name in names if name in known] == list(known)
     assert ENGINES[-1].launched() and not ENGINES[-1].in_use()
 
 
