@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from aikit.elastic.Torch import CustomSampler, ElasticState, LinearRuleOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
-from aikit.runtime.Torch import collectives
+from aikit.runtime.Torch.engines.xla import XLA
 
 HOSTS_PORT = 0  # set by main()
 
@@ -89,7 +89,7 @@ def elastic_restore(rank: int, run_dir: Path):
 def xla_hosts_join(rank: int, run_dir: Path):
     """Joining aikit's gloo group of XLA hosts, the other host never arriving."""
     os.environ.update(MY_HOST_WORLD_SIZE="2", MY_HOST_ORDINAL=str(rank), MY_DIST_ROOT=f"127.0.0.1:{HOSTS_PORT}")
-    return collectives._hosts_group
+    return XLA._hosts_group
 
 
 def xla_hosts_all_reduce(rank: int, run_dir: Path):
@@ -97,9 +97,9 @@ def xla_hosts_all_reduce(rank: int, run_dir: Path):
     does on each host's ordinal 0), the other host joined but stuck."""
     xla_hosts_join(rank, run_dir)
     os.environ["MY_DIST_ROOT"] = f"127.0.0.1:{HOSTS_PORT + 1}"
-    collectives._hosts_group()  # both hosts join
+    XLA._hosts_group()  # both hosts join
     tensor = torch.ones(3)
-    return lambda: collectives._across_hosts([tensor], lambda group, flat: group.allreduce(flat), "an all-reduce")
+    return lambda: XLA._across_hosts([tensor], lambda group, flat: group.allreduce(flat), "an all-reduce")
 
 
 PLACES = {"trace_step": trace_step, "trace_join": trace_join, "ga_reduce": ga_reduce,
@@ -118,7 +118,7 @@ def main() -> None:
     for name, place in PLACES.items():
         dist.init_process_group("gloo", store=dist.PrefixStore(name, store), rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
-        collectives._host_group = None
+        XLA._host_group = None
         never_arrives = name == "xla_hosts_join" and rank == 1  # this host never joins
         block = None if never_arrives else place(rank, out.parent)
         store.add(f"{name}/ready", 1)

@@ -75,8 +75,7 @@ def init(global_batch_size: int, max_device_batch: int | None = None, gpus: int 
             f"gpus={gpus} but this run has {processes} processes ({distributed.engine()}): "
             f"every process is one device, so leave gpus=None or launch {gpus} processes"
         )
-    engine = distributed.engine()
-    devices = devices_here(gpus, distributed.device_count(), "one process" if engine == "single" else engine, g, m)
+    devices = devices_here(gpus, distributed.device_count(), distributed.current().label, g, m)
     plan = make_plan(g, m, devices, policy=policy, rank=distributed.rank())
     if processes > 1 and plan.gpus != processes:
         raise InvalidValue(

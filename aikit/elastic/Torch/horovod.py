@@ -27,18 +27,19 @@ the latter initialises a fresh optimizer's state by calling ``step()`` on zero g
 advances Adam's step count and applies weight decay once before training starts.
 
 Horovod elastic: ``hvd.elastic.TorchState(model=model, optimizer=optimizer, ...)`` takes the
-``DistributedOptimizer`` as it is. Importing this module adds a handler for aikit's GA optimizers
-to Horovod's state-handler registry (its documented extension point; no collective): commits
-save the wrapper's whole ``state_dict()`` (inner state, GA position, pending gradients), a
-restore loads it, and a sync gives every worker rank 0's, as :func:`broadcast_state` does, where
-Horovod's own handler would call ``broadcast_optimizer_state``. The world size is read at every
-update, so after a resize the update averages over the new world; re-plan ``steps`` for it
+``DistributedOptimizer`` as it is. Building an aikit GA optimizer under Horovod (this module's
+``DistributedOptimizer`` or ``aikit.ga.Torch.optim.Optimizer``), or calling
+:func:`broadcast_state`, puts a handler for aikit's GA optimizers in Horovod's state-handler
+registry (its documented extension point; local, no collective): commits save the wrapper's
+whole ``state_dict()`` (inner state, GA position, pending gradients), a restore loads it, and a
+sync gives every worker rank 0's, as :func:`broadcast_state` does, where Horovod's own handler
+would call ``broadcast_optimizer_state``. The world size is read at every update, so after a
+resize the update averages over the new world; re-plan ``steps`` for it
 (``optimizer.steps = aikit.elastic.Torch.init(G, M).steps``) at the top of the elastic function.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -46,9 +47,10 @@ import torch
 from aikit.core.errors import InvalidState, InvalidType
 from aikit.ga.Torch.optim import Optimizer
 from aikit.runtime.Torch.collectives import broadcast_
+from aikit.runtime.Torch.engines.horovod import HOROVOD
 
 try:
-    import horovod.torch as hvd
+    import horovod.torch  # noqa: F401  (the engine reads it from sys.modules, once initialised)
 except ImportError as error:  # pragma: no cover - depends on the installation
     raise ImportError(
         f"aikit.elastic.Torch.horovod needs Horovod's PyTorch part ({error}): build it with "
@@ -59,7 +61,7 @@ __all__ = ["DistributedOptimizer", "broadcast_state"]
 
 
 def _check_initialised() -> None:
-    if not hvd.is_initialized():
+    if not HOROVOD.in_use():
         raise InvalidState("Horovod is not initialised: call horovod.torch.init() before aikit's Horovod glue")
 
 
@@ -80,54 +82,17 @@ class DistributedOptimizer(Optimizer):
         _check_initialised()
         if "reduce" in ga_options:
             raise InvalidType("DistributedOptimizer always reduces at the update: leave out reduce=")
-        super().__init__(optimizer, steps, reduce=True, **ga_options)
+        super().__init__(optimizer, steps, reduce=True, **ga_options)  # registers it with TorchState
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s parameters, buffers and optimizer state (GA position
     included): call it once after building (or loading a checkpoint on rank 0 only)."""
     _check_initialised()
-    if hvd.size() == 1:
+    HOROVOD.keep_whole(Optimizer)  # for a GA optimizer built before hvd.init(): TorchState keeps it whole
+    if HOROVOD.world_size() == 1:
         return
     with torch.no_grad():
         broadcast_(list(model.state_dict().values()), src=root_rank)
     if optimizer is not None:
-        _broadcast_optimizer(optimizer, root_rank)
-
-
-def _broadcast_optimizer(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
-    optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=root_rank))
-
-
-class _StateHandler:
-    """``hvd.elastic.TorchState``'s handler for an aikit GA optimizer (``Optimizer`` or this
-    module's ``DistributedOptimizer``): its own ``state_dict``, saved, restored and synced whole."""
-
-    def __init__(self, optimizer: Optimizer) -> None:
-        self.value = optimizer
-        self.save()
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
-
-    def sync(self) -> None:
-        if hvd.size() > 1:
-            _broadcast_optimizer(self.value)
-
-    def set_value(self, value: Optimizer) -> None:
-        self.value = value
-        self.save()
-
-
-def _register_state_handler() -> None:
-    from horovod.torch.elastic import state
-
-    registry = state.get_handler_registry()
-    if not any(handler is _StateHandler for _, handler in registry):
-        state.set_handler_registry([(Optimizer, _StateHandler), *registry])  # before torch.optim.Optimizer's
-
-
-_register_state_handler()
+        optimizer.load_state_dict(HOROVOD.broadcast_object(optimizer.state_dict(), "the optimizer state", root_rank))

@@ -55,6 +55,7 @@ from aikit.core.validate import checked_int, non_negative_int, positive_int
 from aikit.ga.Torch.runai import from_runai, prebuilt_classes
 from aikit.ga.Torch.scheduler import UpdateScheduler  # noqa: F401  (its public path: aikit.ga.Torch.optim)
 from aikit.runtime.published import latest_plan
+from aikit.runtime.Torch import engines
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.buckets import bucket_bytes
 from aikit.runtime.Torch.distributed import world_size
@@ -151,6 +152,7 @@ class Optimizer(WrappingOptimizer):
         self._weighted = 0  # micro-steps of this window that declared their samples or loss terms
         self._declared: str | None = None  # what they declared: "samples" or "weight" (None: nothing yet)
         self._unit: int | None = None  # the micro-batch size this window's weights are relative to
+        engines.current().keep_whole(Optimizer)  # Horovod's hvd.elastic.TorchState: its whole state_dict
 
     @property
     def max_grad_norm(self) -> float | None:

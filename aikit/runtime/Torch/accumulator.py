@@ -215,7 +215,7 @@ class Accumulator:
             self._rescale(self.carried)
             self.carried = 1.0
         grads = or_zeros(params)
-        if collectives.engine(device) == "xla":
+        if collectives.lazy(device):
             # every replica must run the same program around an XLA collective: cut the graph
             # here, so a replica that had no micro-batch and one that did run the same graph
             collectives.mark_step(device)

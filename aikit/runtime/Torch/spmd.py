@@ -46,6 +46,7 @@ import torch
 from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.trace import Trace, multiple_problems
 from aikit.core.validate import positive_int
+from aikit.runtime.Torch.engines.xla import XLA
 
 DATA_AXIS = "data"
 
@@ -116,7 +117,7 @@ def shard(batch: Any, mesh=None) -> Any:
                 "micro-batches are)"
             )
         spec = (DATA_AXIS,) + (None,) * (tensor.dim() - 1)
-        if tensor.device.type == "xla":
+        if XLA.owns(tensor.device):
             return xs.mark_sharding(tensor, mesh, spec).global_tensor
         # from host memory, each device receives only its shard (torch_xla's MpDeviceLoader path)
         sharding = xs.ShardingSpec(mesh, spec)

@@ -1,0 +1,118 @@
+"""PyTorch's data-parallel engines as objects: what an engine provides, which ones exist, and
+which one this process runs.
+
+An engine says where a process trains (the replicas, this one's rank, the devices) and moves
+tensors between the replicas. :mod:`aikit.runtime.Torch.distributed` and
+:mod:`aikit.runtime.Torch.collectives` ask :func:`current` and delegate to it, so no other
+module of aikit names an engine.
+
+:func:`current` walks :data:`ENGINES` in order, twice: first for an engine *in use* (an
+initialised torch.distributed group, then an initialised Horovod, then an imported torch_xla;
+aikit imports neither Horovod nor torch_xla itself), then for one only *launched* (torchrun's
+``WORLD_SIZE`` before ``init_process_group``: a script may call ``aikit.elastic.Torch.init()``
+first), where one process, last, always answers. Tensors on a device an engine owns (XLA's)
+go through that engine whatever else runs.
+
+Adding an engine (issue 37's Ray Train, say) takes two files: a module here whose class
+provides everything :class:`Engine` lists (``tests/torch/test_engines.py`` checks that it does),
+and one line in :data:`ENGINES` at its place in the order. An engine that runs on top of
+another (Ray's workers run torch.distributed) may subclass it and change only its detection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from aikit.runtime.Torch.engines.horovod import HOROVOD
+from aikit.runtime.Torch.engines.single import SINGLE
+from aikit.runtime.Torch.engines.torch_distributed import TORCH_DISTRIBUTED
+from aikit.runtime.Torch.engines.xla import XLA
+
+
+class Engine(Protocol):
+    """What a data-parallel engine provides. A collective waits for every replica, which must
+    all call it with tensors of the same shapes, in the same order."""
+
+    name: str
+    """What ``aikit.elastic.Torch.distributed.engine()`` returns for it (``"torch.distributed"``)."""
+    label: str
+    """How a message names where the process runs (``"one process"``)."""
+    lazy: bool
+    """Tensors are traced into a graph that every replica compiles and runs alike (XLA): the
+    update cuts the graph before it reduces, reduces even on one replica (the same program for
+    every world), and reads nothing from the device to branch on (a parameter no replica
+    touched gets a zero gradient)."""
+
+    def in_use(self) -> bool:
+        """Whether this process has initialised the engine (detection's first pass)."""
+
+    def launched(self) -> bool:
+        """Whether the launcher's environment names the engine although nothing is initialised
+        yet (detection's second pass, when no engine is in use)."""
+
+    def owns(self, device: torch.device) -> bool:
+        """Whether tensors on ``device`` go through this engine whatever else runs."""
+
+    def world_size(self) -> int:
+        """The number of replicas."""
+
+    def rank(self) -> int:
+        """This replica's rank, 0 to ``world_size() - 1``."""
+
+    def local_rank(self) -> int:
+        """This process's rank on its machine: the device it should use."""
+
+    def device_count(self) -> int:
+        """The devices the run trains on (every replica's)."""
+
+    def all_reduce_sum_(self, tensors: list[torch.Tensor]) -> None:
+        """Replace every tensor by its sum over the replicas, in place."""
+
+    def broadcast_(self, tensors: list[torch.Tensor], src: int) -> None:
+        """Overwrite every tensor with replica ``src``'s, in place."""
+
+    def broadcast_object(self, obj: Any, what: str, src: int) -> Any:
+        """Replica ``src``'s picklable ``obj`` (``what`` names the broadcast in a failure)."""
+
+    def can_start_all_reduce(self) -> bool:
+        """Whether :meth:`start_all_reduce_sum_` can overlap a sum with the work that follows."""
+
+    def start_all_reduce_sum_(self, tensor: torch.Tensor, name: str) -> Callable[[], None]:
+        """Start summing ``tensor`` in place; returns the function that waits for the sum.
+        ``name`` identifies it where the engine matches sums by name (Horovod)."""
+
+    def mark_step(self, device: torch.device) -> None:
+        """Cut the lazy graph of ``device`` here (a no-op where nothing is lazy)."""
+
+    def elastic(self) -> bool:
+        """Whether the engine itself re-forms the world when workers come and go (Horovod
+        elastic), so that aikit's elastic state follows its protocol."""
+
+    def keep_whole(self, kind: type) -> None:
+        """Have the engine's own elastic state (Horovod's ``hvd.elastic.TorchState``) save,
+        restore and sync objects of ``kind`` whole, through their ``state_dict``. Local (no
+        collective); a no-op for an engine without such a state."""
+
+
+ENGINES: tuple[Engine, ...] = (  # in the order detection asks them
+    TORCH_DISTRIBUTED,
+    HOROVOD,
+    XLA,
+    SINGLE,
+)
+
+
+def current(device: torch.device | str | None = None) -> Engine:
+    """The engine of this process or, for tensors on ``device``, the engine they go through."""
+    if device is not None:
+        device = torch.device(device)
+        for engine in ENGINES:
+            if engine.owns(device):
+                return engine
+    for engine in ENGINES:
+        if engine.in_use():
+            return engine
+    return next(engine for engine in ENGINES if engine.launched())
