@@ -29,10 +29,10 @@ from functools import cached_property
 
 import numpy as np
 
+from aikit.core.batch_schedule import world_fit_problem
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import sample_weight
 from aikit.core.plan import even_micro_batches, even_split_problems
-from aikit.core.batch_schedule import world_fit_problem
 from aikit.core.trace import Trace, TraceExhaustedError, TraceTooShortError, load_trace, multiple_problems
 from aikit.core.validate import aliased, checked_bool, non_negative_int, positive_int
 

@@ -10,7 +10,6 @@ collective, so every worker must commit equally often). Horovod is imported only
 
 from __future__ import annotations
 
-import os
 import queue
 from collections.abc import Callable
 
@@ -22,7 +21,7 @@ from aikit.runtime.Torch import distributed
 
 def horovod_elastic() -> bool:
     """True in a worker that ``horovodrun --min-np/--max-np`` started (Horovod elastic mode)."""
-    return distributed.engine() == "horovod" and os.environ.get("HOROVOD_ELASTIC") == "1"
+    return distributed.current().elastic()
 
 
 class HorovodElastic:
