@@ -57,7 +57,7 @@ def test_a_run_on_the_device_resumes_from_its_commit_to_the_same_bits(device, tm
     assert {t.device for t in [*moments, *resumed.model.parameters()]} == {device}  # on the device, not the CPU
     resumed.train(UPDATES)
     for got, want in zip(resumed.model.parameters(), first.model.parameters(), strict=True):
-        assert torch.equal(got, want)
+        assert torch.equal(got, want), f"largest difference {(got - want).abs().max().item():.3g}"
     for p, q in zip(resumed.model.parameters(), first.model.parameters(), strict=True):
         assert torch.equal(resumed.inner.state[p]["exp_avg_sq"], first.inner.state[q]["exp_avg_sq"])
     assert resumed.inner.param_groups[0]["lr"] == first.inner.param_groups[0]["lr"]

@@ -1,6 +1,7 @@
-"""Fused AdamW (``AdamW(fused=True)``, one kernel per update) under the GA wrapper equals fused AdamW
-on the big batch, with and without a ``GradScaler`` (whose fused path hands the optimizer the scale
-and the inf flag instead of unscaling itself), and its step count advances once per update."""
+"""Fused AdamW (``AdamW(fused=True)``, one kernel per update) under the GA wrapper, with clipping,
+equals fused AdamW on the clipped big batch, with and without a ``GradScaler`` (whose fused path hands
+the optimizer the inf flag; the wrapper unscales before it clips), and its step count advances once
+per update."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from aikit.ga.Torch.optim import Optimizer
 
 pytestmark = pytest.mark.cuda
 
-STEPS, MICRO, UPDATES = 4, 8, 3
+STEPS, MICRO, UPDATES, CLIP = 4, 8, 3, 0.5
 
 
 def fused_adamw(params) -> torch.optim.AdamW:
@@ -31,7 +32,7 @@ def test_fused_adamw_under_ga_equals_fused_adamw_on_the_big_batch(device, scaled
         reference = twin(model)
         inner = fused_adamw(model.parameters())
         scaler = torch.amp.GradScaler(device.type, init_scale=2.0**12) if scaled else None
-        optimizer = Optimizer(inner, STEPS, scaler=scaler)
+        optimizer = Optimizer(inner, STEPS, scaler=scaler, max_grad_norm=CLIP)
         for micro_batches in updates:
             for xb, yb in micro_batches:
                 loss = F.mse_loss(model(xb), yb)
@@ -43,6 +44,7 @@ def test_fused_adamw_under_ga_equals_fused_adamw_on_the_big_batch(device, scaled
             big.zero_grad()
             F.mse_loss(reference(torch.cat([xb for xb, _ in micro_batches])),
                        torch.cat([yb for _, yb in micro_batches])).backward()
+            assert torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP) > CLIP  # clipping matters
             big.step()
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got, want, **tolerance(dtype))

@@ -44,7 +44,7 @@ def test_dataparallel_on_one_gpu_follows_the_plan_and_equals_the_big_batch(cuda_
         reference = twin(model)
         inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         first = first_update_gradient(inner)
-        optimizer = aikit.ga.Torch.optim.Optimizer(inner, aikit.elastic.Torch.steps)
+        optimizer = Optimizer(inner, aikit.elastic.Torch.steps)
         parallel = torch.nn.DataParallel(model)
         step = plan.batch_size * plan.gpus  # what the seed's loader yields: DataParallel scatters it
         for start in range(0, len(x), step):
