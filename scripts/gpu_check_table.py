@@ -72,10 +72,10 @@ def main() -> int:
     def row(name: str, figure: str, result: str) -> None:
         nonlocal failed
         failed |= result in ("FAIL", "TIMEOUT")
-        lines.append(f"{name:<44} {figure:<34} {result}")
+        lines.append(f"{name:<44} {figure:<38} {result}")
 
     lines.append(f"aikit GPU check, {args.mode} mode: {args.device}".rstrip(": "))
-    lines.append(f"{'part / group':<44} {'figure':<34} result")
+    lines.append(f"{'part / group':<44} {'figure':<38} result")
     for name, (status, seconds, limit) in parts.items():
         result = "TIMEOUT" if status in TIMED_OUT else "PASS" if status == 0 else "FAIL"
         row(name, f"exit {status} after {seconds} s (limit {limit} s)", result)
@@ -103,7 +103,7 @@ def main() -> int:
             row(f"  bench: {entry['name']}", figure, result)
     else:
         row("  bench", "no bench.json", "FAIL")
-    lines.append(f"{'overall':<44} {'':<34} {'FAIL' if failed else 'PASS'}")
+    lines.append(f"{'overall':<44} {'':<38} {'FAIL' if failed else 'PASS'}")
     table = "\n".join(lines)
     print(table)
     (args.logs / "table.txt").write_text(table + "\n")
