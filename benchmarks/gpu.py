@@ -167,7 +167,8 @@ def big_batch(model, optimizer, batches, autocast) -> None:
 def variant(make: Callable[[], nn.Module], loop, batches, device, autocast, ga: bool):
     """One update of ``loop`` on its own model and fused AdamW (the GA wrapper around it with ``ga``)."""
     torch.manual_seed(0)
-    model = make().to(device)
+    with device:  # made on the device: a CPU init of the GPU-sized model would take seconds
+        model = make()
     inner = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     optimizer = Optimizer(inner, len(batches)) if ga else inner
     return lambda: loop(model, optimizer, batches, autocast)
@@ -291,7 +292,8 @@ def compare(s: Sizes, device: torch.device) -> list[dict]:
 
     batches = token_batches(s, device, s.width, s.context)
     tokens = s.steps * s.sequences * s.context
-    params = sum(p.numel() for p in Transformer(s).parameters())
+    with torch.device("meta"):
+        params = sum(p.numel() for p in Transformer(s).parameters())
     bf16, fp32 = autocast_to(device, torch.bfloat16), autocast_to(device, None)
     shape = (f"{s.layers} layers of width {s.width} ({params / 1e6:.1f} M parameters), {s.steps} micro-batches of "
              f"{s.sequences} x {s.context} tokens")
