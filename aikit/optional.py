@@ -23,31 +23,41 @@ EXTRAS = {
     "matplotlib": ("matplotlib", "plot"),
     "lightning": ("PyTorch Lightning", "lightning"),
     "transformers": ("Hugging Face Transformers", "huggingface"),
+    "safetensors": ("safetensors", "torch"),
+    "horovod": ("Horovod", "horovod"),
+    "torch_xla": ("torch_xla", "xla"),
 }
+# what installing the extra alone does not do: Horovod's last release builds against torch >= 2.1
+# only with a patch, and a framework installed after Horovod is missing from its build
+BUILD = {"horovod": "build it with scripts/install_horovod.sh from aikit's repository (Horovod 0.28.1 patched for "
+                    "C++17; install the framework first, Horovod builds a part for each framework it finds)"}
 # TensorFlow's module comes in several distributions, so as in Hugging Face transformers its extra
 # has a CPU-only twin: tf brings `tensorflow`, tf-cpu `tensorflow-cpu` (never both in one environment)
 TWIN = {"tf": ("tf-cpu", "TensorFlow's CPU-only build, tensorflow-cpu")}
 
 
-def require(module: str, user: str) -> types.ModuleType:
+def require(module: str, user: str, instead: str = "") -> types.ModuleType:
     """Import ``module`` for ``user`` (the aikit part that needs it) and return it.
 
-    A missing module raises ``ModuleNotFoundError`` naming the extra to install; any other
-    import error (a broken installation) propagates unchanged, since reinstalling the extra
-    would not fix it.
+    A missing module raises ``ModuleNotFoundError`` naming the extra to install (or, for what
+    :data:`BUILD` names, how to build it; a part of it that was not built is an ``ImportError``
+    saying the same), and ``instead``, what to use in its place, where given; any other import
+    error (a broken installation) propagates unchanged, since reinstalling the extra would not fix it.
     """
     try:
         return importlib.import_module(module)
-    except ModuleNotFoundError as error:
+    except ImportError as error:
         top = module.split(".")[0]
-        if error.name is None or error.name.split(".")[0] != top:
-            raise  # the module is there but one of *its* imports is missing
+        missing = isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] == top
+        if not missing and (isinstance(error, ModuleNotFoundError) or top not in BUILD):
+            raise  # the module is there but one of *its* imports is missing, or it is broken
         what, extra = EXTRAS[top]
-        raise ModuleNotFoundError(
-            f"{user} needs {what} (module {top!r}), which is not installed: "
-            f"pip install '{DISTRIBUTION}[{extra}]'{_twin(extra)}",
-            name=error.name,
-        ) from error
+        how = BUILD.get(top) or f"pip install '{DISTRIBUTION}[{extra}]'{_twin(extra)}"
+        state = "is not installed" if missing else f"is installed without it ({error})"
+        message = f"{user} needs {what} (module {top!r}), which {state}: {how}{f'; or {instead}' if instead else ''}"
+        if missing:
+            raise ModuleNotFoundError(message, name=error.name) from error
+        raise ImportError(message, name=module) from error
 
 
 def _twin(extra: str) -> str:

@@ -71,3 +71,46 @@ def test_the_install_lines_name_the_distribution_setup_py_builds():
     setup = (Path(__file__).resolve().parents[2] / "setup.py").read_text()
     assert f'name="{DISTRIBUTION}",' in setup
     assert DISTRIBUTION == "aikit-elastic"
+
+
+@pytest.mark.parametrize(("blocked", "code", "message"), [
+    ("horovod.torch", "import aikit.elastic.Torch.horovod",
+     "aikit.elastic.Torch.horovod needs Horovod (module 'horovod'), which is not installed: build it with "
+     "scripts/install_horovod.sh"),
+    ("safetensors", "from aikit.elastic.Torch import encoding; encoding._safetensors()",
+     "ElasticState's checkpoints (safetensors files) needs safetensors (module 'safetensors'), which is not "
+     "installed: pip install 'aikit-elastic[torch]'"),
+])
+def test_horovod_and_safetensors_are_named_by_the_one_place_too(blocked, code, message):
+    done = run(blocked, code)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr[-2000:]
+
+
+def test_every_extra_optional_names_is_one_setup_py_declares():
+    """aikit.optional's table and setup.py's extras say the same: an extra named in a message
+    exists, and every extra of a dependency aikit imports is named (docs and dev are tools)."""
+    import ast
+    from pathlib import Path
+
+    from aikit.optional import EXTRAS, TWIN
+
+    setup = ast.parse((Path(__file__).resolve().parents[2] / "setup.py").read_text())
+    call = next(node for node in ast.walk(setup) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", "") == "setup")
+    extras = next(k.value for k in call.keywords if k.arg == "extras_require")
+    declared = {key.value for key in extras.keys}
+    named = {extra for _, extra in EXTRAS.values()} | {twin for twin, _ in TWIN.values()}
+    assert named <= declared
+    assert declared - named == {"docs", "dev"}
+
+
+def test_no_module_but_optional_turns_a_missing_dependency_into_a_message():
+    """``aikit/optional.py`` is the one place that says which extra installs a dependency: no
+    other module of aikit catches an ImportError (torch without its distributed part aside)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "aikit"
+    catching = sorted(str(path.relative_to(root)) for path in root.rglob("*.py")
+                      if "except ImportError" in path.read_text() or "except ModuleNotFoundError" in path.read_text())
+    assert catching == ["core/__init__.py", "optional.py", "runtime/Torch/gradient_sync.py"]

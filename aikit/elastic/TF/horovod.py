@@ -21,15 +21,11 @@ from __future__ import annotations
 
 from aikit.core.errors import InvalidState
 from aikit.ga.TF.optimizers import Optimizer, keras
+from aikit.optional import require
 
-try:
-    import horovod.tensorflow as hvd
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        f"aikit.elastic.TF.horovod needs Horovod's TensorFlow part ({error}): build it with "
-        "scripts/install_horovod.sh (TensorFlow installed first), or use tf.distribute "
-        "(MultiWorkerMirroredStrategy from TF_CONFIG, MirroredStrategy for the GPUs of one machine)"
-    ) from error
+hvd = require("horovod.tensorflow", "aikit.elastic.TF.horovod",
+              "use tf.distribute (MultiWorkerMirroredStrategy from TF_CONFIG, MirroredStrategy for the GPUs of one "
+              "machine)")
 
 __all__ = ["BroadcastVariables", "DistributedOptimizer"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 
 from aikit.core.errors import CheckpointError, InvalidType
 from aikit.elastic.Torch.sharded import dtensor_type, dtype_named
+from aikit.optional import require
 
 FORMAT = "aikit-state/2"
 _DIGEST = "aikit_sha256"
@@ -184,11 +186,8 @@ def _header(raw: bytes, size: int, path: Path | str = "checkpoint") -> tuple[dic
 def _safetensors():
     """safetensors, imported when a commit is written or read (``import aikit.elastic.Torch``
     works without it, e.g. in an XLA environment that never checkpoints)."""
-    try:
-        import safetensors.torch
-    except ImportError:
-        raise ImportError("ElasticState's checkpoints are safetensors files: pip install safetensors") from None
-    return safetensors
+    require("safetensors.torch", "ElasticState's checkpoints (safetensors files)")
+    return sys.modules["safetensors"]
 
 
 class ShardedRef(NamedTuple):

@@ -46,16 +46,11 @@ import torch
 
 from aikit.core.errors import InvalidState, InvalidType
 from aikit.ga.Torch.optim import Optimizer
+from aikit.optional import require
 from aikit.runtime.Torch.collectives import broadcast_
 from aikit.runtime.Torch.engines.horovod import HOROVOD
 
-try:
-    import horovod.torch  # noqa: F401  (the engine reads it from sys.modules, once initialised)
-except ImportError as error:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        f"aikit.elastic.Torch.horovod needs Horovod's PyTorch part ({error}): build it with "
-        "scripts/install_horovod.sh (Horovod 0.28.1, PyTorch + gloo), or use torchrun + DDP"
-    ) from error
+require("horovod.torch", "aikit.elastic.Torch.horovod", "use torchrun + DDP")  # the engine reads it, once initialised
 
 __all__ = ["DistributedOptimizer", "broadcast_state"]
 
