@@ -350,5 +350,16 @@ def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
 
 
 _PICKLED = ("global_batch_size", "max_grad_norm", "scaler", "reduce", "bucket_cap_mb", "sync_every_micro_step")
-PREBUILT = prebuilt_classes(Optimizer, __name__)  # Run:AI's Adam(steps, params, ...) and the rest
-globals().update(PREBUILT)
+PREBUILT = prebuilt_classes(Optimizer, __name__)  # Run:AI's Adam(steps, params, ...) and the rest, made once
+
+
+def __getattr__(name: str) -> type[Optimizer]:
+    """Run:AI's prebuilt classes, ``aikit.ga.Torch.optim.Adam`` and the rest: :data:`PREBUILT`'s."""
+    try:
+        return PREBUILT[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *PREBUILT})
