@@ -31,6 +31,9 @@ Run:AI's prebuilt GA optimizers are here too, one per optimizer class ``torch.op
 momentum=0.9), steps)``, a subclass of :class:`Optimizer`, which takes the wrapper's keywords too
 (made by :mod:`aikit.ga.Torch.runai`, with the conversion of Run:AI's checkpoints).
 :class:`UpdateScheduler` (:mod:`aikit.ga.Torch.scheduler`) is importable from here too.
+
+What an update's micro-steps declared and the weights that follow live in
+``aikit.ga.Torch.window``; the ``state_dict`` format and its checks in ``aikit.ga.Torch.state``.
 """
 
 from __future__ import annotations
@@ -280,8 +283,8 @@ class Optimizer(WrappingOptimizer):
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state and the accumulation position, with the gradients
-        accumulated so far when saved mid-update, so a resume continues identically
-        (:mod:`aikit.ga.Torch.state`)."""
+        accumulated so far when saved mid-update, so a resume continues identically (its format:
+        ``aikit.ga.Torch.state``)."""
         return self._run_state_dict_hooks(lambda: {"optimizer": self.optimizer.state_dict(), "ga": self._ga_state()})
 
     def _ga_state(self) -> dict[str, Any]:
