@@ -23,10 +23,13 @@ One module per idea, none importing a framework:
 * ``settings``: the options, checked in one place (:class:`Settings`);
 * ``stages``: stage and trial lengths, with a budget or without, and the records of stages,
   trials, steps;
-* ``range_test``: the LR range test that sets the search range when none is given;
-* ``trials``: a stage's trials as each ends (scored, the winner chosen, the stage's LR);
+* ``range_test``: the LR range test that sets the search range when none is given, and
+  the ramp of the stage that trains at its ``max_lr``;
+* ``trials``: a stage's trials: the search they ask, each scored as it ends, the winner, the
+  stage's LR;
 * ``divergence``: when the loss has diverged, and when rolling back no longer helps;
 * ``controller``: the state machine over them (:class:`Controller`, :class:`Action`);
+* ``state``: what the controller's ``state_dict`` holds, checked and read back before a load;
 * ``driver``: the step → evaluate → keep/restore/resume loop both
   adapters run (:class:`Driver`), over the small :class:`Training` protocol they implement;
 * ``schedule``: the kept schedule as a ``step,lr`` CSV, and its replay.
