@@ -21,27 +21,22 @@ One module per idea, none importing a framework:
   and when a forecast fails;
 * ``search``: the Gaussian process over log-LR that proposes trials;
 * ``settings``: the options, checked in one place (:class:`Settings`);
-* ``stages``: stage lengths and the records of stages, trials, steps;
-* ``controller``: the state machine (:class:`Controller`, :class:`Action`);
+* ``stages``: stage and trial lengths, with a budget or without, and the records of stages,
+  trials, steps;
+* ``range_test``: the LR range test that sets the search range when none is given, and
+  the ramp of the stage that trains at its ``max_lr``;
+* ``trials``: a stage's trials: the search they ask, each scored as it ends, the winner, the
+  stage's LR;
+* ``divergence``: when the loss has diverged, and when rolling back no longer helps;
+* ``controller``: the state machine over them (:class:`Controller`, :class:`Action`);
+* ``state``: what the controller's ``state_dict`` holds, checked and read back before a load;
 * ``driver``: the step → evaluate → keep/restore/resume loop both
   adapters run (:class:`Driver`), over the small :class:`Training` protocol they implement;
 * ``schedule``: the kept schedule as a ``step,lr`` CSV, and its replay.
 """
 
-from aikit.core.autolrs.controller import (
-    DIVERGE_WINDOW,
-    MAX_ROLLBACKS,
-    PROGRESS,
-    RANGE_BELOW_HOT,
-    RANGE_DECADES,
-    RANGE_END,
-    RANGE_SMOOTHING,
-    RANGE_START,
-    ROLLBACK_FACTOR,
-    Action,
-    Controller,
-    range_tracker,
-)
+from aikit.core.autolrs.controller import Action, Controller
+from aikit.core.autolrs.divergence import DIVERGE_WINDOW, MAX_ROLLBACKS, PROGRESS, ROLLBACK_FACTOR
 from aikit.core.autolrs.driver import DECISION_SIZE, FLAGS, SLOTS, Driver, Training, pack, unpack
 from aikit.core.autolrs.loss_forecast import (
     HUBER_K,
@@ -52,6 +47,14 @@ from aikit.core.autolrs.loss_forecast import (
     fit_exponential,
     forecast,
     standard_error,
+)
+from aikit.core.autolrs.range_test import (
+    RANGE_BELOW_HOT,
+    RANGE_DECADES,
+    RANGE_END,
+    RANGE_SMOOTHING,
+    RANGE_START,
+    range_tracker,
 )
 from aikit.core.autolrs.schedule import read_schedule, replay_lr, schedule_lrs, write_schedule
 from aikit.core.autolrs.search import DESIGN, LENGTH_SCALES, NOISES, GaussianProcess, LogLRSearch

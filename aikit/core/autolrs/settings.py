@@ -97,6 +97,17 @@ class Settings:
         """Every option as the run uses it, defaults filled in: what a resumed run must match."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
+    def check_saved(self, options: dict) -> None:
+        """Refuse the ``options`` a saved state recorded where they resolve to other settings
+        than these, naming each (a default that changed between releases is a difference too)."""
+        then, now = settings_of_state(options).resolved(), self.resolved()
+        differ = {k: (then[k], v) for k, v in now.items() if then[k] != v}
+        if differ:
+            raise InvalidValue("the AutoLRS state was saved with other options: "
+                               + "; ".join(f"{k} {a!r} saved, {b!r} here" for k, (a, b) in differ.items())
+                               + "; build the AutoLRS with the options it was saved with ("
+                               + ", ".join(f"{k}={a!r}" for k, (a, _) in differ.items()) + ")")
+
     @property
     def budget(self) -> bool:
         """Whether the run has a step budget (``total_steps``), which sets other defaults."""

@@ -365,5 +365,16 @@ def _keras_optimizer_classes() -> list[type[keras.optimizers.Optimizer]]:
             and "learning_rate" in inspect.signature(cls.__init__).parameters]
 
 
-PREBUILT = {cls.__name__: _prebuilt(cls) for cls in _keras_optimizer_classes()}
-globals().update(PREBUILT)
+PREBUILT = {cls.__name__: _prebuilt(cls) for cls in _keras_optimizer_classes()}  # made once, registered with Keras
+
+
+def __getattr__(name: str) -> type[Optimizer]:
+    """Run:AI's prebuilt classes, ``aikit.ga.TF.optimizers.Adam`` and the rest: :data:`PREBUILT`'s."""
+    try:
+        return PREBUILT[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *PREBUILT})

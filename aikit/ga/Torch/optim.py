@@ -31,6 +31,9 @@ Run:AI's prebuilt GA optimizers are here too, one per optimizer class ``torch.op
 momentum=0.9), steps)``, a subclass of :class:`Optimizer`, which takes the wrapper's keywords too
 (made by :mod:`aikit.ga.Torch.runai`, with the conversion of Run:AI's checkpoints).
 :class:`UpdateScheduler` (:mod:`aikit.ga.Torch.scheduler`) is importable from here too.
+
+What an update's micro-steps declared and the weights that follow live in
+``aikit.ga.Torch.window``; the ``state_dict`` format and its checks in ``aikit.ga.Torch.state``.
 """
 
 from __future__ import annotations
@@ -43,29 +46,18 @@ from typing import Any
 import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.ga import (
-    common_size,
-    equal_weight,
-    reduction_name,
-    relative_weight,
-    sample_weight,
-    short_window_factor,
-)
-from aikit.core.validate import checked_int, non_negative_int, positive_int
+from aikit.core.ga import reduction_name
+from aikit.core.validate import positive_int
 from aikit.ga.Torch.runai import from_runai, prebuilt_classes
 from aikit.ga.Torch.scheduler import UpdateScheduler  # noqa: F401  (its public path: aikit.ga.Torch.optim)
-from aikit.runtime.published import latest_plan
+from aikit.ga.Torch.state import check_state, ga_state
+from aikit.ga.Torch.window import Window
 from aikit.runtime.Torch import engines
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.buckets import bucket_bytes
 from aikit.runtime.Torch.distributed import world_size
-from aikit.runtime.Torch.gradient_sync import accumulates_out_of_reach, sync_skipper
-from aikit.runtime.Torch.state_checks import check_groups, check_pending
+from aikit.runtime.Torch.gradient_sync import sync_skipper
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
-
-_STATE_KEYS = {"optimizer", "ga"}
-_GA_KEYS = {"steps", "position", "micro_steps", "reduction", "samples", "weighted", "unit", "terms", "pending_grads"}
-_GA_KEYS_BEFORE_TERMS = _GA_KEYS - {"terms"}  # checkpoints saved before accumulate(weight=) existed
 
 
 class Optimizer(WrappingOptimizer):
@@ -144,14 +136,10 @@ class Optimizer(WrappingOptimizer):
             )
         self.sync_every_micro_step = bool(sync_every_micro_step)
         self.reduction = reduction
-        self.position = 0  # micro-steps taken towards the next update
+        self.window = Window()  # this update's micro-steps so far, and what they declared
         self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
         self.updated = False  # whether the last step() call made a real update
         self.applied = 0  # real updates applied by this object (AMP skips not counted): for schedulers
-        self._samples = 0  # samples declared in this window (accumulate(samples=...))
-        self._weighted = 0  # micro-steps of this window that declared their samples or loss terms
-        self._declared: str | None = None  # what they declared: "samples" or "weight" (None: nothing yet)
-        self._unit: int | None = None  # the micro-batch size this window's weights are relative to
         engines.current().keep_whole(Optimizer)  # Horovod's hvd.elastic.TorchState: its whole state_dict
 
     @property
@@ -161,6 +149,11 @@ class Optimizer(WrappingOptimizer):
     @property
     def scaler(self) -> Any:
         return self.engine.scaler
+
+    @property
+    def position(self) -> int:
+        """Micro-steps taken towards the next update."""
+        return self.window.position
 
     @property
     def steps(self) -> int:
@@ -218,23 +211,8 @@ class Optimizer(WrappingOptimizer):
                 f"{type(model).__name__}, which syncs them too: pass the plain model, or use reduce=False with "
                 "DDP or FSDP2"
             )
-        declared = "weight" if weight is not None else "samples" if samples is not None else None
-        if samples is not None and weight is not None:
-            raise InvalidValue(
-                f"accumulate() got samples={samples} and weight={weight}: a micro-batch's mean loss is a mean over "
-                "its samples (samples=) or over its loss terms, such as tokens (weight=), not both"
-            )
-        if declared is not None and self._declared not in (None, declared):
-            raise InvalidValue(
-                f"this micro-step declares {declared}=, but the update's earlier ones declared {self._declared}=: "
-                "declare the same in every micro-step of an update"
-            )
-        weighing = contextlib.nullcontext()
-        if weight is not None:
-            weighing = self._count_terms(weight, model, skip_sync)
-        elif samples is not None:
-            samples = non_negative_int(samples, "samples")
-            weighing = self._weigh_samples(samples, model, skip_sync)
+        declared, samples = self.window.declaration(samples, weight, self.reduction)
+        weighing = contextlib.nullcontext() if declared is None else self._weighing(model, samples, weight, skip_sync)
         sync = self.sync_gradients or self.reduce or self.sync_every_micro_step
         try:
             with weighing, contextlib.nullcontext() if sync or skip_sync is None else skip_sync():
@@ -242,49 +220,24 @@ class Optimizer(WrappingOptimizer):
         finally:
             if declared is not None:
                 self.engine.factor = None
-                self._samples += samples or 0
-                self._weighted += 1
-                self._declared = declared
+                self.window.declare(declared, samples)
 
-    def _count_terms(self, weight: Any, model: torch.nn.Module | None,
-                     skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
-        """``weight`` checked and counted; under DDP or FSDP2 the terms' sum over the replicas
-        starts before the update's last backward, whose gradient sync they own."""
-        if self.reduction == "sum":
-            raise InvalidValue(
-                f"accumulate(weight={weight}) weighs a mean loss's micro-batch by its loss terms, but this optimizer "
-                "sums the micro-batch gradients (reduction='sum'), where a summed loss already counts its terms: "
-                "leave out weight=, or use reduction='mean' with a mean loss"
-            )
+    def _weighing(self, model: torch.nn.Module | None, samples: int | None, weight: Any,
+                  skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
+        """The window's weighing of this micro-step, given who sums the gradients over the
+        replicas: DDP or FSDP2 (``skip_sync``), this wrapper at the update (``reduce``), or none."""
         world = world_size()
-        if world > 1 and not self.reduce and skip_sync is None and model is not None:
+        if weight is not None and world > 1 and not self.reduce and skip_sync is None and model is not None:
             raise InvalidValue(
                 f"accumulate(model, weight=...) on {world} replicas needs their gradients summed, but "
                 f"{type(model).__name__} syncs none: wrap it in DistributedDataParallel or fully_shard, or use "
                 "Optimizer(..., reduce=True) with the plain model"
             )
-        weighing = self.engine.count_terms(model, weight)
-        if world > 1 and not self.reduce and self.sync_gradients:
-            self.engine.start_terms_sum()  # it overlaps the last backward
-        return weighing
-
-    def _weigh_samples(self, samples: int, model: torch.nn.Module | None,
-                       skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
-        if self.reduction == "sum":
-            raise InvalidValue(
-                f"accumulate(samples={samples}) weighs a mean loss's micro-batch by its share of the global "
-                "batch, but this optimizer sums the micro-batch gradients (reduction='sum'), where a summed "
-                "loss already counts its samples: leave out samples=, or use reduction='mean' with a mean loss"
-            )
-        if self._unit is None:
-            self._unit = common_size(self._global_batch_size(samples), self._steps * world_size())
-        factor = relative_weight(samples, self._unit)
-        if accumulates_out_of_reach(model):  # FSDP2: the gradients accumulate unsharded, not in .grad
-            return contextlib.nullcontext() if factor is None else self.engine.outputs.applied(model, factor)
         framework_syncs = skip_sync is not None and not self.reduce and (self.sync_gradients
                                                                          or self.sync_every_micro_step)
-        self.engine.weigh_next(factor, fold=not framework_syncs)
-        return contextlib.nullcontext()
+        return self.window.weighing(self.engine, model, samples, weight, global_batch_size=self.global_batch_size,
+                                    parts=self._steps * world, fold=not framework_syncs,
+                                    start_sum=world > 1 and not self.reduce and self.sync_gradients)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients at the start of an update only; mid-update it keeps them (the
@@ -298,7 +251,7 @@ class Optimizer(WrappingOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.position += 1
+        self.window.position += 1
         self.updated = self.position == self._steps
         if self.updated:
             self.updated = self._update(short=False)
@@ -321,82 +274,25 @@ class Optimizer(WrappingOptimizer):
 
     def _update(self, short: bool) -> bool:
         """The real update on the accumulated, weighted gradient; False if AMP skipped it."""
-        steps, weighted, samples, unit, declared = (self.position, self._weighted, self._samples, self._unit,
-                                                    self._declared)
-        self.position = self._samples = self._weighted = 0
-        self._unit = self._declared = None
-        if weighted not in (0, steps):
-            self.engine.discard()
-            self.optimizer.zero_grad()
-            raise InvalidValue(
-                f"only {weighted} of the {steps} micro-steps of this update declared {declared}= in "
-                "accumulate(): declare them in every micro-step or in none"
-            )
-        world = world_size()  # read at every update: an elastic resize changes it
-        if declared == "weight":  # DDP and FSDP2 average over the processes; reducing sums
-            stepped = self.engine.step(self.engine.terms_scale(self._summed_terms(world), 1 if self.reduce else world))
-            self.applied += stepped
-            return stepped
-        if self.reduce and world > 1:
-            (samples,) = self.engine.reduce([float(samples)])
-            samples = round(samples)
-        if not weighted:  # reducing, the replicas' sum is divided by the world; DDP averages it itself
-            scale = equal_weight(steps, self.reduction, world, 1 if self.reduce else world)
-        else:
-            total = self._global_batch_size(samples)
-            # reducing, the samples are summed with the gradients: a short window (an epoch's last)
-            # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
-            if (samples > total and (self.reduce or world == 1)) or (world == 1 and not self.reduce
-                                                                   and not short and samples != total):
-                self.engine.discard()
-                self.optimizer.zero_grad()
-                raise InvalidValue(
-                    f"the {steps} micro-batches of this update held {samples} samples, but "
-                    f"global_batch_size is {total}: feed exactly that many per update, or call "
-                    "optimizer.flush() after an epoch's last, shorter window"
-                )
-            averaging = 1 if self.reduce else world  # DDP averages over the processes
-            scale = sample_weight(unit, total, averaging)
-            if samples != total and (self.reduce or world == 1):
-                scale *= short_window_factor(total, samples)
+        window, self.window = self.window, Window()
+        scale = window.scale(self.engine, reduction=self.reduction, reducing=self.reduce, short=short,
+                             world=world_size(),  # read at every update: an elastic resize changes it
+                             global_batch_size=self.global_batch_size)
         stepped = self.engine.step(scale)
         self.applied += stepped
         return stepped
 
-    def _summed_terms(self, world: int) -> int | float | torch.Tensor:
-        """This update's loss terms over every replica: with the gradients in the update's own
-        all-reduce (reducing), from the sum started before the last backward (DDP, FSDP2), or
-        this process's alone."""
-        if world == 1:
-            return self.engine.take_terms()
-        if self.reduce:
-            (total,) = self.engine.reduce([self.engine.take_terms()])
-            return total
-        return self.engine.take_terms(summed=True)
-
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state and the accumulation position, with the gradients
-        accumulated so far when saved mid-update, so a resume continues identically."""
+        accumulated so far when saved mid-update, so a resume continues identically (its format:
+        ``aikit.ga.Torch.state``)."""
+        return self._run_state_dict_hooks(lambda: {"optimizer": self.optimizer.state_dict(), "ga": self._ga_state()})
 
-        def build() -> dict[str, Any]:
-            pending = self.engine.pending() if self.position else []
-            return {
-                "optimizer": self.optimizer.state_dict(),
-                "ga": {
-                    "steps": self._steps,
-                    "position": self.position,
-                    "micro_steps": self.micro_steps,
-                    "reduction": self.reduction,
-                    "samples": self._samples,
-                    "weighted": self._weighted,
-                    "unit": self._unit,
-                    "terms": self._saved_terms(),
-                    "pending_grads": pending,
-                },
-            }
-
-        return self._run_state_dict_hooks(build)
+    def _ga_state(self) -> dict[str, Any]:
+        terms = None if self.window.declared != "weight" else int(self.engine.terms)  # a checkpoint holds numbers
+        return ga_state(self.window, steps=self._steps, micro_steps=self.micro_steps, reduction=self.reduction,
+                        terms=terms, pending=self.engine.pending() if self.position else [])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``; strict about its keys, and checked whole before anything
@@ -409,92 +305,36 @@ class Optimizer(WrappingOptimizer):
     def _load(self, state_dict: dict[str, Any]) -> None:
         state_dict = from_runai(state_dict)
         self.check_state(state_dict)
-        ga = state_dict["ga"]
-        position, params = ga["position"], self._params()
         self.optimizer.load_state_dict(state_dict["optimizer"])
-        for p, grad in zip(params, ga["pending_grads"] if position else [None] * len(params), strict=True):
+        self._restore(state_dict["ga"])
+        self.updated = False
+
+    def _restore(self, ga: dict[str, Any]) -> None:
+        """The update ``ga`` (a checked ``state_dict()["ga"]``) saved: its window, and the
+        gradients accumulated so far as the plain weighted sum."""
+        params = self._params()
+        for p, grad in zip(params, ga["pending_grads"] if ga["position"] else [None] * len(params), strict=True):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
         self.engine.discard()  # sums started from the gradients just replaced
-        self._restore_position(ga)
-        self.updated = False
-
-    def _saved_terms(self) -> int | None:
-        """This update's loss terms so far on this replica (None: it declared no weight=), read
-        from the device if they are there: a checkpoint holds numbers."""
-        return None if self._declared != "weight" else int(self.engine.terms)
-
-    def _restore_position(self, ga: dict[str, Any]) -> None:
-        """The position in the update that ``ga`` (a checked ``state_dict()["ga"]``) saved."""
-        self.position, self._samples, self._weighted, self._unit = ga["position"], ga["samples"], ga["weighted"], \
-            ga["unit"]
+        self.window = Window.restored(ga)
         self.micro_steps = ga["micro_steps"]
-        terms = ga.get("terms")
-        self._declared = "weight" if terms is not None else "samples" if ga["weighted"] else None
-        self.engine.terms = terms or 0
+        self.engine.terms = ga.get("terms") or 0
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
         """Every reason ``state_dict`` cannot be loaded, before anything is changed."""
-        state_dict = from_runai(state_dict)
-        if not isinstance(state_dict, dict) or set(state_dict) != _STATE_KEYS:
-            if isinstance(state_dict, dict) and "param_groups" in state_dict:
-                raise InvalidValue(
-                    "this is a torch optimizer's state_dict, not an aikit GA Optimizer's: load it "
-                    "with optimizer.optimizer.load_state_dict(...)"
-                )
-            keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise InvalidValue(f"GA Optimizer state_dict needs keys {sorted(_STATE_KEYS)}, got {keys}")
-        ga = state_dict["ga"]
-        if not isinstance(ga, dict) or set(ga) not in (_GA_KEYS, _GA_KEYS_BEFORE_TERMS):
-            got = sorted(ga) if isinstance(ga, dict) else type(ga).__name__
-            raise InvalidValue(f"GA Optimizer state_dict['ga'] needs keys {sorted(_GA_KEYS)}, got {got}")
-        _check_counters(ga)
-        position = ga["position"]
-        if ga["reduction"] != self.reduction:
-            raise InvalidValue(
-                f"the checkpoint was saved by an optimizer with reduction={ga['reduction']!r}, this one has "
-                f"reduction={self.reduction!r}: build it with reduction={ga['reduction']!r} (the reduction goes "
-                "with the loss the run uses)"
-            )
-        if position and ga["steps"] != self._steps:
-            raise InvalidValue(
-                f"the checkpoint was saved {position} micro-steps into an update of steps={ga['steps']}, "
-                f"but this optimizer has steps={self._steps}: resume with steps={ga['steps']}, or save "
-                "between updates (optimizer.position == 0) to change steps"
-            )
-        check_groups(self.optimizer, state_dict["optimizer"])
-        if position:
-            check_pending(self._params(), ga["pending_grads"])
+        check_state(from_runai(state_dict), self.optimizer, self._steps, self.reduction)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer,
-            "global_batch_size": self.global_batch_size,
-            "max_grad_norm": self.max_grad_norm,
-            "scaler": self.scaler,
-            "reduce": self.reduce,
-            "bucket_cap_mb": self.bucket_cap_mb,
-            "sync_every_micro_step": self.sync_every_micro_step,
-            "ga": self.state_dict()["ga"],
-        }
+        return {"optimizer": self.optimizer, **{name: getattr(self, name) for name in _PICKLED},
+                "ga": self.state_dict()["ga"]}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        Optimizer.__init__(  # not self.__init__: subclasses (the prebuilt optimizers) take other arguments
-            self,
-            state["optimizer"],
-            state["ga"]["steps"],
-            global_batch_size=state["global_batch_size"],
-            max_grad_norm=state["max_grad_norm"],
-            scaler=state["scaler"],
-            reduce=state["reduce"],
-            reduction=state["ga"]["reduction"],
-            bucket_cap_mb=state.get("bucket_cap_mb", 25.0),
-            sync_every_micro_step=state.get("sync_every_micro_step", False),
-        )
-        ga = state["ga"]
-        for p, grad in zip(self._params(), ga["pending_grads"] or [None] * len(self._params()), strict=True):
-            p.grad = grad
-        self._restore_position(ga)
+        options = {name: state[name] for name in _PICKLED if name in state}  # older pickles: newer options' defaults
+        # not self.__init__: subclasses (the prebuilt optimizers) take other arguments
+        Optimizer.__init__(self, state["optimizer"], state["ga"]["steps"], reduction=state["ga"]["reduction"],
+                           **options)
+        self._restore(state["ga"])
 
     # --- parameters and their gradient hooks ---------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -503,33 +343,6 @@ class Optimizer(WrappingOptimizer):
             self.engine.hook(self.optimizer.param_groups[-1]["params"])
         if "optimizer" in self.__dict__ and self.engine.buckets is not None:
             self.engine.buckets.build(self.engine.params())
-
-    def _global_batch_size(self, samples: int) -> int:
-        if self.global_batch_size is not None:
-            return self.global_batch_size
-        plan = latest_plan()
-        if plan is None:
-            raise InvalidValue(
-                f"accumulate(samples={samples}) weighs the micro-batch by samples / global batch, but "
-                "no global batch is known: pass Optimizer(..., global_batch_size=G) or call "
-                "aikit.elastic.Torch.init(G, max_device_batch) first"
-            )
-        return plan.global_batch_size
-
-
-def _check_counters(ga: dict[str, Any]) -> None:
-    """The saved counters are what this wrapper writes: ``position`` in ``[0, steps)`` (a state
-    that says 7 of 4 would never update again), counts non-negative, the reduction a name."""
-    steps = positive_int(ga["steps"], "the checkpoint's GA steps")
-    checked_int(ga["position"], "the checkpoint's GA position", 0, steps - 1,
-                f"an integer in [0, {steps}) for steps={steps}", "restore an intact commit (was the state edited?)")
-    for key in ("micro_steps", "samples", "weighted"):
-        non_negative_int(ga[key], f"the checkpoint's GA {key}")
-    if ga["unit"] is not None:
-        positive_int(ga["unit"], "the checkpoint's GA unit")
-    if ga.get("terms") is not None:
-        non_negative_int(ga["terms"], "the checkpoint's GA terms")
-    reduction_name(ga["reduction"])
 
 
 def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
@@ -541,5 +354,17 @@ def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
     return closure is not None and closure.default is closure.empty
 
 
-PREBUILT = prebuilt_classes(Optimizer, __name__)  # Run:AI's Adam(steps, params, ...) and the rest
-globals().update(PREBUILT)
+_PICKLED = ("global_batch_size", "max_grad_norm", "scaler", "reduce", "bucket_cap_mb", "sync_every_micro_step")
+PREBUILT = prebuilt_classes(Optimizer, __name__)  # Run:AI's Adam(steps, params, ...) and the rest, made once
+
+
+def __getattr__(name: str) -> type[Optimizer]:
+    """Run:AI's prebuilt classes, ``aikit.ga.Torch.optim.Adam`` and the rest: :data:`PREBUILT`'s."""
+    try:
+        return PREBUILT[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *PREBUILT})

@@ -1,0 +1,177 @@
+"""An update's window in the torch GA wrapper: its micro-steps, what they declared, what they weigh.
+
+``steps`` micro-steps make an update. :class:`Window` counts those taken (``position``) and what
+each declared in ``accumulate()`` its mean loss to be a mean over: its samples (``samples=n``)
+or its loss terms (``weight=n``), the same in every micro-step of an update or in none. It gives
+each micro-step its weight through the GA engine
+(:class:`~aikit.runtime.Torch.accumulator.Accumulator`) and the update the factor that turns
+the accumulated sum into the mean, all by :mod:`aikit.core.ga`: nothing declared, each
+micro-step weighs ``1 / micro-steps``; samples, their share ``n / G`` of the global batch
+relative to a *unit* size (even micro-batches cost no multiply; a short window is corrected);
+loss terms, Σ nᵢ·gᵢ / Σ nᵢ with the total summed over the replicas at the update. The wrapper
+starts a new window at every update and saves this one's counts in its ``state_dict``
+(:mod:`aikit.ga.Torch.state`), so a resume mid-update continues identically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from aikit.core.errors import InvalidValue
+from aikit.core.ga import common_size, equal_weight, relative_weight, sample_weight, short_window_factor
+from aikit.core.validate import non_negative_int
+from aikit.runtime.published import latest_plan
+from aikit.runtime.Torch.accumulator import Accumulator
+from aikit.runtime.Torch.gradient_sync import accumulates_out_of_reach
+
+
+class Window:
+    """One update's micro-steps so far, what they declared, and the weights that follow."""
+
+    def __init__(self) -> None:
+        self.position = 0  # micro-steps taken towards the next update
+        self.samples = 0  # samples declared (accumulate(samples=...))
+        self.weighted = 0  # micro-steps that declared their samples or loss terms
+        self.declared: str | None = None  # what they declared: "samples" or "weight" (None: nothing yet)
+        self.unit: int | None = None  # the micro-batch size the weights are relative to
+
+    @classmethod
+    def restored(cls, ga: dict[str, Any]) -> Window:
+        """The window a checked ``state_dict()["ga"]`` saved."""
+        window = cls()
+        window.position, window.samples, window.weighted, window.unit = (ga["position"], ga["samples"],
+                                                                         ga["weighted"], ga["unit"])
+        window.declared = "weight" if ga.get("terms") is not None else "samples" if ga["weighted"] else None
+        return window
+
+    # --- a micro-step ----------------------------------------------------------------------------
+    def declaration(self, samples: Any, weight: Any, reduction: str) -> tuple[str | None, int | None]:
+        """What a micro-step declares (``"samples"``, ``"weight"`` or None) and its samples,
+        checked against each other, the update's earlier micro-steps and the ``reduction``."""
+        declared = "weight" if weight is not None else "samples" if samples is not None else None
+        if samples is not None and weight is not None:
+            raise InvalidValue(
+                f"accumulate() got samples={samples} and weight={weight}: a micro-batch's mean loss is a mean over "
+                "its samples (samples=) or over its loss terms, such as tokens (weight=), not both"
+            )
+        if declared is not None and self.declared not in (None, declared):
+            raise InvalidValue(
+                f"this micro-step declares {declared}=, but the update's earlier ones declared {self.declared}=: "
+                "declare the same in every micro-step of an update"
+            )
+        if samples is not None:
+            samples = non_negative_int(samples, "samples")
+        if reduction == "sum" and declared == "samples":
+            raise InvalidValue(
+                f"accumulate(samples={samples}) weighs a mean loss's micro-batch by its share of the global "
+                "batch, but this optimizer sums the micro-batch gradients (reduction='sum'), where a summed "
+                "loss already counts its samples: leave out samples=, or use reduction='mean' with a mean loss"
+            )
+        if reduction == "sum" and declared == "weight":
+            raise InvalidValue(
+                f"accumulate(weight={weight}) weighs a mean loss's micro-batch by its loss terms, but this optimizer "
+                "sums the micro-batch gradients (reduction='sum'), where a summed loss already counts its terms: "
+                "leave out weight=, or use reduction='mean' with a mean loss"
+            )
+        return declared, samples
+
+    def weighing(self, engine: Accumulator, model: torch.nn.Module | None, samples: int | None, weight: Any, *,
+                 global_batch_size: int | None, parts: int, fold: bool,
+                 start_sum: bool) -> contextlib.AbstractContextManager:
+        """The context in which a micro-step's backward of ``model`` takes its declared weight.
+
+        ``weight`` loss terms: counted, and applied at the model's outputs; ``start_sum`` starts
+        their sum over the replicas now (before the update's last backward, which it overlaps).
+        ``samples``: weighed relative to the unit, which the update's first such micro-step
+        fixes from the global batch split in ``parts``; folded into ``.grad`` where ``fold`` (not
+        where DDP syncs this backward), at the model's outputs where the gradients accumulate
+        out of the optimizer's reach (FSDP2)."""
+        if weight is not None:
+            weighing = engine.count_terms(model, weight)
+            if start_sum:
+                engine.start_terms_sum()  # it overlaps the last backward
+            return weighing
+        if self.unit is None:
+            self.unit = common_size(_global_batch(global_batch_size, samples), parts)
+        factor = relative_weight(samples, self.unit)
+        if accumulates_out_of_reach(model):  # FSDP2: the gradients accumulate unsharded, not in .grad
+            return contextlib.nullcontext() if factor is None else engine.outputs.applied(model, factor)
+        engine.weigh_next(factor, fold=fold)
+        return contextlib.nullcontext()
+
+    def declare(self, declared: str, samples: int | None) -> None:
+        """Count a micro-step that declared ``declared`` (and its ``samples``, if those)."""
+        self.samples += samples or 0
+        self.weighted += 1
+        self.declared = declared
+
+    # --- the update ------------------------------------------------------------------------------
+    def scale(self, engine: Accumulator, *, reduction: str, reducing: bool, world: int, short: bool,
+              global_batch_size: int | None) -> float | torch.Tensor:
+        """What multiplies the accumulated gradient at this window's update.
+
+        ``reducing``: the wrapper sums the replicas' gradients at the update, with the samples
+        and loss terms they counted in the same all-reduce; else DDP or FSDP2 average them over
+        the ``world``. ``short``: ``flush()`` ends the window before its ``steps``. Refused,
+        the gradients cleared, where the micro-steps' declarations do not add up to the update."""
+        if self.weighted not in (0, self.position):
+            _refuse(engine, f"only {self.weighted} of the {self.position} micro-steps of this update declared "
+                            f"{self.declared}= in accumulate(): declare them in every micro-step or in none")
+        averaging = 1 if reducing else world  # DDP and FSDP2 average over the processes; reducing sums
+        if self.declared == "weight":
+            return engine.terms_scale(_summed_terms(engine, world, reducing), averaging)
+        samples = self.samples
+        if reducing and world > 1:
+            (samples,) = engine.reduce([float(samples)])
+            samples = round(samples)
+        if not self.weighted:  # reducing, the replicas' sum is divided by the world; DDP averages it itself
+            return equal_weight(self.position, reduction, world, averaging)
+        total = _global_batch(global_batch_size, samples)
+        # reducing, the samples are summed with the gradients: a short window (an epoch's last)
+        # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
+        seen = reducing or world == 1  # the samples counted are every replica's
+        if (samples > total and seen) or (world == 1 and not reducing and not short and samples != total):
+            _refuse(engine, f"the {self.position} micro-batches of this update held {samples} samples, but "
+                            f"global_batch_size is {total}: feed exactly that many per update, or call "
+                            "optimizer.flush() after an epoch's last, shorter window")
+        scale = sample_weight(self.unit, total, averaging)
+        if samples != total and seen:
+            scale *= short_window_factor(total, samples)
+        return scale
+
+
+def _global_batch(global_batch_size: int | None, samples: int) -> int:
+    """The samples of an update: the wrapper's ``global_batch_size``, else the plan
+    ``aikit.elastic.Torch.init`` published (``samples``: the declaration that needs it)."""
+    if global_batch_size is not None:
+        return global_batch_size
+    plan = latest_plan()
+    if plan is None:
+        raise InvalidValue(
+            f"accumulate(samples={samples}) weighs the micro-batch by samples / global batch, but "
+            "no global batch is known: pass Optimizer(..., global_batch_size=G) or call "
+            "aikit.elastic.Torch.init(G, max_device_batch) first"
+        )
+    return plan.global_batch_size
+
+
+def _summed_terms(engine: Accumulator, world: int, reducing: bool) -> int | float | torch.Tensor:
+    """This update's loss terms over every replica: with the gradients in the update's own
+    all-reduce (reducing), from the sum started before the last backward (DDP, FSDP2), or
+    this process's alone."""
+    if world == 1:
+        return engine.take_terms()
+    if reducing:
+        (total,) = engine.reduce([engine.take_terms()])
+        return total
+    return engine.take_terms(summed=True)
+
+
+def _refuse(engine: Accumulator, message: str) -> None:
+    """Refuse the update: nothing is applied, the accumulated gradients are cleared."""
+    engine.discard()
+    engine.optimizer.zero_grad()
+    raise InvalidValue(message)
