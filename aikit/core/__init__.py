@@ -16,6 +16,7 @@ sys.modules[f"{__name__}.windows"] = _plan
 
 _HOME = {
     "EpochSchedule": "schedule",
+    "LRPolicy": "lr_policy",
     "Plan": "plan",
     "Schedule": "schedule",
     "Trace": "trace",
