@@ -8,7 +8,7 @@ the policy's ``adascale`` rule uses too), from the gradient noise measured in ea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, update_estima
 from aikit.elastic.Torch.eth_easl import EthEaslOptimizer, adascale_line
 from aikit.elastic.Torch.trace_optim import mean_sq_norms
 from aikit.runtime.Torch.noise import MicroBatchNorms
+
+if TYPE_CHECKING:
+    from aikit.elastic.Torch.sampler import CustomSampler
 
 __all__ = ["AdaScaleOptimizer"]
 
@@ -46,8 +49,9 @@ class AdaScaleOptimizer(EthEaslOptimizer):
     takes_weights = False  # its gradient noise is measured from equal micro-batch means
     _extra_keys = ("adascale",)
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: Any = None, log_steps: int | None = None,
-                 ref_batch_size: int | None = None, *, decay: float = 0.99, **options: Any):
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 log_steps: int | None = None, ref_batch_size: int | None = None, *, decay: float = 0.99,
+                 **options: Any):
         if options.get("warmup_steps"):
             raise InvalidValue("AdaScaleOptimizer has no warmup: the gain sets the LR from the measured noise")
         if ref_batch_size is None and options.get("ref_batchsize") is None:

@@ -29,7 +29,7 @@ import math
 import warnings
 from collections.abc import Callable
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from aikit.core.schedule import EpochSchedule, seed_value
 from aikit.core.trace import load_trace, multiple_problems
 from aikit.core.validate import aliased, checked_float, index_in, positive_int
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
+
+if TYPE_CHECKING:  # CustomSampler inherits EthEaslSampler from here
+    from aikit.elastic.Torch.sampler import CustomSampler
 
 # ElasticState records each kept object's class as "module.qualname" (a trace optimizer's with the
 # optimizer it wraps) and refuses a restore whose class differs. These classes moved when the trace
@@ -227,10 +230,11 @@ class EthEaslOptimizer(EthEaslNames, TraceOptimizer):
     rule = "linear"
     per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: Any = None, ref_batch_size: int | None = None,
-                 log_steps: int | None = None, *, warmup_steps: int = 0, broadcast: bool = True,
-                 max_grad_norm: float | None = None, scaler: Any = None, log_format: str = "eth-easl",
-                 lr_decay: Callable[[int], float] | None = None, ref_batchsize: int | None = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 ref_batch_size: int | None = None, log_steps: int | None = None, *, warmup_steps: int = 0,
+                 broadcast: bool = True, max_grad_norm: float | None = None, scaler: Any = None,
+                 log_format: str = "eth-easl", lr_decay: Callable[[int], float] | None = None,
+                 ref_batchsize: int | None = None):
         name = type(self).__name__
         if log_format not in LOG_FORMATS:
             raise InvalidValue(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
@@ -260,27 +264,24 @@ class EthEaslOptimizer(EthEaslNames, TraceOptimizer):
         return [f"    CustomOptimizer: Step={step}, bs={batch}, lr={lr}"]
 
 
+# eth-easl's names for the one trace optimizer with a rule (SeesawOptimizer is aikit's, in the same family):
 class LinearRuleOptimizer(EthEaslOptimizer):
-    """``TraceOptimizer(rule="linear")``: the LR proportional to the global batch (Goyal et al., 2017), for SGD."""
+    """``TraceOptimizer(rule="linear")``: the LR proportional to the global batch (Goyal et al., 2017): for SGD."""
     rule = "linear"
 
 
 class RootRuleOptimizer(EthEaslOptimizer):
-    """``TraceOptimizer(rule="sqrt")``: the LR proportional to the square root of the global batch (Malladi
-    et al., 2022), for Adam."""
+    """``TraceOptimizer(rule="sqrt")``: the LR proportional to the batch's square root (Malladi et al., 2022)."""
     rule = "sqrt"
 
 
 class SeesawOptimizer(EthEaslOptimizer):
-    """``TraceOptimizer(rule="seesaw")``, Seesaw (Meterez et al., 2025): the LR ``base x lr_decay(samples) x
-    sqrt(B / ref_batch_size)`` over a trace of :func:`aikit.core.ramp.seesaw_schedule` made from the same
-    ``lr_decay``: where the decay halves the LR, the trace doubles the batch and the LR falls by ``1/sqrt(2)``."""
+    """``TraceOptimizer(rule="seesaw")`` (Meterez et al., 2025): ``base x lr_decay(samples) x sqrt(B / ref)``."""
     rule = "seesaw"
 
 
 class ConstantOptimizer(EthEaslOptimizer):
-    """``TraceOptimizer(rule="constant")``: the wrapped optimizer's LR whatever the batch; ``ref_batch_size``
-    is not needed."""
+    """``TraceOptimizer(rule="constant")``: the wrapped optimizer's LR whatever the batch (no ``ref_batch_size``)."""
     rule = "constant"
 
 
@@ -291,8 +292,8 @@ class CustomOptimizer(EthEaslOptimizer):
 
     rule = "constant"
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: Any = None, log_steps: int | None = None,
-                 reduction: str = "mean", **options: Any):
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 log_steps: int | None = None, reduction: str = "mean", **options: Any):
         if reduction not in ("mean", "sum"):
             raise InvalidValue(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         super().__init__(optimizer, sampler, None, log_steps, **options)
@@ -321,8 +322,9 @@ class LinearRuleMomentumOptimizer(EthEaslOptimizer):
     takes_weights = False  # a sum of micro-batch gradients
     _adapted = ("lr", "weight_decay")
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: Any = None, ref_batch_size: int | None = None,
-                 weight_decay: float = 1e-4, log_steps: int | None = None, **options: Any):
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 ref_batch_size: int | None = None, weight_decay: float = 1e-4, log_steps: int | None = None,
+                 **options: Any):
         if options.get("warmup_steps"):
             raise InvalidValue("LinearRuleMomentumOptimizer has no warmup: its LR is the micro-batch's at every step; "
                                "use LinearRuleOptimizer(warmup_steps=...)")

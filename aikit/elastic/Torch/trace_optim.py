@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Sampler
@@ -45,6 +45,9 @@ from aikit.elastic.Torch.trace_state import TraceState
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.collectives import broadcast_gathering_, engine, mark_step, world
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
+
+if TYPE_CHECKING:  # the sampler module inherits eth-easl's names, whose optimizers are built on this one
+    from aikit.elastic.Torch.sampler import CustomSampler
 
 
 def mean_sq_norms(param_groups: list[dict[str, Any]], dtype: torch.dtype, scale: float = 1.0) -> list[float]:
@@ -87,7 +90,8 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
     _decides_while_training = False  # True: follows an AdaptiveSampler, whose epochs grow while training
     _adapted = ("lr",)  # the group settings _adapt() changes for one update, put back after it
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: Any = None, rule: str | Rule = "linear", *,
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 rule: str | Rule = "linear", *,
                  ref_batch_size: int | None = None, warmup_steps: int = 0,
                  lr_decay: Callable[[int], float] | None = None, policy: LRPolicy | None = None,
                  log_steps: int | None = None, broadcast: bool = True, max_grad_norm: float | None = None,
@@ -360,7 +364,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         return f"{type(self).__name__}({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
 
 
-def _checked_sampler(sampler: Any, name: str, decides_while_training: bool) -> Any:
+def _checked_sampler(sampler: object, name: str, decides_while_training: bool) -> CustomSampler:
     """The sampler a trace optimizer follows: a CustomSampler, or the AdaptiveSampler of an
     optimizer that follows batches decided while training."""
     if not (isinstance(sampler, Sampler) and hasattr(sampler, "schedule")):
