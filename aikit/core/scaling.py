@@ -64,7 +64,6 @@ def _sqrt(batch: int, ref_batch_size: int | None, noise: NoiseEstimate | None) -
     return math.sqrt(batch / ref_batch_size)
 
 
-# The registry: adding a rule is one entry here (in the order messages list them).
 RULES: dict[str, Rule] = {rule.name: rule for rule in (
     Rule("adascale", _adascale, measured=True),
     Rule("linear", lambda batch, ref, noise: batch / ref),
@@ -72,6 +71,8 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
     Rule("constant", lambda batch, ref, noise: 1.0, needs_ref=False),
     Rule("seesaw", _sqrt, needs_decay=True),
 )}
+"""The registry of LR rules, by name, in the order messages list them: a rule added here (e.g.
+``Rule("cbrt", lambda batch, ref, noise: (batch / ref) ** (1 / 3))``) is offered by every adapter."""
 
 
 def lr_rule(rule: str | Rule, *, adaptive: bool | None = False) -> Rule:
