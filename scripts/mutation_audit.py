@@ -111,7 +111,7 @@ MUTANTS = [
      "                group.update(values)", "                pass", TRACE_TESTS),
     ("trace: set_epoch restarts a resumed epoch", "aikit/elastic/Torch/trace_optim.py",
      "if not (self._untouched and epoch == self.epoch):", "if True:", TRACE_TESTS),
-    ("trace: load forgets the sampler position", "aikit/elastic/Torch/trace_optim.py",
+    ("trace: load forgets the sampler position", "aikit/elastic/Torch/trace_state.py",
      "        self.sampler.resume(trace[\"epoch\"], trace[\"step\"], trace[\"micro\"])\n", "", TRACE_TESTS),
     ("trace: clipping dropped", "aikit/elastic/Torch/trace_optim.py",
      "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)",

@@ -10,6 +10,7 @@ import importlib
 
 _HOME = {
     "EpochSchedule": "schedule",
+    "LRPolicy": "lr_policy",
     "Plan": "plan",
     "Schedule": "schedule",
     "Trace": "trace",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from aikit.core.errors import InvalidValue
+
 _INT, _HASH = 0, 1
 _WIDTH = 9  # a kind byte, then 8 bytes
 
@@ -33,6 +35,21 @@ def row_length(settings: Mapping[str, object]) -> int:
     return _WIDTH * len(settings)
 
 
+def own_row(settings: Mapping[str, object], rank: int, replicas: int) -> list[float]:
+    """The table ``rank`` adds to a sum over the replicas: its :func:`fingerprint` in its row,
+    zeros in the others' (empty without settings)."""
+    width = row_length(settings)
+    table = [0.0] * (width * replicas)
+    table[rank * width:(rank + 1) * width] = fingerprint(settings)
+    return table
+
+
+def rows_of(table: list[float], replicas: int) -> list[list[int]]:
+    """Every replica's row of a table summed over the replicas (each cell back to its integer)."""
+    width = len(table) // replicas
+    return [[round(value) for value in table[rank * width:(rank + 1) * width]] for rank in range(replicas)]
+
+
 def disagreement(names: list[str], rows: list[list[int]]) -> str | None:
     """None when every replica's row is the same; else what differs, and which ranks hold
     which value, the same text on every replica, e.g. ``seed (rank 0: 7; rank 1: 8)``."""
@@ -48,6 +65,17 @@ def disagreement(names: list[str], rows: list[list[int]]) -> str | None:
             held = "; ".join(f"{_ranks(ranks)}: {shown}" for shown, ranks in values.items())
             differ.append(f"{name} ({held})")
     return ", ".join(differ) if differ else None
+
+
+def check_agreement(names: list[str], rows: list[list[int]]) -> None:
+    """Refuse, on every replica alike, a run whose replicas were given different settings: they
+    would each train their own run, diverge, and fail much later in a collective."""
+    problem = disagreement(names, rows)
+    if problem is not None:
+        raise InvalidValue(
+            f"the replicas were not given the same run; they differ in {problem}: start every worker with the "
+            "same trace, data set, seed and settings (and, resuming, from the same checkpoint)"
+        )
 
 
 def _ranks(ranks: list[int]) -> str:

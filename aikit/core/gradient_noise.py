@@ -169,6 +169,11 @@ class NoiseTracker:
         correction = 1 - self.decay**self.updates
         return NoiseEstimate(grad_sq=self._grad_sq / correction, trace=self._trace / correction)
 
+    @property
+    def measured(self) -> NoiseEstimate | None:
+        """:attr:`smoothed`, or None before the first update (what a rule from the noise reads)."""
+        return self.smoothed if self.updates else None
+
     def state_dict(self) -> dict:
         return {"decay": self.decay, "updates": self.updates, "grad_sq": self._grad_sq, "trace": self._trace}
 

@@ -1,10 +1,16 @@
-"""Learning-rate rules for a batch size that moves.
+"""Learning-rate rules for a batch size that moves: the registry of rules and their arithmetic.
 
-A rule maps a base LR tuned at ``ref_batch_size`` to the LR for a step of ``batch_size``
-samples: ``linear`` (Goyal et al., 2017; for SGD), ``sqrt`` (Malladi et al., 2022; for Adam
-and RMSprop), ``constant``, or ``seesaw`` (Meterez et al., 2025). Warmup follows Goyal et al.:
-over the first ``warmup_steps`` updates the scale factor rises linearly from 1 (the base LR) to
-its full value, so a run that starts at a large batch does not start at a large LR.
+A rule maps a base LR tuned at ``ref_batch_size`` (the reference batch) to the LR of an update of
+``batch_size`` samples by a factor: ``linear`` (Goyal et al., 2017; for SGD), ``sqrt`` (Malladi
+et al., 2022; for Adam and RMSprop), ``constant``, ``seesaw`` (Meterez et al., 2025) or, where
+the gradient noise is measured while training, ``adascale`` (Johnson et al., 2020). Rules are
+values (:class:`Rule`) in one registry, :data:`RULES`: a rule added there is offered by every
+adapter (each asks :class:`aikit.core.lr_policy.LRPolicy`) and named in every message that lists
+the rules.
+
+Warmup follows Goyal et al.: over the first ``warmup_steps`` updates the scale factor rises
+linearly from 1 (the base LR) to its full value, so a run that starts at a large batch does not
+start at a large LR.
 
 An LR *decay* over the samples trained (:func:`cosine_decay`, :func:`step_decay`) multiplies the
 base LR: a schedule clocked by samples, not steps, so runs whose batches differ decay alike at
@@ -13,39 +19,91 @@ Seesaw's batch schedule (:func:`aikit.core.ramp.seesaw_schedule`) doubles the ba
 the LR, ``base x decay x sqrt(B / B0)``, falls by ``1/sqrt(2)`` there; between the halvings a
 cosine decay goes on decaying it.
 
-An adaptive run (the batch picked while training, :mod:`aikit.core.goodput`) may also take
-``adascale``: the base LR times AdaScale's gain of the batch over the base batch, from the
-measured gradient noise (:func:`adaptive_lr`, for the PyTorch and Keras adapters alike).
+**AdaScale** is the base LR times AdaScale's gain of the batch over the reference batch, from the
+smoothed gradient noise (:func:`aikit.core.gradient_noise.gain`; the base LR before a first
+estimate): a rule for an adaptive run (the batch picked while training, :mod:`aikit.core.goodput`),
+which measures the noise, as Seesaw is one for a trace made from its decay.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, gain
 from aikit.core.validate import checked_float, non_negative_int, positive_int
 
-RULES = ("linear", "sqrt", "constant", "seesaw")
-ADAPTIVE_RULES = ("adascale", "linear", "sqrt", "constant")  # seesaw's batches come from its LR decay, not noise
-ALIASES = {"root": "sqrt", "square_root": "sqrt"}
+
+@dataclass(frozen=True, repr=False)
+class Rule:
+    """An LR rule: ``factor(batch, ref_batch_size, noise)`` is how many times the base LR the LR
+    of an update of ``batch`` samples is (``noise``: the smoothed gradient noise, None before a
+    first estimate; read by a measured rule only)."""
+
+    name: str
+    factor: Callable[[int, int | None, NoiseEstimate | None], float]
+    aliases: tuple[str, ...] = ()
+    needs_ref: bool = True  # False: the factor ignores the reference batch, which may be left out
+    needs_decay: bool = False  # an LR decay over samples, from which its trace is made: not for an adaptive run
+    measured: bool = False  # from the gradient noise measured while training: adaptive runs only, not warmed up
+
+    def __repr__(self) -> str:
+        return f"Rule({self.name!r})"
 
 
-def rule_name(rule: str) -> str:
-    """The canonical name of a rule, or a ValueError listing the rules."""
-    name = ALIASES.get(rule, rule)
-    if name not in RULES:
-        raise InvalidValue(f"LR rule must be one of {RULES}, got {rule!r}")
-    return name
+def _adascale(batch: int, ref_batch_size: int | None, noise: NoiseEstimate | None) -> float:
+    if noise is None or batch == ref_batch_size:
+        return 1.0
+    return gain(noise.trace, noise.grad_sq, batch, ref_batch_size)
 
 
-def scale_factor(batch_size: int, ref_batch_size: int, rule: str = "linear") -> float:
+def _sqrt(batch: int, ref_batch_size: int | None, noise: NoiseEstimate | None) -> float:
+    return math.sqrt(batch / ref_batch_size)
+
+
+RULES: dict[str, Rule] = {rule.name: rule for rule in (
+    Rule("adascale", _adascale, measured=True),
+    Rule("linear", lambda batch, ref, noise: batch / ref),
+    Rule("sqrt", _sqrt, aliases=("root", "square_root")),
+    Rule("constant", lambda batch, ref, noise: 1.0, needs_ref=False),
+    Rule("seesaw", _sqrt, needs_decay=True),
+)}
+"""The registry of LR rules, by name, in the order messages list them: a rule added here (e.g.
+``Rule("cbrt", lambda batch, ref, noise: (batch / ref) ** (1 / 3))``) is offered by every adapter."""
+
+
+def lr_rule(rule: str | Rule, *, adaptive: bool | None = False) -> Rule:
+    """The rule named ``rule`` (or an alias of it; a :class:`Rule` as it is), where it is offered:
+    a trace given in advance (``adaptive=False``: not a measured rule), an adaptive run (``True``:
+    no rule that needs an LR decay), or either (``None``); else an error listing those rules."""
+    def offered(found: Rule) -> bool:
+        return adaptive is None or not (found.needs_decay if adaptive else found.measured)
+
+    chosen = rule if isinstance(rule, Rule) else next(
+        (found for found in RULES.values() if isinstance(rule, str) and rule in (found.name, *found.aliases)), None)
+    if chosen is None or not offered(chosen):
+        names = tuple(found.name for found in RULES.values() if offered(found))
+        raise InvalidValue(f"LR rule must be one of {names}, got {rule!r}")
+    return chosen
+
+
+def rule_name(rule: str | Rule) -> str:
+    """The canonical name of a rule for a trace, or a ValueError listing the rules."""
+    return lr_rule(rule).name
+
+
+def adaptive_rule_name(rule: str | Rule) -> str:
+    """The canonical name of an adaptive run's rule, or a ValueError listing the rules."""
+    return lr_rule(rule, adaptive=True).name
+
+
+def scale_factor(batch_size: int, ref_batch_size: int, rule: str | Rule = "linear") -> float:
     """How much larger the LR for ``batch_size`` is than the LR tuned at ``ref_batch_size``."""
-    ratio = positive_int(batch_size, "batch_size") / positive_int(ref_batch_size, "ref_batch_size")
-    return {"linear": ratio, "sqrt": math.sqrt(ratio), "seesaw": math.sqrt(ratio), "constant": 1.0}[rule_name(rule)]
+    batch, ref = positive_int(batch_size, "batch_size"), positive_int(ref_batch_size, "ref_batch_size")
+    return lr_rule(rule).factor(batch, ref, None)
 
 
 def warmup_fraction(step: int, warmup_steps: int) -> float:
@@ -54,42 +112,42 @@ def warmup_fraction(step: int, warmup_steps: int) -> float:
     return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
 
 
-def scaled_lr(
-    base_lr: float,
-    batch_size: int,
-    ref_batch_size: int,
-    rule: str = "linear",
-    step: int = 0,
-    warmup_steps: int = 0,
-    decay: float = 1.0,
-) -> float:
-    """The LR for update ``step`` at ``batch_size``: the rule's factor, ramped in by warmup, of
-    ``base_lr`` times ``decay`` (an LR decay's value at the samples trained before the update)."""
+def rule_lr(base_lr: float, batch_size: int, ref_batch_size: int | None, rule: Rule, step: int = 0,
+            warmup_steps: int = 0, decay: float = 1.0, noise: NoiseEstimate | None = None) -> float:
+    """The LR of update ``step`` at ``batch_size``, the one formula every LR of an update comes
+    from: ``base_lr`` times ``decay`` (an LR decay's value at the samples trained before the
+    update) times ``rule``'s factor, ramped in from 1 over ``warmup_steps`` updates (a measured
+    rule's gain is not: it starts at 1 and follows the ``noise``)."""
     _check_lr(base_lr)
     checked_float(decay, "decay", "a multiplier in [0, 1]", lambda value: 0 <= value <= 1)
-    factor = scale_factor(batch_size, ref_batch_size, rule)
-    fraction = warmup_fraction(step, warmup_steps)
+    batch = positive_int(batch_size, "batch_size")
+    ref = None if ref_batch_size is None and not rule.needs_ref else positive_int(ref_batch_size, "ref_batch_size")
+    factor = rule.factor(batch, ref, noise)
+    fraction = 1.0 if rule.measured else warmup_fraction(step, warmup_steps)
     base = base_lr if decay == 1 else base_lr * decay
     if fraction == 1.0:  # exactly the rule's LR (1 + (f - 1) would round f in its last bit)
         return base * factor
     return base * (1.0 + (factor - 1.0) * fraction)
 
 
-def adaptive_rule_name(rule: str) -> str:
-    """The canonical name of an adaptive run's rule: ``adascale`` or one of :data:`RULES`."""
-    if rule == "adascale":
-        return rule
-    try:
-        return rule_name(rule)
-    except ValueError:
-        raise InvalidValue(f"LR rule must be one of {ADAPTIVE_RULES}, got {rule!r}") from None
+def scaled_lr(
+    base_lr: float,
+    batch_size: int,
+    ref_batch_size: int,
+    rule: str | Rule = "linear",
+    step: int = 0,
+    warmup_steps: int = 0,
+    decay: float = 1.0,
+) -> float:
+    """The LR for update ``step`` at ``batch_size`` of a trace's rule: :func:`rule_lr`."""
+    return rule_lr(base_lr, batch_size, ref_batch_size, lr_rule(rule), step, warmup_steps, decay)
 
 
 def adaptive_lr(
     base_lr: float,
     batch_size: int,
     ref_batch_size: int,
-    rule: str,
+    rule: str | Rule,
     noise: NoiseEstimate | None,
     step: int = 0,
     warmup_steps: int = 0,
@@ -98,12 +156,8 @@ def adaptive_lr(
     AdaScale's gain over ``ref_batch_size`` from the smoothed ``noise`` (``base_lr`` itself at
     ``ref_batch_size`` or before a first estimate); otherwise :func:`scaled_lr` of the rule (with
     its warmup)."""
-    if adaptive_rule_name(rule) != "adascale":
-        return scaled_lr(base_lr, batch_size, ref_batch_size, rule, step, warmup_steps)
-    _check_lr(base_lr)
-    if noise is None or batch_size == ref_batch_size:
-        return base_lr
-    return base_lr * gain(noise.trace, noise.grad_sq, batch_size, ref_batch_size)
+    return rule_lr(base_lr, batch_size, ref_batch_size, lr_rule(rule, adaptive=True), step, warmup_steps,
+                   noise=noise)
 
 
 def _check_lr(base_lr: float) -> None:

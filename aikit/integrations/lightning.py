@@ -6,7 +6,7 @@ gives, so a ``LightningModule`` trains as the same loop written by hand would:
 * :class:`ElasticPlan`: :func:`aikit.elastic.Torch.init`'s plan for the Trainer's devices
   becomes ``trainer.accumulate_grad_batches`` and the module's ``batch_size``;
 * :class:`TraceBatchSize`: the global batch follows a trace (a
-  :class:`~aikit.elastic.Torch.CustomSampler` feeds the loader, a trace optimizer scales the LR);
+  :class:`~aikit.elastic.Torch.CustomSampler` feeds the loader, the trace optimizer scales the LR);
 * :class:`AutoLRSCallback` (also importable as ``AutoLRS``, its first name): :class:`aikit.autolrs.Torch.AutoLRS`
   after every optimizer step.
 """
@@ -23,13 +23,12 @@ from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_set
 import aikit.autolrs.Torch
 import aikit.elastic.Torch
 from aikit.core.errors import InvalidValue
+from aikit.core.lr_policy import LRPolicy
 from aikit.core.plan import Plan, checked_max_device_batch, nearest_even_batches
-from aikit.core.validate import aliased
-from aikit.elastic.Torch import ConstantOptimizer, CustomSampler, LinearRuleOptimizer, RootRuleOptimizer
+from aikit.elastic.Torch import CustomSampler, TraceOptimizer
+from aikit.elastic.Torch.eth_easl import ref_batch_size_named
 
 __all__ = ["AutoLRS", "AutoLRSCallback", "ElasticPlan", "TraceBatchSize"]
-
-TRACE_OPTIMIZERS = {"linear": LinearRuleOptimizer, "sqrt": RootRuleOptimizer, "constant": ConstantOptimizer}
 
 
 class ElasticPlan(Callback):
@@ -103,13 +102,16 @@ class ElasticPlan(Callback):
 
 
 class TraceBatchSize(Callback):
-    """The global batch follows ``sampler``'s trace; the LR follows ``rule`` (``"linear"``,
-    ``"sqrt"`` or ``"constant"``) against ``ref_batch_size``, the global batch the LR was tuned
-    for (``ref_batchsize=``, eth-easl's name, says the same).
+    """The global batch follows ``sampler``'s trace; the LR follows ``rule`` (a rule of
+    :data:`aikit.core.scaling.RULES` for a trace: ``"linear"``, ``"sqrt"``, ``"constant"``,
+    ``"seesaw"``, ...) against ``ref_batch_size``, the global batch the LR was tuned for
+    (``ref_batchsize=``, eth-easl's name, says the same), with ``warmup_steps`` and an
+    ``lr_decay`` over the samples trained (``"seesaw"`` needs one): an
+    :class:`~aikit.core.lr_policy.LRPolicy`, checked here.
 
     Build the train loader with ``DataLoader(dataset, batch_sampler=sampler)``; at
-    ``on_fit_start`` the module's one optimizer is wrapped in the matching trace optimizer
-    (:class:`~aikit.elastic.Torch.LinearRuleOptimizer` and its siblings), which accumulates the
+    ``on_fit_start`` the module's one optimizer is wrapped in a
+    :class:`~aikit.elastic.Torch.TraceOptimizer` with that policy, which accumulates the
     micro-batches of each trace step and makes one update at the step's scaled LR. Lightning
     then counts micro-batches as its ``global_step`` (``max_steps`` too); the trace optimizer's
     ``updates`` counts updates. One process only: under Lightning's DDP every micro-batch's
@@ -118,16 +120,14 @@ class TraceBatchSize(Callback):
     """
 
     def __init__(self, sampler: CustomSampler, ref_batch_size: int | None = None, rule: str = "linear",
-                 *, warmup_steps: int = 0, log_steps: int | None = None, ref_batchsize: int | None = None):
-        if rule not in TRACE_OPTIMIZERS:
-            raise InvalidValue(f"rule must be one of {tuple(TRACE_OPTIMIZERS)}, got {rule!r}")
+                 *, warmup_steps: int = 0, log_steps: int | None = None, ref_batchsize: int | None = None,
+                 lr_decay: Callable[[int], float] | None = None):
+        ref, ref_name = ref_batch_size_named(ref_batch_size, ref_batchsize)
+        self.policy = LRPolicy(rule, ref, warmup_steps, lr_decay, user="TraceBatchSize", ref_name=ref_name)
         if not isinstance(sampler, CustomSampler):
             raise InvalidValue(f"TraceBatchSize needs the CustomSampler that feeds the train loader, got {sampler!r}")
-        self.sampler, self.rule = sampler, rule
-        # the name written goes on to the trace optimizer, whose messages then name it
-        self.ref_batch_size, self._ref_name = aliased(ref_batch_size, ref_batchsize, "ref_batch_size", "ref_batchsize",
-                                                      "eth-easl")
-        self.warmup_steps, self.log_steps = warmup_steps, log_steps
+        self.sampler, self.rule, self.ref_batch_size = sampler, self.policy.rule.name, ref
+        self.log_steps = log_steps
         self.optimizer = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -146,9 +146,7 @@ class TraceBatchSize(Callback):
             raise InvalidValue(f"TraceBatchSize wraps one optimizer, the module configured {len(trainer.optimizers)}")
         inner = trainer.optimizers[0]
         if self.optimizer is None or self.optimizer.optimizer is not inner:
-            self.optimizer = TRACE_OPTIMIZERS[self.rule](
-                inner, self.sampler, log_steps=self.log_steps, warmup_steps=self.warmup_steps,
-                **{self._ref_name: self.ref_batch_size})
+            self.optimizer = TraceOptimizer(inner, self.sampler, policy=self.policy, log_steps=self.log_steps)
         trainer.strategy.optimizers = [self.optimizer]
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:

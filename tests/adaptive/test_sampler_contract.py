@@ -12,7 +12,7 @@ import torch
 from adaptive_common import Clock, adaptive_pair, dataset, make_model, train
 
 from aikit.elastic.Torch import AdaptiveSampler, CustomSampler, LinearRuleOptimizer
-from aikit.elastic.Torch.sampler import latest_sampler
+from aikit.elastic.Torch.eth_easl import latest_sampler
 
 MICRO, BASE, MAX = 4, 8, 64
 

@@ -17,6 +17,7 @@ lightning = pytest.importorskip("lightning")
 import lightning.pytorch as pl  # noqa: E402
 
 from aikit.autolrs.Torch import AutoLRS as TorchAutoLRS  # noqa: E402
+from aikit.core.scaling import RULES, Rule, cosine_decay  # noqa: E402
 from aikit.elastic.Torch import CustomSampler  # noqa: E402
 from aikit.integrations.lightning import AutoLRS, AutoLRSCallback, ElasticPlan, TraceBatchSize  # noqa: E402
 
@@ -115,6 +116,29 @@ def test_trace_batch_size_equals_big_batch_steps_at_the_scaled_lr():
             lrs.append(0.1 * len(indices) / 32)
     assert callback.optimizer.updates == len(batches) >= 6
     assert_same_weights(module.net, big_batch_sgd(batches, lrs))
+
+
+def test_trace_batch_size_offers_every_rule_of_the_registry(monkeypatch):
+    """A rule added to aikit.core.scaling.RULES trains through the callback without touching it
+    (its updates the big-batch steps at that rule's LR), and the refusal lists it."""
+    monkeypatch.setitem(RULES, "cbrt", Rule("cbrt", lambda batch, ref, noise: (batch / ref) ** (1 / 3)))
+    x, y = data()
+    trace = [32, 64, 32, 16, 64]
+    sampler = CustomSampler(len(y), trace, num_replicas=1, rank=0, micro_batch=16, when_exhausted="cycle")
+    module = Module(DataLoader(TensorDataset(x, y), batch_sampler=sampler))
+    callback = TraceBatchSize(sampler, 32, rule="cbrt", warmup_steps=2)
+    trainer([callback], max_epochs=1).fit(module)
+    schedule = sampler.schedule.epoch(0)
+    batches = [torch.cat([torch.as_tensor(m) for m in schedule.micro_batches(step, 0)])
+               for step in range(len(schedule))]
+    lrs = [0.1 * (1 + ((len(b) / 32) ** (1 / 3) - 1) * min(1.0, (u + 1) / 2)) for u, b in enumerate(batches)]
+    assert callback.optimizer.policy.rule is RULES["cbrt"] and callback.optimizer.updates == len(batches) == 3
+    assert_same_weights(module.net, big_batch_sgd(batches, lrs))
+    with pytest.raises(ValueError, match=r"one of \('linear', 'sqrt', 'constant', 'seesaw', 'cbrt'\), got 'cube'"):
+        TraceBatchSize(sampler, 32, rule="cube")
+    with pytest.raises(ValueError, match=r"^TraceBatchSize needs lr_decay, the LR decay over samples its trace"):
+        TraceBatchSize(sampler, 32, rule="seesaw")
+    assert TraceBatchSize(sampler, 32, rule="seesaw", lr_decay=cosine_decay(1000)).rule == "seesaw"
 
 
 def test_trace_batch_size_refuses_lightning_accumulation():

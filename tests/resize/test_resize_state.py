@@ -25,10 +25,9 @@ from resize_common import (
 )
 
 from aikit.core.trace import Trace
-from aikit.elastic.Torch import checkpoint
+from aikit.elastic.Torch import LinearRuleOptimizer, checkpoint
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
-from aikit.elastic.Torch.trace_optim import LinearRuleOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
 

@@ -15,10 +15,9 @@ import torch
 from resize_common import MINIBATCH, REF_BATCH, SEED, N, make_model, make_sgd, trace
 
 from aikit.core.errors import CommitError, InvalidValue
-from aikit.elastic.Torch import checkpoint
+from aikit.elastic.Torch import LinearRuleOptimizer, checkpoint
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
-from aikit.elastic.Torch.trace_optim import LinearRuleOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
 

@@ -8,7 +8,8 @@ run goes (Pollux/AdaptDL's adaptive batch, in Keras). The algorithm is
 permutation ``fit_trace`` uses, updates take consecutive samples of it and never straddle two
 epochs, an epoch's last update takes the largest batch of what is left that splits evenly over
 the replicas), how updates are timed (:class:`~aikit.core.adaptive.UpdateClock`), and each
-update's LR, history row and decision (:class:`~aikit.core.adaptive.AdaptiveRun`).
+update's history row and decision (:class:`~aikit.core.adaptive.AdaptiveRun`); each update's LR is
+its :class:`~aikit.core.lr_policy.LRPolicy`'s, as PyTorch's.
 
 What is Keras' here: before each update the GA optimizer's ``steps`` and the LR are set as
 variables (no retracing), and every micro-step is one ``train_on_batch`` with each replica on its
@@ -38,6 +39,7 @@ from aikit.core import adaptive
 from aikit.core.adaptive import AdaptiveRun, AdaptiveSchedule, UpdateClock, update_timing
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.goodput import GoodputController
+from aikit.core.lr_policy import LRPolicy
 from aikit.core.trace import Trace
 from aikit.ga.TF.noise import NoiseOptimizer
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
@@ -98,13 +100,14 @@ def fit_adaptive(
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     _check(controller, replicas, x, y)
     run = AdaptiveRun(AdaptiveSchedule(len(x), controller, seed, shuffle, hold_after=hold_after), rule)
+    policy = LRPolicy(run.rule, controller.ref_batch_size, adaptive=True, user="fit_adaptive")
     first = run.schedule.resume_recorded()
     update_clock = UpdateClock(clock)
     compiled: set[int] = set()  # micro-batch sizes run so far: the first update at a new one may compile
     for epoch in range(first, first + epochs):
         step = 0
         while step < len(run.schedule.epoch(epoch)):  # the epoch's updates, each decided after the one before
-            _train_one_update(keras_model, optimizer, x, y, run, update_clock, compiled, epoch, step, base_lr,
+            _train_one_update(keras_model, optimizer, x, y, run, update_clock, compiled, epoch, step, policy, base_lr,
                               verbose)
             step += 1
         left = len(x) - run.schedule.epoch(epoch).samples
@@ -149,14 +152,15 @@ def _check(controller: GoodputController, replicas: int, x: np.ndarray, y: np.nd
 
 
 def _train_one_update(keras_model: Any, optimizer: NoiseOptimizer, x: np.ndarray, y: np.ndarray, run: AdaptiveRun,
-                      update_clock: UpdateClock, compiled: set[int], epoch: int, step: int, base_lr: float,
-                      verbose: bool) -> None:
-    """Update ``step`` of ``epoch`` at the run's LR for its batch; then what it measured goes to
+                      update_clock: UpdateClock, compiled: set[int], epoch: int, step: int, policy: LRPolicy,
+                      base_lr: float, verbose: bool) -> None:
+    """Update ``step`` of ``epoch`` at the policy's LR for its batch (from the noise measured so
+    far: AdaScale's gain); then what it measured goes to
     the controller, whose decision the next update follows. Marks the clock before each
     micro-step: the update's own work runs inside the last one."""
     plan = run.schedule.epoch(epoch)
     batch, micro, steps = int(plan.batch_sizes[step]), plan.micro_size(step), int(plan.micro_steps[step])
-    lr = run.lr(base_lr, batch)
+    lr = policy.lr(base_lr, batch, noise=run.controller.noise.measured)
     losses = train_update(keras_model, optimizer, x, y, plan, step, lr, update_clock.micro_step)
     timing = update_timing(update_clock.measure(timed=micro in compiled))  # a new shape may have compiled
     compiled.add(micro)

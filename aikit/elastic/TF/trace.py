@@ -5,8 +5,9 @@ fixed-size micro-batches to the replicas; this module feeds them to Keras. Every
 is one ``train_on_batch`` of ``micro_batch`` samples per replica (static shapes, no
 retracing); the GA optimizer's ``steps`` and the wrapped optimizer's learning rate are set,
 as variables, before each update: ``steps`` to the step's micro-batches per replica and the
-LR by :func:`aikit.core.scaling.scaled_lr` (linear, sqrt or constant rule, optional warmup).
-So one update equals one step on the trace's global batch at the rule's LR.
+LR by :class:`aikit.core.lr_policy.LRPolicy`, the policy the torch trace optimizers ask (a rule of
+:data:`aikit.core.scaling.RULES`, warmup, an LR decay over samples). So one update equals one step
+on the trace's global batch at the rule's LR.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from aikit.core.errors import InvalidValue
-from aikit.core.scaling import adaptive_rule_name, rule_name, scaled_lr
+from aikit.core.lr_policy import LRPolicy
+from aikit.core.scaling import lr_rule
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
 from aikit.core.validate import aliased
@@ -67,22 +69,18 @@ def fit_trace(
     keras_model, optimizer = compiled_for(model, Optimizer, "fit_trace",
                                           "aikit.ga.TF.optimizers.Optimizer(optimizer, steps)")
     if learning_rates is None:
-        if rule == "adascale":
+        if lr_rule(rule, adaptive=None).measured:
             raise InvalidValue(
-                "rule='adascale' needs the LRs of the run it replays (AdaScale's gain comes from the gradient "
+                f"rule={rule!r} needs the LRs of the run it replays (AdaScale's gain comes from the gradient "
                 "noise that run measured, which a batch trace does not hold): pass "
                 "learning_rates=[row['lr'] for row in rows], the rows fit_adaptive returned"
             )
-        rule = rule_name(rule)
+        policy = LRPolicy(rule, ref_batch_size, warmup_steps, lr_decay, user=f"rule={rule!r}")
     else:
-        rule = adaptive_rule_name(rule)
-    if lr_decay is not None and (learning_rates is not None or not callable(lr_decay)):
-        raise InvalidValue("lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
-                           f"step_decay), and not given with learning_rates (those are every step's LR); got "
-                           f"{lr_decay!r:.60}")
-    if rule == "seesaw" and lr_decay is None:
-        raise InvalidValue("rule='seesaw' needs lr_decay, the LR decay over samples its trace was made from "
-                           "(aikit.core.ramp.seesaw_schedule's decay)")
+        lr_rule(rule, adaptive=None)  # the rule of the run whose LRs these are
+        if lr_decay is not None:
+            raise InvalidValue(f"lr_decay is not given with learning_rates (those are every step's LR); got "
+                               f"{lr_decay!r:.60}")
     if len(x) != len(y):
         raise InvalidValue(f"x has {len(x)} samples but y has {len(y)}")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
@@ -101,9 +99,8 @@ def fit_trace(
             batch_size = int(plan.batch_sizes[step])
             update = plan.first_step + step
             if learning_rates is None:
-                decay = 1.0 if lr_decay is None else float(lr_decay(schedule.trace.samples_before(update)))
-                lr = scaled_lr(base_lr, batch_size, ref_batch_size, rule, step=update, warmup_steps=warmup_steps,
-                               decay=decay)
+                samples = schedule.trace.samples_before(update) if policy.decays else 0
+                lr = policy.lr(base_lr, batch_size, update, samples)
             else:
                 lr = float(learning_rates[update])
             losses = train_update(keras_model, optimizer, x, y, plan, step, lr)

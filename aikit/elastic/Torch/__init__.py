@@ -17,18 +17,18 @@ from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.plan import Plan, checked_max_device_batch, devices_here, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
-from aikit.elastic.Torch.resize import ElasticState
-from aikit.elastic.Torch.sampler import CustomSampler
-from aikit.elastic.Torch.trace_optim import (
-    AdaScaleOptimizer,
+from aikit.elastic.Torch.adascale import AdaScaleOptimizer
+from aikit.elastic.Torch.eth_easl import (
     ConstantOptimizer,
     CustomOptimizer,
     LinearRuleMomentumOptimizer,
     LinearRuleOptimizer,
     RootRuleOptimizer,
     SeesawOptimizer,
-    TraceOptimizer,
 )
+from aikit.elastic.Torch.resize import ElasticState
+from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.runtime.moved import keep_old_paths
 from aikit.runtime.published import PUBLIC, publish
 from aikit.runtime.Torch import distributed, spmd

@@ -43,10 +43,12 @@ from aikit.core.adaptive import AdaptiveRun, AdaptiveSchedule, UpdateClock, upda
 from aikit.core.autolrs import write_schedule
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.goodput import BatchSplit, GoodputController
-from aikit.core.gradient_noise import update_estimates
+from aikit.core.gradient_noise import NoiseEstimate, update_estimates
+from aikit.core.lr_policy import LRPolicy
 from aikit.core.plan import largest_even_batch
 from aikit.core.schedule import EpochSchedule, checked_settings
 from aikit.core.validate import aliased, non_negative_int, positive_int
+from aikit.elastic.Torch.eth_easl import EthEaslNames
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
 from aikit.elastic.Torch.trace_optim import TraceOptimizer, mean_sq_norms
 from aikit.runtime.Torch import distributed
@@ -269,14 +271,15 @@ def _check_bounds(split: BatchSplit, dataset_size: int, **bounds: int | None) ->
                            f"update cannot span epochs; use max_batch <= {largest}")
 
 
-class AdaptiveOptimizer(TraceOptimizer):
+class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
     """Wraps a torch optimizer to train through an :class:`AdaptiveSampler`, measuring the
     gradient noise and letting the sampler's controller pick the next batches.
 
     ``rule`` scales the LR from ``sampler``'s ``ref_batch_size`` to each update's batch:
     ``"adascale"`` (default: AdaScale's gain from the measured noise, Johnson et al. 2020),
-    ``"sqrt"``, ``"linear"`` or ``"constant"`` (:mod:`aikit.core.scaling`). ``clock`` times the
-    updates (seconds). Other arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`.
+    ``"sqrt"``, ``"linear"`` or ``"constant"`` (:data:`aikit.core.scaling.RULES`), through its
+    :class:`~aikit.core.lr_policy.LRPolicy` with the controller's smoothed noise. ``clock`` times
+    the updates (seconds). Other arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`.
     Under torchrun give it the plain model (no DDP): its one all-reduce per update replaces DDP's.
 
     ``history`` holds one row per update (:func:`aikit.core.adaptive.history_row`, as Keras'
@@ -304,16 +307,14 @@ class AdaptiveOptimizer(TraceOptimizer):
         if not isinstance(sampler, AdaptiveSampler):
             raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
         self.run = AdaptiveRun(sampler.schedule, rule)
-        super().__init__(optimizer, sampler, sampler.controller.ref_batch_size, log_steps, warmup_steps=warmup_steps,
-                         broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler)
+        policy = LRPolicy(rule, sampler.controller.ref_batch_size, warmup_steps, adaptive=True,
+                          user="AdaptiveOptimizer")
+        super().__init__(optimizer, sampler, policy=policy, log_steps=log_steps, broadcast=broadcast,
+                         max_grad_norm=max_grad_norm, scaler=scaler)
         self.clock = UpdateClock(clock)
         dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
         self.norms = MicroBatchNorms(self.param_groups, dtype)  # this update's micro-batch gradients' norms
         self._arm()
-
-    @property
-    def rule(self) -> str:
-        return self.run.rule
 
     @property
     def history(self) -> list[dict]:
@@ -398,10 +399,10 @@ class AdaptiveOptimizer(TraceOptimizer):
         timing = update_timing(totals[groups:], self.sampler.num_replicas)
         self.run.record(batch, micro, int(plan.micro_steps[step]), timing, noise)
 
-    def adapt_lr(self) -> None:
-        """Every group's LR for the update's batch by the rule, from its base LR."""
-        batch = self.get_bs()
-        self.set_lr(self.run.lr(lr, batch, self.updates, self.warmup_steps) for lr in self.get_lr())
+    def _noise(self) -> NoiseEstimate | None:
+        """The controller's smoothed noise, which the policy's ``adascale`` gain reads (None before a
+        first estimate)."""
+        return self.controller.noise.measured
 
     def _updated(self, lr: tuple[float, ...]) -> None:
         """The update's history row, the controller's decision and the next batches decided."""

@@ -4,7 +4,9 @@ Every global step of the trace is cut into full micro-batches of ``micro_batch``
 (one static shape, so XLA compiles once) and dealt to the replicas by
 :class:`aikit.core.schedule.Schedule`; this sampler yields this replica's micro-batches, step
 after step. A step that deals this replica nothing yields nothing: the trace optimizer still
-takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`).
+takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`). eth-easl's names
+for it (its argument order, ``minibatch_size``, ``get_epochtrace`` and the rest, its printed
+lines) are :mod:`aikit.elastic.Torch.eth_easl`'s, which it inherits.
 """
 
 from __future__ import annotations
@@ -23,16 +25,10 @@ from torch.utils.data import Sampler
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation, world_problem
-from aikit.core.trace import Trace, load_trace, multiple_problems
-from aikit.core.validate import aliased, checked_bool, index_in
+from aikit.core.trace import Trace, load_trace
+from aikit.core.validate import checked_bool, index_in
+from aikit.elastic.Torch.eth_easl import EthEaslSampler, check_positional, check_verbose, micro_batch_named
 from aikit.runtime.Torch import distributed, spmd
-
-_latest: CustomSampler | None = None
-
-
-def latest_sampler() -> CustomSampler | None:
-    """The CustomSampler created last in this process (eth-easl's variable batch size optimizers take no sampler)."""
-    return _latest
 
 
 def torch_permutation(seed: int, epoch: int, dataset_size: int) -> np.ndarray:
@@ -44,12 +40,10 @@ def torch_permutation(seed: int, epoch: int, dataset_size: int) -> np.ndarray:
     return torch.randperm(dataset_size, generator=generator).numpy()
 
 
-ORDER_HINT = ("CustomSampler's arguments after the trace are seed, num_replicas, rank, minibatch_size, verbose, "
-              "in eth-easl's order; aikit 0.1 took num_replicas third: pass them by keyword")
 PERMUTATIONS: dict[str, Permutation] = {"numpy": numpy_permutation, "torch": torch_permutation}
 
 
-class CustomSampler(Sampler[list[int]]):
+class CustomSampler(EthEaslSampler, Sampler[list[int]]):
     """This replica's micro-batches of every step of a batch-size trace, as lists of indices.
 
     The arguments keep eth-easl's order, ``(dataset, trace, seed, num_replicas, rank,
@@ -117,8 +111,7 @@ class CustomSampler(Sampler[list[int]]):
         self.balanced = checked_bool(balanced, "balanced")
         if trace is None:
             raise InvalidValue("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
-        if verbose is not None and not isinstance(verbose, bool):
-            raise InvalidType(f"verbose must be True, False or None, got {verbose!r:.60}")
+        check_verbose(verbose)
         order = PERMUTATIONS.get(permutation) if isinstance(permutation, str) else permutation
         if order is None:
             raise InvalidValue(f"permutation must be one of {sorted(PERMUTATIONS)} or a function "
@@ -130,7 +123,8 @@ class CustomSampler(Sampler[list[int]]):
             rank = engine_rank if rank is None else rank
         trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
-        micro, name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
+        micro, name = micro_batch_named(micro_batch, minibatch_size)
+        check_positional(seed, num_replicas, rank, micro, name)
         if self.balanced and max_device_batch is not None:
             raise InvalidValue(f"balanced deals whole micro-batches of {name} to every replica; "
                                "max_device_batch splits every step evenly already: give one of them")
@@ -139,38 +133,23 @@ class CustomSampler(Sampler[list[int]]):
                 f"give {name} (one micro-batch size, static shapes) or max_device_batch (each step split "
                 "evenly, its micro-batch growing with it), not both"
                 + (f"; under SPMD every micro-step needs one shape: use {name}" if self.devices > 1 else ""))
-        try:
-            if max_device_batch is None:
-                micro = spmd.micro_batch(trace, 32 if micro is None else micro, self.devices, name)
-                self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
-                                         noise_every=noise_every, noise_until=noise_until, **{name: micro})
-            else:
-                self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
-                                         max_device_batch=max_device_batch, min_micro_batches=min_micro_batches,
-                                         noise_every=noise_every, noise_until=noise_until)
-            self.rank = _checked_rank(rank, self.schedule.num_replicas)
-        except (InvalidType, InvalidValue) as error:
-            if str(error).startswith(("seed", "num_replicas", "rank", "micro_batch", "minibatch_size")):
-                raise type(error)(f"{error} ({ORDER_HINT})") from None
-            raise
-        self._start_sampling()
-        if (given_rank == 0 if verbose is None else verbose) and self.rank == 0:
-            self._print_summary()
+        if max_device_batch is None:
+            micro = spmd.micro_batch(trace, 32 if micro is None else micro, self.devices, name)
+            self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
+                                     noise_every=noise_every, noise_until=noise_until, **{name: micro})
+        else:
+            self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
+                                     max_device_batch=max_device_batch, min_micro_batches=min_micro_batches,
+                                     noise_every=noise_every, noise_until=noise_until)
+        self.rank = _checked_rank(rank, self.schedule.num_replicas)
+        self._start_sampling(verbose, given_rank)
 
-    def _start_sampling(self) -> None:
+    def _start_sampling(self, verbose: bool | None = False, given_rank: object = None) -> None:
         """What every sampler does once its schedule and rank are set: stand at the start of
-        epoch 0, and be the sampler eth-easl's optimizers take when given none."""
-        global _latest
+        epoch 0, and be the sampler eth-easl's optimizers take when given none (printing
+        eth-easl's lines about the trace where ``verbose`` says so)."""
         self.set_epoch(0)
-        _latest = self
-
-    def _print_summary(self) -> None:
-        """eth-easl's two lines about the trace, word for word (the original crashed on a one-step trace)."""
-        trace = self.schedule.trace
-        first = trace.window(0, min(2, len(trace)) if trace.is_finite else 2).tolist()
-        print(f"    MySampler (rank {self.rank}): Loaded trace starting with {', '.join(map(str, first))},...")
-        print(f"    MySampler (rank {self.rank}): trace_samples={self.trace_samples}, "
-              f"minibatches_per_epoch={self.minibatches_per_epoch} => max_epoch=~{self.max_epoch}")
+        self._made(verbose, given_rank)
 
     @property
     def permutation(self) -> str:
@@ -191,7 +170,6 @@ class CustomSampler(Sampler[list[int]]):
                 "when_exhausted": trace.when_exhausted, "dataset_size": schedule.dataset_size, "seed": schedule.seed,
                 "shuffle": schedule.shuffle, "permutation": self.permutation}
 
-    # --- eth-easl's public surface, over the schedule -------------------------------------------
     @property
     def seed(self) -> int:
         return self.schedule.seed
@@ -201,57 +179,6 @@ class CustomSampler(Sampler[list[int]]):
         """The trace's batch sizes in file order (what follows the last is the trace's policy;
         eth-easl's int trace was 2,000,000 copies, aikit's is one that repeats)."""
         return self.schedule.trace.sizes.tolist()
-
-    @property
-    def minibatches_per_epoch(self) -> int:
-        """Micro-batches the data set holds (its last ``len % micro_batch`` samples never train)."""
-        return self.dataset_size // self.schedule.micro_batch
-
-    @cached_property
-    def trace_samples(self) -> int | float:
-        """Samples the whole trace asks for (``math.inf`` when it repeats)."""
-        trace = self.schedule.trace
-        return int(trace.sizes.astype(object).sum()) if trace.is_finite else math.inf
-
-    @property
-    def max_epoch(self) -> int | float:
-        """eth-easl's estimate of the epochs the trace covers, ``trace_samples // (minibatches_per_epoch
-        * micro_batch)`` (an upper bound: steps do not straddle epochs; ``schedule.full_epochs()``
-        counts exactly). ``math.inf`` for a trace that repeats."""
-        samples, epoch = self.trace_samples, self.minibatches_per_epoch * self.schedule.micro_batch
-        return samples if samples == math.inf else samples // epoch
-
-    def get_epoch_range(self, epoch: int) -> tuple[int, int]:
-        """``(start, end)``: epoch ``epoch`` is trace steps ``start..end-1``."""
-        start, end, _ = self.schedule.epoch_bounds(epoch)
-        return start, end
-
-    def get_epochtrace(self, epoch: int) -> list[int]:
-        """The batch sizes of the steps of ``epoch``."""
-        start, end = self.get_epoch_range(epoch)
-        return self.schedule.trace.window(start, end).tolist()
-
-    def get_batch_assignments(self, epochtrace: list[int]) -> list[list[int]]:
-        """For each step of ``epochtrace``, the epoch's micro-batch ids this rank processes
-        (micro-batch ``b`` is samples ``b * micro_batch`` to ``(b + 1) * micro_batch - 1`` of
-        the epoch's order); an empty list where this rank only joins the all-reduce."""
-        if self.schedule.max_device_batch is not None:
-            raise InvalidValue("batch assignments number micro-batches of one size; with max_device_batch each step "
-                               "has its own: use sampler.epoch_schedule.micro_batches(step, rank)")
-        mb = self.schedule.micro_batch
-        steps = load_trace(list(epochtrace))
-        sizes = steps.sizes
-        problems = multiple_problems(steps, mb, self.schedule.micro_name)
-        if int(sizes.sum()) > self.minibatches_per_epoch * mb:
-            problems.append(f"the steps need {int(sizes.sum())} samples but an epoch holds "
-                            f"{self.minibatches_per_epoch * mb}")
-        if problems:
-            raise InvalidValue("epochtrace cannot be dealt:\n  " + "\n  ".join(problems[:10]))
-        plan = EpochSchedule(self.epoch, 0, sizes, self.epoch_schedule.order, mb, self.num_replicas, True)
-        return [list(plan.micro_batch_ids(step, self.rank)) for step in range(len(plan))]
-
-    def __bool__(self) -> bool:
-        return True  # a sampler is there even when len() is 0 (eth-easl's has this too)
 
     # --- aikit's surface, shared with AdaptiveSampler -------------------------------------------
     def write_trace(self, path: str | os.PathLike) -> None:
@@ -300,11 +227,6 @@ class CustomSampler(Sampler[list[int]]):
     def micro_batch(self) -> int:
         """Samples per device in a micro-batch (an SPMD micro-batch spans ``devices`` of them)."""
         return self.schedule.micro_batch // self.devices
-
-    @property
-    def minibatch_size(self) -> int:
-        """:attr:`micro_batch` by eth-easl's name."""
-        return self.micro_batch
 
     @property
     def dataset_size(self) -> int:
