@@ -233,3 +233,29 @@ def test_a_hand_edited_commit_with_a_valid_checksum_is_refused_before_anything_c
     assert (opt2.param_groups[0]["lr"], (opt2.epoch, opt2.step_index, opt2.updates)) == before[1:]
     assert not opt2.state and state2.commits == 0
 
+
+
+@pytest.mark.parametrize(("then", "restores"), [
+    ("aikit.elastic.Torch.trace_optim.LinearRuleOptimizer(torch.optim.sgd.SGD)", True),  # before the move
+    ("aikit.elastic.Torch.trace_optim.RootRuleOptimizer(torch.optim.sgd.SGD)", False),  # moved, but another rule
+    ("aikit.elastic.Torch.trace_optim.LinearRuleOptimizer(torch.optim.adam.Adam)", False),  # another inner optimizer
+])
+def test_a_commit_that_names_a_trace_optimizer_by_its_path_before_the_move_restores(tmp_path, then, restores):
+    """The eth-easl optimizers moved from trace_optim.py to eth_easl.py (AdaScale to adascale.py):
+    a commit written before names their old path, and restores into the class now there; a moved
+    path is no wildcard (another rule, another wrapped optimizer are refused as before)."""
+    model, opt, state = trace_run(tmp_path)
+    state.restore()
+    state.commit()
+    path = checkpoint.commit_files(tmp_path)[0][1]
+    payload = checkpoint.read(path)
+    assert payload["kinds"]["optimizer"] == "aikit.elastic.Torch.eth_easl.LinearRuleOptimizer(torch.optim.sgd.SGD)"
+    payload["kinds"]["optimizer"] = then
+    checkpoint.write(tmp_path, payload["commit"], payload)
+    model2, opt2, state2 = trace_run(tmp_path, seed=1)
+    if restores:
+        assert state2.restore()
+        assert all(torch.equal(a, b) for a, b in zip(weights(model2), weights(model), strict=True))
+    else:
+        with pytest.raises(InvalidValue, match=r"its state does not fit"):
+            state2.restore()

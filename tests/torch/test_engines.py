@@ -183,11 +183,6 @@ ENGINE_PACKAGE = "aikit/runtime/Torch/engines/"
 # the optional dependencies' table names modules and extras (horovod, xla), not engines
 NOT_ABOUT_ENGINES = {"aikit/optional.py"}
 NAMES = {engine.name for engine in ENGINES} | {"xla"}  # "xla" is torch's device type too
-# An engine literal in a file another engineer of issue 34 owns; the lead applies the engine API
-# there (see the engines branch's report) and removes these entries.
-ALLOWED = {
-    "aikit/elastic/Torch/trace_optim.py": ["xla"],  # engine(self.device) == "xla": the lead removes this entry
-}
 
 
 def engine_literals(path: str, source: str) -> list[str]:
@@ -208,7 +203,7 @@ def literals_outside_the_engines() -> dict[str, list[str]]:
 
 
 def test_no_module_outside_the_engine_package_names_an_engine():
-    assert literals_outside_the_engines() == ALLOWED
+    assert literals_outside_the_engines() == {}
 
 
 @pytest.mark.parametrize("source", [

@@ -1,7 +1,7 @@
 """One trace optimizer with the LR rule as a value: eth-easl's class names are it with a rule (the
 same updates, bit for bit), a rule added to the registry trains without touching it, aikit's own
 name takes its sampler explicitly while eth-easl's names keep eth-easl's default, and every class
-that moved is named in the edge's MOVED_CLASSES."""
+that moved is named in MOVED_CLASSES, which a restore reads."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from aikit.elastic.Torch import (
     SeesawOptimizer,
     TraceOptimizer,
 )
-from aikit.elastic.Torch.eth_easl import MOVED_CLASSES
+from aikit.elastic.Torch.restore_checks import MOVED_CLASSES
 
 TRACE = [8, 12, 4, 16, 24, 8]
 

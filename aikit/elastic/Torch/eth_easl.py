@@ -43,19 +43,6 @@ from aikit.elastic.Torch.trace_optim import TraceOptimizer
 if TYPE_CHECKING:  # CustomSampler inherits EthEaslSampler from here
     from aikit.elastic.Torch.sampler import CustomSampler
 
-# ElasticState records each kept object's class as "module.qualname" (a trace optimizer's with the
-# optimizer it wraps) and refuses a restore whose class differs. These classes moved when the trace
-# optimizers became one (old path -> new path): a commit written before names the old path.
-MOVED_CLASSES = {
-    "aikit.elastic.Torch.trace_optim.LinearRuleOptimizer": "aikit.elastic.Torch.eth_easl.LinearRuleOptimizer",
-    "aikit.elastic.Torch.trace_optim.RootRuleOptimizer": "aikit.elastic.Torch.eth_easl.RootRuleOptimizer",
-    "aikit.elastic.Torch.trace_optim.SeesawOptimizer": "aikit.elastic.Torch.eth_easl.SeesawOptimizer",
-    "aikit.elastic.Torch.trace_optim.ConstantOptimizer": "aikit.elastic.Torch.eth_easl.ConstantOptimizer",
-    "aikit.elastic.Torch.trace_optim.CustomOptimizer": "aikit.elastic.Torch.eth_easl.CustomOptimizer",
-    "aikit.elastic.Torch.trace_optim.LinearRuleMomentumOptimizer":
-        "aikit.elastic.Torch.eth_easl.LinearRuleMomentumOptimizer",
-    "aikit.elastic.Torch.trace_optim.AdaScaleOptimizer": "aikit.elastic.Torch.adascale.AdaScaleOptimizer",
-}
 
 LOG_FORMATS = ("eth-easl", "aikit")
 ORDER_HINT = ("CustomSampler's arguments after the trace are seed, num_replicas, rank, minibatch_size, verbose, "

@@ -31,6 +31,20 @@ from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 FORMAT = 2  # 2: the kinds of the kept objects, sharded commits; 1 (aikit 0.2) still restores
 
+# ElasticState records each kept object's class as "module.qualname" (a trace optimizer's with the
+# optimizer it wraps) and refuses a restore whose class differs. These classes moved when the trace
+# optimizers became one (old path -> new path): a commit written before names the old path.
+MOVED_CLASSES = {
+    "aikit.elastic.Torch.trace_optim.LinearRuleOptimizer": "aikit.elastic.Torch.eth_easl.LinearRuleOptimizer",
+    "aikit.elastic.Torch.trace_optim.RootRuleOptimizer": "aikit.elastic.Torch.eth_easl.RootRuleOptimizer",
+    "aikit.elastic.Torch.trace_optim.SeesawOptimizer": "aikit.elastic.Torch.eth_easl.SeesawOptimizer",
+    "aikit.elastic.Torch.trace_optim.ConstantOptimizer": "aikit.elastic.Torch.eth_easl.ConstantOptimizer",
+    "aikit.elastic.Torch.trace_optim.CustomOptimizer": "aikit.elastic.Torch.eth_easl.CustomOptimizer",
+    "aikit.elastic.Torch.trace_optim.LinearRuleMomentumOptimizer":
+        "aikit.elastic.Torch.eth_easl.LinearRuleMomentumOptimizer",
+    "aikit.elastic.Torch.trace_optim.AdaScaleOptimizer": "aikit.elastic.Torch.adascale.AdaScaleOptimizer",
+}
+
 
 def kind(obj) -> str | None:
     """What a kept object is, for the restore check: its class (a wrapper's with the optimizer
@@ -49,8 +63,11 @@ def kind(obj) -> str | None:
 def same_kind(saved: str | None, now: str | None) -> bool:
     """Whether an object of kind ``saved`` (as a commit wrote it) restores into one of kind
     ``now``: every comparison of a saved kind with a present one is this one (a class that
-    moves between modules is matched here)."""
-    return saved == now
+    moves between modules is matched here, through :data:`MOVED_CLASSES`)."""
+    if saved is None:
+        return now is None
+    cls, paren, inner = saved.partition("(")
+    return f"{MOVED_CLASSES.get(cls, cls)}{paren}{inner}" == now
 
 
 def schedule_identity(optimizer: TraceOptimizer | None) -> dict | None:

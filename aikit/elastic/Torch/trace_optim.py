@@ -43,7 +43,7 @@ from aikit.core.validate import positive_int
 from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.elastic.Torch.trace_state import TraceState
 from aikit.runtime.Torch.accumulator import Accumulator
-from aikit.runtime.Torch.collectives import broadcast_gathering_, engine, mark_step, world
+from aikit.runtime.Torch.collectives import broadcast_gathering_, engine, lazy, mark_step, world
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 if TYPE_CHECKING:  # the sampler module inherits eth-easl's names, whose optimizers are built on this one
@@ -262,7 +262,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
             self._declared = 0
         settings = self.settings() if self._agreement_pending else {}  # broadcast=False: nothing was shared yet
         table = own_row(settings, self.rank, replicas)
-        if replicas > 1 or engine(self.device) == "xla":
+        if replicas > 1 or lazy(self.device):
             extras = self.engine.reduce([*table, *extras])
             table, extras = extras[:len(table)], extras[len(table):]
         if settings:

@@ -5,7 +5,7 @@ A gradient hook on every parameter takes its gradient as autograd produces it, b
 into ``.grad`` (so micro-batches accumulated into one ``.grad`` stay apart), and adds its squared
 norm to the param group's total for the micro-batch in progress. Users close a micro-batch after
 its ``backward()`` (:meth:`MicroBatchNorms.close`) and take the update's norms before its
-all-reduce (:meth:`MicroBatchNorms.take`): :class:`~aikit.elastic.Torch.trace_optim.AdaScaleOptimizer`
+all-reduce (:meth:`MicroBatchNorms.take`): :class:`~aikit.elastic.Torch.adascale.AdaScaleOptimizer`
 sums them per group, :class:`~aikit.elastic.Torch.adaptive.AdaptiveOptimizer` keeps every
 micro-batch apart.
 """
