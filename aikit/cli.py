@@ -32,8 +32,9 @@ from aikit.core.errors import AikitError, InvalidValue
 from aikit.core.scaling import cosine_decay, step_decay
 from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, schedule_trace
-from aikit.core.validate import aliased, non_negative_int, positive_int, writable_file
+from aikit.core.validate import non_negative_int, positive_int, writable_file
 from aikit.optional import require
+from aikit.runtime.originals import either
 
 
 def whole_number(text: str) -> int:
@@ -54,8 +55,7 @@ def amount(text: str) -> int:
 def plan_rows(args: argparse.Namespace) -> tuple[str, int]:
     """The table's text and how many of its rows were refused."""
     positive_int(args.global_batch_size, "--global-batch-size")
-    bound, name = aliased(args.max_device_batch, args.max_gpu_batch_size, "--max-device-batch",
-                          "--max-gpu-batch-size", "Run:AI's AIkit Elastic")
+    bound, name = either("max_gpu_batch_size", args.max_device_batch, args.max_gpu_batch_size, flags=True)
     if bound is None:
         raise InvalidValue("give --max-device-batch, the most samples one device holds")
     positive_int(bound, name)
@@ -105,7 +105,7 @@ def checked_trace(args: argparse.Namespace) -> tuple[Trace, ramp.BatchSchedule |
 
 
 def cmd_trace_check(args: argparse.Namespace) -> int:
-    micro, micro_name = aliased(args.micro_batch, args.minibatch_size, "--micro-batch", "--minibatch-size", "eth-easl")
+    micro, micro_name = either("minibatch_size", args.micro_batch, args.minibatch_size, flags=True)
     if (micro is None) == (args.max_device_batch is None):
         raise InvalidValue(f"give {micro_name} (one micro-batch size) or --max-device-batch (each step split "
                            "evenly, as an adaptive run's trace replays), one of them")

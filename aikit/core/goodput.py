@@ -39,7 +39,7 @@ from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, gains
 from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, make_plan
 from aikit.core.schedule import split_minimums
-from aikit.core.validate import aliased, checked_bool, checked_float, non_negative_int, positive_int
+from aikit.core.validate import checked_bool, checked_float, non_negative_int, positive_int
 
 __all__ = ["BatchSplit", "GoodputController", "ThroughputModel"]
 
@@ -202,7 +202,7 @@ class GoodputController:
         max_device_batch: the most samples one device holds in a micro-batch.
         devices: devices (replicas) training.
         ref_batch_size: the batch the LR was tuned for; statistical efficiency is relative to
-            it, and the run starts there (``base_batch=``, its name in aikit 0.1, says the same).
+            it, and the run starts there.
         max_batch: the largest global batch to consider.
         min_batch: the smallest (default ``ref_batch_size``: as in AdaptDL, the batch only grows
             above the one the user started with).
@@ -245,21 +245,19 @@ class GoodputController:
         interval: int = 10,
         fixed_micro_batch: bool = False,
         noise_every: int | None = None,
-        base_batch: int | None = None,
     ) -> None:
         self.max_device_batch = positive_int(max_device_batch, "max_device_batch")
         self.devices = positive_int(devices, "devices")
-        ref, name = aliased(ref_batch_size, base_batch, "ref_batch_size", "base_batch", "aikit 0.1")
-        if ref is None:
+        if ref_batch_size is None:
             raise InvalidValue("ref_batch_size is required: the global batch the LR was tuned for (the run starts "
                                "there)")
-        self.ref_batch_size = positive_int(ref, name)
+        self.ref_batch_size = positive_int(ref_batch_size, "ref_batch_size")
         self.max_batch = positive_int(max_batch, "max_batch")
         self.min_batch = self.ref_batch_size if min_batch is None else positive_int(min_batch, "min_batch")
         if not self.min_batch <= self.ref_batch_size <= self.max_batch:
             raise InvalidValue(
-                f"need min_batch <= {name} <= max_batch, got {self.min_batch}, {self.ref_batch_size}, "
-                f"{self.max_batch}: the run starts at {name} and moves within the bounds"
+                f"need min_batch <= ref_batch_size <= max_batch, got {self.min_batch}, {self.ref_batch_size}, "
+                f"{self.max_batch}: the run starts at ref_batch_size and moves within the bounds"
             )
         threshold = checked_float(threshold, "threshold", "a non-negative fraction (0.05 for 5 %)",
                                   lambda fraction: 0 <= fraction < math.inf)
@@ -286,11 +284,6 @@ class GoodputController:
                                    f"policy='error', got policy={self.policy!r}")
             return None
         return BatchSplit(self.max_device_batch, self.devices, not fixed_micro_batch, noise_every)
-
-    @property
-    def base_batch(self) -> int:
-        """:attr:`ref_batch_size` by its name in aikit 0.1."""
-        return self.ref_batch_size
 
     def plan(self, batch: int) -> Plan:
         """The plan ``batch`` runs with on these devices."""

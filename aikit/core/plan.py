@@ -35,7 +35,7 @@ import numpy as np
 
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import sample_weight
-from aikit.core.validate import aliased, checked_int, index_in, positive_int
+from aikit.core.validate import checked_int, index_in, positive_int
 
 POLICIES = ("ragged", "fewer_devices", "error")
 
@@ -48,12 +48,13 @@ class Plan:
     ``s`` (``size(s, d)``) has ``G // (gpus * steps)`` samples, one more for the first
     ``G % (gpus * steps)`` of them in step order: a plan is a few numbers, whatever ``G``.
 
-    The fields keep the names of Run:AI's AIkit Elastic's table (``max_gpu_batch_size``, and
-    ``batch_size`` for the per-device batch); :attr:`max_device_batch` is the bound by aikit's name.
+    Run:AI's AIkit Elastic's table names the bound ``max_gpu_batch_size`` and the per-device batch
+    ``batch_size``: both are kept as properties, beside aikit's :attr:`max_device_batch` and
+    :attr:`device_batch`.
     """
 
     global_batch_size: int
-    max_gpu_batch_size: int
+    max_device_batch: int  # the most samples one device holds in a micro-batch
     available_gpus: int
     gpus: int  # devices that take part in training
     steps: int  # GA steps per update (1 when no accumulation is needed)
@@ -61,9 +62,9 @@ class Plan:
     rank: int = 0
 
     @property
-    def max_device_batch(self) -> int:
-        """The most samples one device holds in a micro-batch (``max_gpu_batch_size``, Run:AI's name)."""
-        return self.max_gpu_batch_size
+    def max_gpu_batch_size(self) -> int:
+        """:attr:`max_device_batch` by Run:AI's AIkit Elastic's name."""
+        return self.max_device_batch
 
     @property
     def _split(self) -> tuple[int, int]:
@@ -80,10 +81,15 @@ class Plan:
         return tuple(tuple(self.size(s, d) for d in range(self.gpus)) for s in range(self.steps))
 
     @property
-    def batch_size(self) -> int:
+    def device_batch(self) -> int:
         """The per-device batch to give a data loader: the largest micro-batch."""
         base, extra = self._split
         return base + (extra > 0)
+
+    @property
+    def batch_size(self) -> int:
+        """:attr:`device_batch` by Run:AI's AIkit Elastic's name (published by ``init``)."""
+        return self.device_batch
 
     @property
     def samples_per_update(self) -> int:
@@ -117,13 +123,13 @@ class Plan:
     def summary(self) -> str:
         """A few readable lines: what runs where, and why."""
         lines = [
-            f"aikit elastic plan: global batch {self.global_batch_size}, at most {self.max_gpu_batch_size} per device",
+            f"aikit elastic plan: global batch {self.global_batch_size}, at most {self.max_device_batch} per device",
             f"  devices: {self.gpus} used of {self.available_gpus} available",
             f"  GA steps per update: {self.steps}",
         ]
         base, extra = self._split
         if self.is_even:
-            lines.append(f"  micro-batch: {self.batch_size} on every device in every step")
+            lines.append(f"  micro-batch: {self.device_batch} on every device in every step")
         elif self.steps * self.gpus <= 64:
             lines.append(
                 f"  micro-batches (policy {self.policy!r}, exact sample weights): "
@@ -163,17 +169,6 @@ def nearest_even_batches(global_batch_size: int, max_device_batch: int, gpus: in
     return below, above
 
 
-def checked_max_device_batch(max_device_batch: object, max_gpu_batch_size: object = None) -> int:
-    """The per-device bound given by aikit's name or Run:AI's, as a positive int, or the error that
-    names the one written (both refused; neither: the argument is required)."""
-    value, name = aliased(max_device_batch, max_gpu_batch_size, "max_device_batch", "max_gpu_batch_size",
-                          "Run:AI's AIkit Elastic")
-    if value is None:
-        raise InvalidValue("max_device_batch is required: the most samples one device holds in a micro-batch "
-                           "(Run:AI's AIkit Elastic's max_gpu_batch_size, the second argument of init)")
-    return positive_int(value, name)
-
-
 def devices_here(gpus: object, available: int, where: str, global_batch_size: int, max_device_batch: int) -> int:
     """The devices ``init`` plans for: ``gpus`` (None: all ``available``), at most the ``available``
     devices found ``where``. ``init`` plans the machine it runs on; a plan for more devices than
@@ -194,19 +189,18 @@ def devices_here(gpus: object, available: int, where: str, global_batch_size: in
 
 def make_plan(
     global_batch_size: int,
-    max_device_batch: int | None = None,
+    max_device_batch: int,
     gpus: int = 1,
     *,
     policy: str = "ragged",
     rank: int = 0,
-    max_gpu_batch_size: int | None = None,
 ) -> Plan:
     """Plan GA steps and micro-batches for ``gpus`` devices; see the module docstring.
-    ``max_device_batch`` is the most samples one device holds (``max_gpu_batch_size=``, Run:AI's
-    AIkit Elastic's name, says the same). Any ``gpus`` plans: for a machine you are not on too.
-    Constant time and memory in ``G`` (``fewer_devices`` searches the divisors of ``G``)."""
+    ``max_device_batch`` is the most samples one device holds. Any ``gpus`` plans: for a machine
+    you are not on too. Constant time and memory in ``G`` (``fewer_devices`` searches the divisors
+    of ``G``)."""
     g = positive_int(global_batch_size, "global_batch_size")
-    m = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
+    m = positive_int(max_device_batch, "max_device_batch")
     n = positive_int(gpus, "gpus")
     if policy not in POLICIES:
         raise InvalidValue(f"policy must be one of {POLICIES}, got {policy!r}")

@@ -34,7 +34,7 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import sample_weight
 from aikit.core.plan import even_micro_batches, even_split_problems
 from aikit.core.trace import Trace, TraceExhaustedError, TraceTooShortError, load_trace, multiple_problems
-from aikit.core.validate import aliased, checked_bool, non_negative_int, positive_int
+from aikit.core.validate import checked_bool, non_negative_int, positive_int
 
 MAX_DATASET_SIZE = 2**40  # every epoch holds a permutation of the data set in memory (8 bytes a sample)
 MAX_REPLICAS = 2**31 - 1
@@ -57,15 +57,10 @@ class EpochSchedule:
     first_step: int  # index of the epoch's first step in the trace
     batch_sizes: np.ndarray  # global batch of each step of the epoch
     order: np.ndarray  # permutation of the data set; steps consume it front to back
-    micro_batch: int  # samples per micro-batch (with max_device_batch: that bound, the unit of micro-batch counts)
+    micro_batch: int | None  # samples per micro-batch; None where each step has its own (step_micro_batch)
     num_replicas: int
     complete: bool  # False for the last epoch of a 'stop' trace, cut short by the trace's end
     step_micro_batch: np.ndarray | None = None  # each step's micro-batch where it varies (max_device_batch)
-
-    @property
-    def minibatch_size(self) -> int:
-        """:attr:`micro_batch` by eth-easl's name."""
-        return self.micro_batch
 
     def __len__(self) -> int:
         return len(self.batch_sizes)
@@ -154,7 +149,7 @@ def schedule_problems(
     noise_until: int | None = None, name: str = "micro_batch",
 ) -> list[str]:
     """Every reason ``trace`` cannot be scheduled with these settings (empty when it can);
-    ``name``: what the caller called the micro-batch (eth-easl's ``minibatch_size``)."""
+    ``name``: what the messages call the micro-batch (the name its caller wrote)."""
     if max_device_batch is not None:
         if noise_every and not trace.is_finite:  # a repeated row may fall on any step: it must split both ways
             minimums = [min_micro_batches, max(min_micro_batches, 2)]
@@ -216,8 +211,10 @@ def seed_value(seed: object) -> int:
 class Schedule:
     """Cuts a trace into epochs over a data set and deals each step to replicas.
 
-    ``micro_batch`` (default 32; ``minibatch_size=``, eth-easl's name, says the same) fixes every
-    micro-batch; ``max_device_batch`` instead splits each step evenly (see the module docstring).
+    ``micro_batch`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits each
+    step evenly (see the module docstring), and then ``micro_batch`` is None. ``micro_name`` is what
+    the messages call the micro-batch: the name the caller's user wrote (a ``CustomSampler`` given
+    eth-easl's ``minibatch_size=`` passes that).
     """
 
     def __init__(
@@ -231,23 +228,22 @@ class Schedule:
         balanced: bool = False,
         permutation: Permutation = numpy_permutation,
         *,
-        minibatch_size: int | None = None,
+        micro_name: str = "micro_batch",
         max_device_batch: int | None = None,
         min_micro_batches: int = 1,
         noise_every: int | None = None,
         noise_until: int | None = None,
     ):
         self.trace = load_trace(trace)
-        micro, self.micro_name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
+        self.micro_name = micro_name
         grows = max_device_batch is not None  # each step split evenly: its micro-batch is a function of its batch
-        if grows and micro is not None:
-            raise InvalidValue(f"give {self.micro_name} (one micro-batch size) or max_device_batch (each step split "
+        if grows and micro_batch is not None:
+            raise InvalidValue(f"give {micro_name} (one micro-batch size) or max_device_batch (each step split "
                                "evenly, its micro-batch growing with it), not both")
-        # with max_device_batch, micro_batch holds that bound: the unit eth-easl's micro-batch counts use
-        self.dataset_size, self.num_replicas, self.micro_batch = checked_settings(
-            dataset_size, num_replicas, max_device_batch if grows else 32 if micro is None else micro, bound=grows,
-            name=self.micro_name)
-        self.max_device_batch = self.micro_batch if grows else None
+        self.dataset_size, self.num_replicas, per_device = checked_settings(
+            dataset_size, num_replicas, max_device_batch if grows else 32 if micro_batch is None else micro_batch,
+            bound=grows, name=micro_name)
+        self.micro_batch, self.max_device_batch = (None, per_device) if grows else (per_device, None)
         self.min_micro_batches, self.noise_every, self.noise_until = 1, None, None
         if grows:
             self.min_micro_batches = positive_int(min_micro_batches, "min_micro_batches")
@@ -270,11 +266,6 @@ class Schedule:
             raise InvalidValue(f"trace {self.trace.source} cannot be scheduled:\n  {shown}{more}")
         self._starts = [0]  # first trace step of each epoch found so far
         self._tail: tuple[int, int] | None = None  # (start, end) of the trace's last, partial epoch
-
-    @property
-    def minibatch_size(self) -> int:
-        """:attr:`micro_batch` by eth-easl's name."""
-        return self.micro_batch
 
     def problems(self) -> list[str]:
         """Every reason the trace cannot run with these settings (empty when it can)."""

@@ -1,6 +1,5 @@
 """Checking the numbers users pass: one helper per kind, each raising the named errors of
-:mod:`aikit.core.errors` with the argument's name, what it must be, and the value it got; and
-:func:`aliased`, the one way a setting takes the name the original system gave it.
+:mod:`aikit.core.errors` with the argument's name, what it must be, and the value it got.
 
 A bool is refused wherever a number is wanted (``True`` is an ``int`` to Python, never a batch
 size to a user), and so is a string that looks like a number (``"0.5"``): the caller gets an
@@ -94,19 +93,6 @@ def one_number(value: object, name: str, wanted: str = "one number") -> float:
         return float(value)
     except (TypeError, ValueError):
         raise InvalidType(f"{refused}, got {type(value).__name__} {value!r:.100}") from None
-
-
-def aliased(value: object, alias_value: object, name: str, alias: str, origin: str) -> tuple[object, str]:
-    """One setting that has two names: ``name`` (aikit's) and ``alias`` (``origin``'s, the name the
-    original system's users write). Returns the value given (None when neither was) and the name
-    the caller used, so that a message about the value names what the user wrote; both given is
-    an :class:`InvalidValue`, even when they agree (one of them is a leftover)."""
-    if alias_value is None:
-        return value, name
-    if value is not None:
-        raise InvalidValue(f"{name} and {alias} are one setting ({alias} is {origin}'s name for it): give one, "
-                           f"got {name}={value!r:.60} and {alias}={alias_value!r:.60}")
-    return alias_value, alias
 
 
 def checked_bool(value: object, name: str) -> bool:

@@ -24,9 +24,10 @@ import aikit.autolrs.Torch
 import aikit.elastic.Torch
 from aikit.core.errors import InvalidValue
 from aikit.core.lr_policy import LRPolicy
-from aikit.core.plan import Plan, checked_max_device_batch, nearest_even_batches
+from aikit.core.plan import Plan, nearest_even_batches
 from aikit.elastic.Torch import CustomSampler, TraceOptimizer
 from aikit.elastic.Torch.eth_easl import ref_batch_size_named
+from aikit.runtime.originals import max_device_batch_of
 
 __all__ = ["AutoLRS", "AutoLRSCallback", "ElasticPlan", "TraceBatchSize"]
 
@@ -50,7 +51,7 @@ class ElasticPlan(Callback):
     def __init__(self, global_batch_size: int, max_device_batch: int | None = None, batch_size_attr: str = "batch_size",
                  *, max_gpu_batch_size: int | None = None):
         self.global_batch_size = global_batch_size
-        self.max_device_batch = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
+        self.max_device_batch = max_device_batch_of(max_device_batch, max_gpu_batch_size)
         self.batch_size_attr = batch_size_attr
         self.plan: Plan | None = None
 

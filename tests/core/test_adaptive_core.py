@@ -54,11 +54,11 @@ def test_every_update_takes_the_chosen_batch_or_the_largest_rest_and_epochs_end_
         return
     high = max(unit, min(dataset, 40 * unit) // unit * unit)
     options = {"policy": "error", "fixed_micro_batch": not grows, "noise_every": noise_every}
-    runnable = GoodputController(per_device, devices, base_batch=unit, max_batch=high, **options).candidates()
+    runnable = GoodputController(per_device, devices, ref_batch_size=unit, max_batch=high, **options).candidates()
     if not runnable.size:
         return
     base = int(runnable[0])
-    controller = GoodputController(per_device, devices, base_batch=base, max_batch=high, **options)
+    controller = GoodputController(per_device, devices, ref_batch_size=base, max_batch=high, **options)
     candidates = controller.candidates()
     schedule = AdaptiveSchedule(dataset, controller, seed=1, hold_after=hold_after)
     chosen = [controller.batch]
@@ -94,7 +94,7 @@ def test_every_update_takes_the_chosen_batch_or_the_largest_rest_and_epochs_end_
 
 def test_a_controllers_recorded_updates_resume_with_the_next_epoch_and_are_checked():
     def controller():
-        return GoodputController(4, 2, base_batch=16, max_batch=24, min_batch=8, policy="error")
+        return GoodputController(4, 2, ref_batch_size=16, max_batch=24, min_batch=8, policy="error")
 
     one_update_epochs = controller()  # the first update fills the data set: epoch 0 is that update alone
     schedule = AdaptiveSchedule(16, one_update_epochs)
@@ -129,13 +129,13 @@ def test_a_controllers_recorded_updates_resume_with_the_next_epoch_and_are_check
 
 
 def test_a_batch_the_run_cannot_deal_is_refused_naming_it():
-    controller = GoodputController(4, 2, base_batch=16, max_batch=24, policy="error")
+    controller = GoodputController(4, 2, ref_batch_size=16, max_batch=24, policy="error")
     schedule = AdaptiveSchedule(100, controller)
     controller.batch = 10  # 2 devices x 2 steps x 2.5
     with pytest.raises(InvalidValue, match="the controller chose batch 10, which this run cannot deal: batch=10"):
         schedule.extend(1)
     with pytest.raises(InvalidValue, match="policy='error', got policy='ragged'"):
-        AdaptiveSchedule(100, GoodputController(4, 2, base_batch=16, max_batch=24))
+        AdaptiveSchedule(100, GoodputController(4, 2, ref_batch_size=16, max_batch=24))
 
 
 class ScriptedClock:
@@ -178,7 +178,7 @@ def test_both_ways_of_marking_micro_steps_time_an_update_alike(marks):
 
 def measured_controller(**options) -> GoodputController:
     """A controller whose measurements make a larger batch pay (per-update cost, large noise)."""
-    controller = GoodputController(64, 1, base_batch=16, max_batch=1024, policy="error", **options)
+    controller = GoodputController(64, 1, ref_batch_size=16, max_batch=1024, policy="error", **options)
     for _ in range(25):
         controller.record(controller.batch, NoiseEstimate(grad_sq=1.0, trace=2000.0), [(16, 1, 0.2 + 1e-3 * 16)])
     controller.batches.clear()
@@ -186,8 +186,8 @@ def measured_controller(**options) -> GoodputController:
 
 
 def test_the_controller_decides_every_interval_updates_once_min_estimates_are_in():
-    assert GoodputController(64, base_batch=16, max_batch=64).min_estimates == 20  # the smoothing's horizon
-    assert GoodputController(64, base_batch=16, max_batch=64, decay=0.9).min_estimates == 10
+    assert GoodputController(64, ref_batch_size=16, max_batch=64).min_estimates == 20  # the smoothing's horizon
+    assert GoodputController(64, ref_batch_size=16, max_batch=64, decay=0.9).min_estimates == 10
     decided = []
     controller = measured_controller(interval=4, min_estimates=25)
     for _ in range(9):
@@ -205,7 +205,7 @@ def test_policy_errors_candidates_are_the_batches_its_plan_runs(devices, max_dev
     """With policy "error" the candidates are every batch in the bounds that make_plan runs
     without refusing (what trying each one gave), the bounds and the current batch among them."""
     try:
-        controller = GoodputController(max_device, devices, base_batch=base, max_batch=base + span, policy="error")
+        controller = GoodputController(max_device, devices, ref_batch_size=base, max_batch=base + span, policy="error")
     except InvalidValue:
         return  # a base batch that does not split: refused
     found = controller.candidates().tolist()
@@ -222,7 +222,7 @@ def test_policy_errors_candidates_are_the_batches_its_plan_runs(devices, max_dev
 
 
 def test_about_a_thousand_candidates_spread_over_a_wide_range_all_of_which_run():
-    controller = GoodputController(64, 1, base_batch=96, max_batch=200_000, policy="error", noise_every=4)
+    controller = GoodputController(64, 1, ref_batch_size=96, max_batch=200_000, policy="error", noise_every=4)
     found = controller.candidates()
     assert 500 <= len(found) <= 1004 and found[0] == 96 and controller.split.runs(found).all()
     above = np.arange(found[-1] + 1, controller.max_batch + 1)
@@ -246,7 +246,7 @@ def test_one_history_row_per_update_and_each_change_logged(caplog):
         f"adaptive batch: update 0: global batch 16 -> {new} from update 1 (1 GA steps x {new} per device on 1 "
         f"replica(s)), predicted goodput gain {(gain - 1) * 100:.1f}%, noise scale 2000, lr 0.1"]
     assert run.schedule.sizes[1] == new and run.lr(0.1, 4 * 16) == pytest.approx(0.2)  # sqrt rule
-    untimed = AdaptiveRun(AdaptiveSchedule(100, GoodputController(8, base_batch=16, max_batch=32, policy="error")))
+    untimed = AdaptiveRun(AdaptiveSchedule(100, GoodputController(8, ref_batch_size=16, max_batch=32, policy="error")))
     untimed.record(16, 8, 2, None, None)
     row = untimed.finish(0, 0.1)
     assert row["seconds"] is None and all(math.isnan(row[key]) for key in ("grad_sq", "trace", "noise_scale"))
@@ -285,7 +285,7 @@ def test_a_held_run_decides_and_measures_no_more_and_a_restored_schedule_holds_w
 
 
 def test_a_hold_before_the_first_decision_is_warned_of_naming_the_fix():
-    fresh = GoodputController(64, 1, base_batch=16, max_batch=1024, policy="error")  # no noise estimate yet
+    fresh = GoodputController(64, 1, ref_batch_size=16, max_batch=1024, policy="error")  # no noise estimate yet
     with pytest.warns(UserWarning, match=r"holds its batch 16 from update 1 \(hold_after=10 samples\), before the "
                                          r"controller's first decision: .* min_estimates=20 noise estimates are in "
                                          r"and has 0, .* give a larger hold_after, or a smaller min_estimates"):

@@ -100,15 +100,15 @@ def test_a_trace_that_cannot_make_the_first_epoch_is_refused_as_bad_input():
     trace of fewer samples than the data set (no first epoch): that is bad input."""
     with pytest.raises(TraceTooShortError, match=r"epoch 0 needs steps past the end of the trace \(list, 1 steps\), "
                        r"which covers 0 full epochs of 2 samples: extend the trace") as error:
-        Schedule(load_trace([1]), 2, minibatch_size=1).epoch(0)
+        Schedule(load_trace([1]), 2, micro_batch=1).epoch(0)
     assert isinstance(error.value, ValueError) and isinstance(error.value, TraceExhaustedError)
     with pytest.raises(TraceExhaustedError) as error:  # a later epoch past the end is not bad input
-        Schedule(load_trace([1, 1]), 2, minibatch_size=1).epoch(1)
+        Schedule(load_trace([1, 1]), 2, micro_batch=1).epoch(1)
     assert not isinstance(error.value, ValueError)
 
 
 def test_the_stop_policy_message_does_not_recommend_stop():
-    schedule = Schedule(load_trace([40, 40, 40], "stop"), 100, minibatch_size=20)
+    schedule = Schedule(load_trace([40, 40, 40], "stop"), 100, micro_batch=20)
     assert len(schedule.epoch(1)) == 1  # epoch 1 is the trace's partial last one
     with pytest.raises(TraceExhaustedError, match=r"epoch 2 is past the end of the trace \(list, 3 steps\): with "
                        r"when_exhausted='stop' training ends in epoch 1, so train epochs 0..1 only") as error:
@@ -124,12 +124,12 @@ def test_the_stop_policy_message_does_not_recommend_stop():
     (dict(seed=1.7), InvalidType, "seed must be a non-negative integer, got 1.7"),
     (dict(seed=-1), InvalidValue, "seed must be a non-negative integer, got -1"),
     (dict(num_replicas="2"), InvalidType, "num_replicas must be a positive integer, got '2'"),
-    (dict(minibatch_size=2000), InvalidValue, "minibatch_size must be at most 1000, got 2000: a micro-batch cannot"),
+    (dict(micro_batch=2000), InvalidValue, "micro_batch must be at most 1000, got 2000: a micro-batch cannot"),
     (dict(dataset_size=2**41), InvalidValue, "dataset_size must be at most 1099511627776, got 2199023255552"),
     (dict(shuffle="yes"), InvalidType, "shuffle must be True or False, got 'yes'"),
 ])
 def test_schedule_arguments_are_checked_by_name(kwargs, error, message):
-    arguments = dict(trace=[64], dataset_size=1000, num_replicas=1, minibatch_size=32, seed=0) | kwargs
+    arguments = dict(trace=[64], dataset_size=1000, num_replicas=1, micro_batch=32, seed=0) | kwargs
     with pytest.raises(error, match=message):
         Schedule(**arguments)
 

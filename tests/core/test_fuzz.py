@@ -108,9 +108,9 @@ def test_make_plan_answers_any_input_in_bounded_time(g, m, n, rank, policy):
 
 @FUZZ
 @given(trace=st.one_of(anything, st.lists(anything, max_size=4)), dataset_size=anything, num_replicas=anything,
-       minibatch_size=anything, seed=anything)
-def test_schedule_answers_any_input_naming_the_argument(trace, dataset_size, num_replicas, minibatch_size, seed):
-    result = outcome(lambda: Schedule(trace, dataset_size, num_replicas, minibatch_size, seed))
+       micro_batch=anything, seed=anything)
+def test_schedule_answers_any_input_naming_the_argument(trace, dataset_size, num_replicas, micro_batch, seed):
+    result = outcome(lambda: Schedule(trace, dataset_size, num_replicas, micro_batch, seed))
     if isinstance(result, Exception):
         assert any(name in str(result) for name in ("trace", "dataset_size", "num_replicas", "micro_batch",
                                                     "seed"))

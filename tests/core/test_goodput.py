@@ -60,17 +60,17 @@ def controller_after(batch_noise, coefficients, *, devices=1, max_device=10_000,
     decides at every update from the first estimate (the decision rule alone)."""
     trace, grad_sq = batch_noise
     c = GoodputController(max_device, devices, **EVERY_UPDATE, **bounds)
-    for batch in (c.base_batch, 2 * c.base_batch, 4 * c.base_batch):
+    for batch in (c.ref_batch_size, 2 * c.ref_batch_size, 4 * c.ref_batch_size):
         c.batch = batch
         c.observe(timed(coefficients, c.plan(batch)), NoiseEstimate(grad_sq=grad_sq, trace=trace))
-    c.batch = c.base_batch
+    c.batch = c.ref_batch_size
     return c
 
 
 @pytest.mark.parametrize("phi", [100.0, 900.0, 4000.0])
 def test_the_controller_finds_the_closed_form_optimum(phi):
     per_sample, per_update = 1e-3, 0.2
-    c = controller_after((phi, 1.0), (0.0, per_sample, per_update), base_batch=16, max_batch=4096)
+    c = controller_after((phi, 1.0), (0.0, per_sample, per_update), ref_batch_size=16, max_batch=4096)
     optimum = math.sqrt(per_update * phi / per_sample)
     while c.propose() is not None:  # at most doubling each time, the model trusted near what it measured
         update, old, new, _ = c.changes[-1]
@@ -80,25 +80,25 @@ def test_the_controller_finds_the_closed_form_optimum(phi):
 
 
 def test_one_change_moves_the_batch_by_at_most_max_change():
-    c = controller_after((4000.0, 1.0), (0.0, 1e-3, 0.2), base_batch=16, max_batch=4096, max_change=1.5)
+    c = controller_after((4000.0, 1.0), (0.0, 1e-3, 0.2), ref_batch_size=16, max_batch=4096, max_change=1.5)
     assert c.propose() == 24  # the optimum is 894
     c.batch = 894
     assert c.propose() is None or c.batch >= 894 / 1.5
     with pytest.raises(ValueError, match=r"max_change must be a factor above 1 \(2.0: at most double or halve\)"):
-        GoodputController(64, base_batch=64, max_batch=128, max_change=1)
+        GoodputController(64, ref_batch_size=64, max_batch=128, max_change=1)
 
 
 def test_no_noise_keeps_the_base_batch():
     # a noiseless gradient: a bigger batch adds no progress, only time
-    c = controller_after((0.0, 1.0), (0.0, 1e-3, 0.2), base_batch=64, max_batch=4096)
+    c = controller_after((0.0, 1.0), (0.0, 1e-3, 0.2), ref_batch_size=64, max_batch=4096)
     assert c.propose() is None and c.batch == 64
 
 
 def test_more_devices_make_a_bigger_batch_pay():
     # the same noise and per-sample cost; 8 devices process 8 micro-batches at once
-    one = controller_after((500.0, 1.0), (0.01, 1e-3, 0.05), devices=1, max_device=64, base_batch=64, max_batch=2048,
-                           max_change=math.inf)
-    eight = controller_after((500.0, 1.0), (0.01, 1e-3, 0.05), devices=8, max_device=64, base_batch=64,
+    one = controller_after((500.0, 1.0), (0.01, 1e-3, 0.05), devices=1, max_device=64, ref_batch_size=64,
+                           max_batch=2048, max_change=math.inf)
+    eight = controller_after((500.0, 1.0), (0.01, 1e-3, 0.05), devices=8, max_device=64, ref_batch_size=64,
                              max_batch=2048, max_change=math.inf)
     assert (eight.propose() or eight.batch) > (one.propose() or one.batch)
 
@@ -113,45 +113,45 @@ def test_a_change_needs_more_than_the_threshold():
 
     gain = rel(424) / rel(base)
     assert 1.03 < gain < 1.05
-    kept = controller_after((phi, 1.0), (0.0, per_sample, per_update), base_batch=base, max_batch=4096)
+    kept = controller_after((phi, 1.0), (0.0, per_sample, per_update), ref_batch_size=base, max_batch=4096)
     assert kept.propose() is None
-    moved = controller_after((phi, 1.0), (0.0, per_sample, per_update), base_batch=base, max_batch=4096,
+    moved = controller_after((phi, 1.0), (0.0, per_sample, per_update), ref_batch_size=base, max_batch=4096,
                              threshold=0.03)
     assert moved.propose() == pytest.approx(424, abs=1)
 
 
 def test_every_update_is_recorded_for_replay_and_the_state_resumes_exactly():
-    c = controller_after((900.0, 1.0), (0.0, 1e-3, 0.2), base_batch=16, max_batch=4096)
+    c = controller_after((900.0, 1.0), (0.0, 1e-3, 0.2), ref_batch_size=16, max_batch=4096)
     new = c.propose()
     c.observe(0.5, NoiseEstimate(1.0, 800.0))
     assert c.batches == [16, 32, 64, new]
-    again = GoodputController(10_000, base_batch=16, max_batch=4096)
+    again = GoodputController(10_000, ref_batch_size=16, max_batch=4096)
     again.load_state_dict(c.state_dict())
     assert again.state_dict() == c.state_dict()
     assert again.goodput(100) == c.goodput(100)
 
 
 def test_nothing_is_proposed_before_an_update_is_timed():
-    c = GoodputController(64, base_batch=64, max_batch=512)
+    c = GoodputController(64, ref_batch_size=64, max_batch=512)
     assert c.propose() is None
 
 
 def test_candidates_cover_the_bounds_in_steps_of_the_device_count():
-    c = GoodputController(64, 4, base_batch=64, max_batch=200, min_batch=10)
+    c = GoodputController(64, 4, ref_batch_size=64, max_batch=200, min_batch=10)
     found = c.candidates().tolist()
     assert found[0] == 10 and found[-1] == 200 and 12 in found and 13 not in found and 64 in found
-    huge = GoodputController(64, 1, base_batch=64, max_batch=10**9)
+    huge = GoodputController(64, 1, ref_batch_size=64, max_batch=10**9)
     assert len(huge.candidates()) <= 1004
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"base_batch": 64, "max_batch": 32}, r"min_batch <= base_batch <= max_batch, got 64, 64, 32"),
-        ({"base_batch": 64, "max_batch": 128, "min_batch": 100}, "got 100, 64, 128"),
-        ({"base_batch": 64, "max_batch": 128, "threshold": -1}, "threshold must be a non-negative fraction"),
-        ({"base_batch": 0, "max_batch": 128}, "base_batch must be a positive integer, got 0"),
-        ({"base_batch": 65, "max_batch": 128, "policy": "error"}, "global_batch_size 65 does not split evenly"),
+        ({"ref_batch_size": 64, "max_batch": 32}, r"min_batch <= ref_batch_size <= max_batch, got 64, 64, 32"),
+        ({"ref_batch_size": 64, "max_batch": 128, "min_batch": 100}, "got 100, 64, 128"),
+        ({"ref_batch_size": 64, "max_batch": 128, "threshold": -1}, "threshold must be a non-negative fraction"),
+        ({"ref_batch_size": 0, "max_batch": 128}, "ref_batch_size must be a positive integer, got 0"),
+        ({"ref_batch_size": 65, "max_batch": 128, "policy": "error"}, "global_batch_size 65 does not split evenly"),
     ],
 )
 def test_bad_settings_are_refused_by_name(kwargs, message):
@@ -166,7 +166,7 @@ def test_bad_timings_and_states_are_refused():
             model.observe(8, 1, bad)
     with pytest.raises(ValueError, match="no update timed yet"):
         model.coefficients()
-    c = GoodputController(64, base_batch=64, max_batch=512)
+    c = GoodputController(64, ref_batch_size=64, max_batch=512)
     before = c.state_dict()
     with pytest.raises(ValueError):
         c.load_state_dict({**before, "batches": [64, "x"]})
@@ -174,14 +174,14 @@ def test_bad_timings_and_states_are_refused():
 
 
 def test_the_plan_is_aikits():
-    c = GoodputController(48, 3, base_batch=96, max_batch=1000)
+    c = GoodputController(48, 3, ref_batch_size=96, max_batch=1000)
     assert c.plan(256) == make_plan(256, 48, 3)
 
 
 def test_policy_error_evaluates_only_the_batches_that_split_evenly():
     """Keras feeds equal micro-batches: with policy "error" a batch that does not split evenly
     over the devices is no candidate (evaluating it would raise instead of proposing)."""
-    c = GoodputController(32, 2, base_batch=64, max_batch=256, policy="error", **EVERY_UPDATE)
+    c = GoodputController(32, 2, ref_batch_size=64, max_batch=256, policy="error", **EVERY_UPDATE)
     found = c.candidates().tolist()
     # 66 = 2 devices x 2 steps x 16.5, 130 = 2 x 3 x 21.7: uneven; 68 and 132 split evenly
     assert 66 not in found and 68 in found and 130 not in found and 132 in found
@@ -194,7 +194,7 @@ def test_policy_error_evaluates_only_the_batches_that_split_evenly():
 
 
 def test_an_untimed_update_or_one_at_another_batch_is_recorded_as_it_ran():
-    c = GoodputController(64, base_batch=64, max_batch=512)
+    c = GoodputController(64, ref_batch_size=64, max_batch=512)
     c.observe(None, NoiseEstimate(grad_sq=1.0, trace=1e4))  # compiled: not timed
     assert c.batches == [64] and c.throughput.configurations == 0 and c.propose() is None
     c.observe(0.5, None, batch=32)  # an epoch's shorter last update

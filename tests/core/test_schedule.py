@@ -44,7 +44,7 @@ def test_replicas_split_each_step_exactly_and_disjointly(schedule):
             for r in range(schedule.num_replicas):
                 batches = epoch.micro_batches(step, r)
                 assert len(batches) == epoch.counts(r)[step] <= epoch.micro_steps[step]
-                assert all(len(b) == schedule.minibatch_size for b in batches)  # static shapes
+                assert all(len(b) == schedule.micro_batch for b in batches)  # static shapes
 
 
 @settings(max_examples=150, deadline=None)
@@ -79,7 +79,7 @@ def test_zero_weight_replicas_and_weights(schedule):
 
 
 def test_a_replica_without_a_micro_batch_is_marked_not_fed_a_dummy():
-    epoch = Schedule([32, 96], 128, num_replicas=4, minibatch_size=32).epoch(0)
+    epoch = Schedule([32, 96], 128, num_replicas=4, micro_batch=32).epoch(0)
     assert [epoch.counts(r).tolist() for r in range(4)] == [[1, 1], [0, 1], [0, 1], [0, 0]]
     assert epoch.micro_batches(0, 3) == [] and epoch.micro_batches(1, 3) == []
     assert epoch.micro_steps.tolist() == [1, 1]
@@ -147,7 +147,7 @@ def test_repeating_traces_never_end():
     ],
 )
 def test_bad_settings_are_refused_with_the_row(kwargs, message):
-    settings_ = {"dataset_size": 300, "minibatch_size": 32, **kwargs}
+    settings_ = {"dataset_size": 300, "micro_batch": 32, "micro_name": "minibatch_size", **kwargs}
     with pytest.raises(ValueError, match=message):
         Schedule(**settings_)
 

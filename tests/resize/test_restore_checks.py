@@ -244,7 +244,7 @@ def test_a_commit_that_names_a_trace_optimizer_by_its_path_before_the_move_resto
     """The eth-easl optimizers moved from trace_optim.py to eth_easl.py (AdaScale to adascale.py):
     a commit written before names their old path, and restores into the class now there; a moved
     path is no wildcard (another rule, another wrapped optimizer are refused as before)."""
-    model, opt, state = trace_run(tmp_path)
+    model, _, state = trace_run(tmp_path)
     state.restore()
     state.commit()
     path = checkpoint.commit_files(tmp_path)[0][1]
@@ -252,7 +252,7 @@ def test_a_commit_that_names_a_trace_optimizer_by_its_path_before_the_move_resto
     assert payload["kinds"]["optimizer"] == "aikit.elastic.Torch.eth_easl.LinearRuleOptimizer(torch.optim.sgd.SGD)"
     payload["kinds"]["optimizer"] = then
     checkpoint.write(tmp_path, payload["commit"], payload)
-    model2, opt2, state2 = trace_run(tmp_path, seed=1)
+    model2, _, state2 = trace_run(tmp_path, seed=1)
     if restores:
         assert state2.restore()
         assert all(torch.equal(a, b) for a, b in zip(weights(model2), weights(model), strict=True))

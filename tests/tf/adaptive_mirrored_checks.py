@@ -66,7 +66,7 @@ for name, make, eagerly in (("noise", NoiseOptimizer, True), ("plain", Optimizer
 with strategy.scope():
     adaptive = mlp()
     adaptive.compile(NoiseOptimizer(momentum()), loss="mse")
-controller = ScriptedController({2: 24, 4: 8, 6: 18}, 4, 2, base_batch=8, max_batch=24)
+controller = ScriptedController({2: 24, 4: 8, 6: 18}, 4, 2, ref_batch_size=8, max_batch=24)
 trace = sys.argv[1]  # where the run writes its trace
 rows = fit_adaptive(adaptive, x, y, controller, base_lr=0.05, rule="sqrt", epochs=2, seed=5, trace_path=trace)
 results["batches"] = [r["batch_size"] for r in rows]
@@ -82,7 +82,7 @@ with strategy.scope():
     measured = mlp()
     measured.compile(NoiseOptimizer(momentum()), loss="mse")
 expected = brute_force_noise(mlp(), x, y, [np.arange(4 * p, 4 * p + 4) for p in range(4)])
-fit_adaptive(measured, x[:16], y[:16], ScriptedController({}, 4, 2, base_batch=16, max_batch=16), base_lr=0.05,
+fit_adaptive(measured, x[:16], y[:16], ScriptedController({}, 4, 2, ref_batch_size=16, max_batch=16), base_lr=0.05,
              shuffle=False)
 found = measured.optimizer.noise(4)
 results["fit_adaptive_noise_difference"] = max(abs(found.grad_sq / expected.grad_sq - 1),

@@ -72,7 +72,7 @@ def test_the_measured_noise_is_unbiased_on_least_squares_with_a_known_covariance
 def adaptive_run(x, y, script, *, rule="sqrt", epochs=2, max_device=4, base=8, max_batch=24, **kwargs):
     model = mlp()
     model.compile(NoiseOptimizer(momentum()), loss="mse")
-    controller = ScriptedController(script, max_device, 1, base_batch=base, max_batch=max_batch)
+    controller = ScriptedController(script, max_device, 1, ref_batch_size=base, max_batch=max_batch)
     rows = fit_adaptive(model, x, y, controller, base_lr=0.05, rule=rule, epochs=epochs, seed=3, **kwargs)
     return model, controller, rows
 
@@ -179,7 +179,7 @@ def test_plan_changes_do_not_retrace_the_training_step_each_time(float64):
     keras.utils.set_random_seed(1)
     model = counting_traces([keras.Input((4,)), keras.layers.Dense(3)], traces)
     model.compile(NoiseOptimizer(momentum()), loss="mse")
-    controller = ScriptedController({2: 10, 3: 6, 4: 2, 5: 12}, 5, 1, base_batch=8, max_batch=12)
+    controller = ScriptedController({2: 10, 3: 6, 4: 2, 5: 12}, 5, 1, ref_batch_size=8, max_batch=12)
     rows = fit_adaptive(model, x, y, controller, base_lr=0.05, rule="sqrt")
     assert [r["micro_batch"] for r in rows[:6]] == [4, 4, 5, 3, 2, 4]
     assert traces == [4, 4, None]
@@ -198,7 +198,7 @@ def test_the_per_device_batch_grows_with_the_batch_and_tracing_stays_bounded(flo
     model = counting_traces([keras.Input((4,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(3)],
                             traces)
     model.compile(NoiseOptimizer(momentum()), loss="mse")
-    controller = ScriptedController({3: 12, 6: 24, 9: 40, 12: 64, 15: 20}, 64, 1, base_batch=8, max_batch=64,
+    controller = ScriptedController({3: 12, 6: 24, 9: 40, 12: 64, 15: 20}, 64, 1, ref_batch_size=8, max_batch=64,
                                     noise_every=4)
     rows = fit_adaptive(model, x, y, controller, base_lr=0.05, rule="sqrt", epochs=2, seed=3)
     split = [(r["micro_batch"], r["ga_steps"]) for r in rows]
@@ -217,7 +217,7 @@ def test_a_real_controller_records_and_logs_every_change(float64, tmp_path, capl
     x, y = data(96)
     model = mlp()
     model.compile(NoiseOptimizer(momentum()), loss="mse")
-    controller = GoodputController(4, 1, base_batch=8, max_batch=48, threshold=0.0, policy="error")
+    controller = GoodputController(4, 1, ref_batch_size=8, max_batch=48, threshold=0.0, policy="error")
     with caplog.at_level(logging.INFO, logger="aikit.adaptive"):
         rows = fit_adaptive(model, x, y, controller, base_lr=0.05, epochs=3, trace_path=tmp_path / "t.csv")
     assert [r["batch_size"] for r in rows] == controller.batches == load_trace(tmp_path / "t.csv").sizes.tolist()
@@ -231,19 +231,19 @@ def test_bad_settings_are_refused_with_the_fix(float64):
     x, y = data(20)
     model = mlp()
     model.compile(Optimizer(momentum()), loss="mse")
-    controller = GoodputController(4, 1, base_batch=8, max_batch=16, policy="error")
+    controller = GoodputController(4, 1, ref_batch_size=8, max_batch=16, policy="error")
     with pytest.raises(TypeError, match=r"compiled with aikit\.ga\.TF\.noise\.NoiseOptimizer"):
         fit_adaptive(model, x, y, controller, base_lr=0.1)
     model.compile(NoiseOptimizer(momentum()), loss="mse")
     with pytest.raises(ValueError, match=r"devices=2 with policy='error'.*GoodputController\(max_device_batch, 1"):
-        fit_adaptive(model, x, y, GoodputController(4, 2, base_batch=8, max_batch=16, policy="error"), base_lr=0.1)
+        fit_adaptive(model, x, y, GoodputController(4, 2, ref_batch_size=8, max_batch=16, policy="error"), base_lr=0.1)
     with pytest.raises(ValueError, match="policy='ragged'"):
-        fit_adaptive(model, x, y, GoodputController(4, 1, base_batch=8, max_batch=16), base_lr=0.1)
+        fit_adaptive(model, x, y, GoodputController(4, 1, ref_batch_size=8, max_batch=16), base_lr=0.1)
     with pytest.raises(ValueError, match="batch 8 runs as one micro-batch on one replica, from which gradient noise "
                                          "cannot be measured: give the controller noise_every=4"):
-        fit_adaptive(model, x, y, GoodputController(8, 1, base_batch=8, max_batch=16, policy="error"), base_lr=0.1)
+        fit_adaptive(model, x, y, GoodputController(8, 1, ref_batch_size=8, max_batch=16, policy="error"), base_lr=0.1)
     with pytest.raises(ValueError, match="max_batch 32 is larger than the data set"):
-        fit_adaptive(model, x, y, GoodputController(4, 1, base_batch=8, max_batch=32, policy="error"), base_lr=0.1)
+        fit_adaptive(model, x, y, GoodputController(4, 1, ref_batch_size=8, max_batch=32, policy="error"), base_lr=0.1)
     with pytest.raises(ValueError, match="LR rule must be one of"):
         fit_adaptive(model, x, y, controller, base_lr=0.1, rule="cubic")
     with pytest.raises(ValueError, match=r"clipnorm=1\.0"):
@@ -259,7 +259,7 @@ def test_bad_settings_are_refused_with_the_fix(float64):
 def test_a_controller_saved_at_an_epoch_end_resumes_with_the_next_epoch(float64):
     x, y = data(50)
     _, first, rows = adaptive_run(x, y, {2: 24}, epochs=1)
-    resumed = ScriptedController({}, 4, 1, base_batch=8, max_batch=24)
+    resumed = ScriptedController({}, 4, 1, ref_batch_size=8, max_batch=24)
     resumed.load_state_dict(first.state_dict())
     model = mlp()
     model.compile(NoiseOptimizer(momentum()), loss="mse")

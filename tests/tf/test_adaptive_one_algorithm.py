@@ -22,7 +22,7 @@ from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler
 from aikit.ga.TF.noise import NoiseOptimizer
 
 SCRIPT = {2: 24, 4: 12, 7: 20}  # update: the batch the controller proposes after it
-SETTINGS = {"base_batch": 8, "max_batch": 24}  # one device holding at most 4 samples, every 4th update in two
+SETTINGS = {"ref_batch_size": 8, "max_batch": 24}  # one device holding at most 4 samples, every 4th update in two
 
 
 class Clock:
@@ -175,7 +175,7 @@ def test_the_same_measurements_make_the_same_decisions_in_both_frameworks():
     (min_estimates, interval), the same decisions and rows from the same measurements."""
     torch_sampler = AdaptiveSampler(100_000, base_batch=32, max_batch=2048, max_device_batch=64, num_replicas=2,
                                     rank=0)
-    keras_controller = GoodputController(64, 2, base_batch=32, max_batch=2048, policy="error")
+    keras_controller = GoodputController(64, 2, ref_batch_size=32, max_batch=2048, policy="error")
     torch_run_ = drive(torch_sampler.schedule, 150)
     keras_run_ = drive(AdaptiveSchedule(100_000, keras_controller), 150)
     assert len(keras_controller.changes) >= 3 and torch_sampler.controller.changes == keras_controller.changes

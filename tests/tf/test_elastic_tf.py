@@ -148,7 +148,7 @@ def test_fit_trace_equals_big_batch_steps_at_the_rules_lr(float64):
     log = elastic_tf.fit_trace(model, x, y, sizes, minibatch_size=mb, base_lr=base_lr, ref_batch_size=ref,
                                rule="sqrt", seed=7)
     reference, sgd = mlp(), keras.optimizers.SGD(base_lr)
-    epoch = Schedule(sizes, 64, minibatch_size=mb, seed=7).epoch(0)
+    epoch = Schedule(sizes, 64, micro_batch=mb, seed=7).epoch(0)
     for step, size in enumerate(sizes):
         sgd.learning_rate = scaled_lr(base_lr, size, ref, "sqrt", step=step)
         rows = epoch.step_indices(step)

@@ -75,7 +75,7 @@ def test_init_takes_max_device_batch_or_run_ais_max_gpu_batch_size():
 def test_adaptive_sampler_takes_ref_batch_size_or_base_batch():
     new = AdaptiveSampler(96, ref_batch_size=8, max_batch=32, micro_batch=4)
     old = AdaptiveSampler(96, base_batch=8, max_batch=32, micro_batch=4)
-    assert new.controller.ref_batch_size == old.controller.base_batch == 8
+    assert new.controller.ref_batch_size == old.controller.ref_batch_size == 8  # the core speaks aikit's name
     assert "ref_batch_size=8" in repr(AdaptiveOptimizer(sgd(), new))
     with pytest.raises(InvalidValue, match=r"ref_batch_size=6 is not a multiple of micro_batch x replicas"):
         AdaptiveSampler(96, ref_batch_size=6, max_batch=32, micro_batch=4)

@@ -37,7 +37,7 @@ class AdaptiveSchedule:
     from the batches alone, so a restored schedule holds where the saved one did.
     """
 
-    micro_name = "micro_batch"  # what messages call the micro-batch (a Schedule's may be eth-easl's minibatch_size)
+    micro_name = "micro_batch"  # what messages call the micro-batch, as a Schedule's
 
     def __init__(self, dataset_size: int, controller: GoodputController, seed: int = 42, shuffle: bool = True,
                  lookahead: int = 0, hold_after: int | None = None) -> None:
@@ -46,9 +46,9 @@ class AdaptiveSchedule:
             raise InvalidValue(f"an adaptive run deals equal micro-batches: its controller must plan with "
                                f"policy='error', got policy={controller.policy!r}")
         self.split = split
-        self.dataset_size, self.num_replicas, self.micro_batch = checked_settings(
+        self.dataset_size, self.num_replicas, per_device = checked_settings(
             dataset_size, split.devices, split.per_device, bound=split.grows)  # with grows: the most per device
-        self.max_device_batch = self.micro_batch if split.grows else None
+        self.micro_batch, self.max_device_batch = (None, per_device) if split.grows else (per_device, None)
         self.seed, self.shuffle = seed_value(seed), checked_bool(shuffle, "shuffle")
         self.permutation = numpy_permutation  # the sample order of CustomSampler's default, so a replay matches
         self.controller = controller
@@ -160,7 +160,7 @@ class AdaptiveSchedule:
     # --- checkpoints ------------------------------------------------------------------------------
     def settings(self) -> dict:
         c, split = self.controller, self.split
-        per_device = {"max_device_batch": self.micro_batch, "noise_every": split.noise_every} if split.grows \
+        per_device = {"max_device_batch": self.max_device_batch, "noise_every": split.noise_every} if split.grows \
             else {"micro_batch": self.micro_batch}
         held = {} if self.hold_after is None else {"hold_after": self.hold_after}  # states saved before it lack it
         return {"dataset_size": self.dataset_size, **per_device,

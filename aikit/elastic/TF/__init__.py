@@ -17,8 +17,9 @@ import sys
 import tensorflow as tf
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.plan import POLICIES, Plan, checked_max_device_batch, devices_here, make_plan
+from aikit.core.plan import POLICIES, Plan, devices_here, make_plan
 from aikit.core.validate import positive_int
+from aikit.runtime.originals import max_device_batch_of
 from aikit.runtime.published import publish
 from aikit.runtime.TF import strategies
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
@@ -62,7 +63,7 @@ def init(
     split (``policy="error"``).
     """
     g = positive_int(global_batch_size, "global_batch_size")
-    m = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
+    m = max_device_batch_of(max_device_batch, max_gpu_batch_size)
     if policy not in KERAS_POLICIES:
         raise InvalidValue(
             f"policy must be one of {KERAS_POLICIES} for Keras, got {policy!r}: Keras' fit feeds "

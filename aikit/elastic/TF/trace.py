@@ -22,8 +22,8 @@ from aikit.core.lr_policy import LRPolicy
 from aikit.core.scaling import lr_rule
 from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
-from aikit.core.validate import aliased
 from aikit.ga.TF.optimizers import Optimizer
+from aikit.runtime.originals import either
 from aikit.runtime.TF.training import compiled_for, train_update
 
 
@@ -63,7 +63,7 @@ def fit_trace(
     sqrt(B / ref_batch_size)`` over a trace of :func:`aikit.core.ramp.seesaw_schedule`).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
-    micro, micro_name = aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
+    micro, micro_name = either("minibatch_size", micro_batch, minibatch_size)
     if micro is None:
         raise InvalidValue("fit_trace needs micro_batch, the samples of one micro-batch on each replica")
     keras_model, optimizer = compiled_for(model, Optimizer, "fit_trace",
@@ -85,7 +85,7 @@ def fit_trace(
         raise InvalidValue(f"x has {len(x)} samples but y has {len(y)}")
     replicas = keras_model.distribute_strategy.num_replicas_in_sync
     schedule = Schedule(trace, len(x), num_replicas=replicas, seed=seed, shuffle=shuffle, balanced=True,
-                        **{micro_name: micro})
+                        micro_batch=micro, micro_name=micro_name)
     if learning_rates is not None:
         steps = schedule.epoch_bounds(initial_epoch + epochs - 1)[1]
         if len(learning_rates) < steps:

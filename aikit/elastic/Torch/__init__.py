@@ -14,7 +14,7 @@ import sys
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
 from aikit.core.errors import InvalidState, InvalidValue
-from aikit.core.plan import Plan, checked_max_device_batch, devices_here, make_plan, nearest_even_batches
+from aikit.core.plan import Plan, devices_here, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
 from aikit.elastic.Torch.adascale import AdaScaleOptimizer
@@ -29,11 +29,9 @@ from aikit.elastic.Torch.eth_easl import (
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
-from aikit.runtime.moved import keep_old_paths
+from aikit.runtime.originals import max_device_batch_of
 from aikit.runtime.published import PUBLIC, publish
 from aikit.runtime.Torch import distributed, spmd
-
-keep_old_paths(sys.modules[__name__], distributed, spmd)  # aikit.elastic.Torch.distributed, .spmd: their old paths
 
 __all__ = [
     "AdaScaleOptimizer",
@@ -68,7 +66,7 @@ def init(global_batch_size: int, max_device_batch: int | None = None, gpus: int 
     DataParallel); more than this machine has is refused: ``aikit plan --gpus N`` or
     :func:`aikit.core.plan.make_plan` plan for another machine."""
     g = positive_int(global_batch_size, "global_batch_size")
-    m = checked_max_device_batch(max_device_batch, max_gpu_batch_size)
+    m = max_device_batch_of(max_device_batch, max_gpu_batch_size)
     processes = distributed.world_size()
     if processes > 1 and gpus is not None and positive_int(gpus, "gpus") != processes:
         raise InvalidValue(

@@ -47,10 +47,11 @@ from aikit.core.gradient_noise import NoiseEstimate, update_estimates
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.plan import largest_even_batch
 from aikit.core.schedule import EpochSchedule, checked_settings
-from aikit.core.validate import aliased, non_negative_int, positive_int
+from aikit.core.validate import non_negative_int, positive_int
 from aikit.elastic.Torch.eth_easl import EthEaslNames
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
 from aikit.elastic.Torch.trace_optim import TraceOptimizer, mean_sq_norms
+from aikit.runtime.originals import either
 from aikit.runtime.Torch import distributed
 from aikit.runtime.Torch.noise import MicroBatchNorms
 
@@ -137,13 +138,12 @@ class AdaptiveSampler(CustomSampler):
         per_device = max_device_batch if grows else micro_batch  # with grows a bound, which may exceed the data set
         size, num_replicas, per_device = checked_settings(size, num_replicas, per_device, bound=grows)
         split = BatchSplit(per_device, num_replicas, grows, positive_int(noise_every, "noise_every") if grows else None)
-        ref, ref_name = aliased(ref_batch_size, base_batch, "ref_batch_size", "base_batch", "aikit 0.1")
+        ref, ref_name = either("base_batch", ref_batch_size, base_batch)
         if ref is None:
             raise InvalidValue("AdaptiveSampler needs ref_batch_size, the global batch the LR was tuned for (the run "
                                "starts there)")
-        reference = {ref_name: ref}  # named as the caller wrote it, in every message about it
-        _check_bounds(split, size, **reference, max_batch=max_batch, min_batch=min_batch)
-        controller = GoodputController(per_device, num_replicas, **reference, max_batch=max_batch,
+        _check_bounds(split, size, ref_name, ref, max_batch, min_batch)  # ref named as the caller wrote it
+        controller = GoodputController(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch,
                                        min_batch=min_batch, threshold=threshold, decay=decay, max_change=max_change,
                                        policy="error", min_estimates=min_estimates, interval=interval,
                                        fixed_micro_batch=not grows, noise_every=split.noise_every)
@@ -257,13 +257,20 @@ class AdaptiveSampler(CustomSampler):
         return s.epoch(epoch)
 
 
-def _check_bounds(split: BatchSplit, dataset_size: int, **bounds: int | None) -> None:
-    """Refuse a bound no update can run, or a ``max_batch`` larger than the data set, naming the fix."""
+def _check_bounds(split: BatchSplit, dataset_size: int, ref_name: str, ref: object, max_batch: object,
+                  min_batch: object) -> None:
+    """Refuse a bound no update can run, bounds out of order, or a ``max_batch`` larger than the data
+    set, naming the fix and the reference batch as the caller wrote it (aikit 0.1's ``base_batch``)."""
+    bounds = {ref_name: ref, "max_batch": max_batch, "min_batch": min_batch}
     for name, value in bounds.items():
         if value is not None:
             problem = split.problem(name, positive_int(value, name))
             if problem:
                 raise InvalidValue(problem)
+    low = ref if min_batch is None else min_batch
+    if not low <= ref <= max_batch:
+        raise InvalidValue(f"need min_batch <= {ref_name} <= max_batch, got {low}, {ref}, {max_batch}: the run "
+                           f"starts at {ref_name} and moves within the bounds")
     if bounds["max_batch"] > dataset_size:
         largest = largest_even_batch(dataset_size, split.per_device, split.devices) if split.grows \
             else dataset_size // split.unit * split.unit

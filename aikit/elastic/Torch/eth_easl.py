@@ -37,8 +37,9 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule, seed_value
 from aikit.core.trace import load_trace, multiple_problems
-from aikit.core.validate import aliased, checked_float, index_in, positive_int
+from aikit.core.validate import checked_float, index_in, positive_int
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
+from aikit.runtime.originals import either
 
 if TYPE_CHECKING:  # CustomSampler inherits EthEaslSampler from here
     from aikit.elastic.Torch.sampler import CustomSampler
@@ -60,7 +61,7 @@ def latest_sampler() -> EthEaslSampler | None:
 
 def micro_batch_named(micro_batch: int | None, minibatch_size: int | None) -> tuple[int | None, str]:
     """``micro_batch`` or eth-easl's ``minibatch_size`` (both refused), and the name written."""
-    return aliased(micro_batch, minibatch_size, "micro_batch", "minibatch_size", "eth-easl")
+    return either("minibatch_size", micro_batch, minibatch_size)
 
 
 def check_positional(seed: object, num_replicas: object, rank: object, micro: object, name: str) -> None:
@@ -85,9 +86,16 @@ class EthEaslSampler:
     and so ``AdaptiveSampler``), with the original's meaning and types."""
 
     @property
-    def minibatch_size(self) -> int:
+    def minibatch_size(self) -> int | None:
         """``micro_batch`` by eth-easl's name."""
         return self.micro_batch
+
+    @property
+    def _counted_in(self) -> int:
+        """The micro-batch eth-easl's figures count in: the fixed one, or the most a device holds
+        where each step has its own (``max_device_batch``)."""
+        schedule = self.schedule
+        return schedule.micro_batch if schedule.micro_batch is not None else schedule.max_device_batch
 
     @cached_property
     def trace_samples(self) -> int | float:
@@ -98,14 +106,14 @@ class EthEaslSampler:
     @property
     def minibatches_per_epoch(self) -> int:
         """Micro-batches the data set holds (its last ``len % micro_batch`` samples never train)."""
-        return self.dataset_size // self.schedule.micro_batch
+        return self.dataset_size // self._counted_in
 
     @property
     def max_epoch(self) -> int | float:
         """eth-easl's estimate of the epochs the trace covers, ``trace_samples // (minibatches_per_epoch
         * micro_batch)`` (an upper bound: steps do not straddle epochs; ``schedule.full_epochs()``
         counts exactly). ``math.inf`` for a trace that repeats."""
-        samples, epoch = self.trace_samples, self.minibatches_per_epoch * self.schedule.micro_batch
+        samples, epoch = self.trace_samples, self.minibatches_per_epoch * self._counted_in
         return samples if samples == math.inf else samples // epoch
 
     def get_epoch_range(self, epoch: int) -> tuple[int, int]:
@@ -159,7 +167,7 @@ class EthEaslSampler:
 def ref_batch_size_named(ref_batch_size: int | None, ref_batchsize: int | None) -> tuple[int | None, str]:
     """``ref_batch_size`` or eth-easl's ``ref_batchsize`` (both refused), and how messages name it:
     the name written, or both where neither was."""
-    ref, name = aliased(ref_batch_size, ref_batchsize, "ref_batch_size", "ref_batchsize", "eth-easl")
+    ref, name = either("ref_batchsize", ref_batch_size, ref_batchsize)
     return ref, name if ref is not None else "ref_batch_size (eth-easl's ref_batchsize)"
 
 

@@ -71,7 +71,7 @@ def check_every_worker_commits(optimizer) -> None:
         raise InvalidValue(
             f"under Horovod elastic every worker must get a micro-batch in every step, but step {step} of "
             f"epoch {plan.epoch} (global batch {int(plan.batch_sizes[step])}) has "
-            f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.micro_batch} for {workers} "
+            f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.micro_size(step)} for {workers} "
             f"workers: use a micro_batch that divides every batch size and is at most "
             f"{int(plan.batch_sizes.min())} / (--max-np)"
         )

@@ -281,7 +281,7 @@ class ElasticState(CommitStorage):
             return -(-micro // workers)
 
         return (f"{line}; epoch {opt.epoch} step {step}: global batch {int(plan.batch_sizes[step])} = {micro} "
-                f"micro-batches of {plan.micro_batch}, at most {per_worker(saved_world_size)} per worker before, "
+                f"micro-batches of {plan.micro_size(step)}, at most {per_worker(saved_world_size)} per worker before, "
                 f"{per_worker(now)} now (same samples, same LR)")
 
     def _replan(self) -> None:

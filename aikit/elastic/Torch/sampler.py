@@ -136,7 +136,8 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
         if max_device_batch is None:
             micro = spmd.micro_batch(trace, 32 if micro is None else micro, self.devices, name)
             self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
-                                     noise_every=noise_every, noise_until=noise_until, **{name: micro})
+                                     noise_every=noise_every, noise_until=noise_until, micro_batch=micro,
+                                     micro_name=name)
         else:
             self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
                                      max_device_batch=max_device_batch, min_micro_batches=min_micro_batches,
@@ -224,9 +225,11 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
         return self.schedule.num_replicas
 
     @property
-    def micro_batch(self) -> int:
-        """Samples per device in a micro-batch (an SPMD micro-batch spans ``devices`` of them)."""
-        return self.schedule.micro_batch // self.devices
+    def micro_batch(self) -> int | None:
+        """Samples per device in a micro-batch (an SPMD micro-batch spans ``devices`` of them); None
+        where each step has its own (``max_device_batch``)."""
+        micro = self.schedule.micro_batch
+        return None if micro is None else micro // self.devices
 
     @property
     def dataset_size(self) -> int:
@@ -307,10 +310,9 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
         batch and samples, only their deal to replicas changes. Position: the start of the
         current step (a step cut short by the resize is retrained)."""
         old = self.schedule
-        per_device = {"max_device_batch": old.max_device_batch} if old.max_device_batch else \
-            {old.micro_name: old.micro_batch}
-        self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, seed=old.seed, shuffle=old.shuffle,
-                                 balanced=old.balanced, permutation=old.permutation, **per_device,
+        self.schedule = Schedule(old.trace, old.dataset_size, num_replicas, old.micro_batch, seed=old.seed,
+                                 shuffle=old.shuffle, balanced=old.balanced, permutation=old.permutation,
+                                 micro_name=old.micro_name, max_device_batch=old.max_device_batch,
                                  min_micro_batches=old.min_micro_batches, noise_every=old.noise_every,
                                  noise_until=old.noise_until)
         self.rank = _checked_rank(rank, num_replicas)
