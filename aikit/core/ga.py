@@ -10,11 +10,13 @@ whose label is not ignored for a language model's per-token mean (``accumulate(w
 That is the gradient of one mean over all the update's terms, one big-batch step; the mean of
 the micro-batch means, (x₁/n₁ + x₂/n₂)/2, is not (Hugging Face's Trainer until transformers
 #34191, torchtune #1875). A micro-batch with no terms (an idle replica, a sequence whose labels
-are all ignored) has wᵢ = 0 and contributes exactly zero.
+are all ignored) has wᵢ = 0 and contributes exactly zero. A micro-batch's *weight* is always that
+count wᵢ (what ``accumulate(weight=n)`` takes); its *share* is wᵢ / Σ wᵢ, the factor its gradient
+enters the update with (:func:`sample_share`, :meth:`aikit.core.plan.Plan.share`).
 
 Adapters accumulate Σ (wᵢ / unit)·gᵢ and multiply the sum once, at the update, by
 :func:`mean_scale` (``unit · averaging replicas / Σ wᵢ``). The total Σ wᵢ is known in advance
-for samples (the global batch, :func:`sample_weight`), or only at the update's end for loss terms:
+for samples (the global batch: :func:`sample_share`), or only at the update's end for loss terms:
 then it is summed over the replicas in the update's own collective, and may stay a framework
 tensor on the device throughout (:func:`mean_scale` takes one). :func:`term_count` checks a
 count a user passes.
@@ -23,7 +25,7 @@ Where the reduction over replicas *averages* over ``replicas`` (DDP, FSDP, Horov
 rather than sums, every weight is multiplied by ``replicas`` (world scaling), read at each update,
 never cached, so a resize scales right. When micro-batch sizes are not declared, the
 micro-batches are taken to be equal and each weighs ``1 / micro-steps accumulated``
-(:func:`equal_weight`).
+(:func:`equal_share`).
 
 ``reduction="sum"`` is Run:AI's AIkit's original arithmetic, for a *sum*-reduced loss (its own
 tests compare with a big batch under ``MSELoss(reduction='sum')``): every micro-batch enters with
@@ -43,8 +45,8 @@ Two refinements keep the framework adapters cheap and exact for samples:
   the gradients. (Term counts need no correction: their total is always the one seen.)
 
 Every function here is plain Python and property-tested against a direct mean over samples
-and terms (tests/core/test_ga.py); plans (:meth:`aikit.core.plan.Plan.weight`) and schedules
-(:meth:`aikit.core.schedule.EpochSchedule.weight`) take their weights from here.
+and terms (tests/core/test_ga.py); plans (:meth:`aikit.core.plan.Plan.share`) and schedules
+(:meth:`aikit.core.schedule.EpochSchedule.share`) take their weights from here.
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ def mean_scale(total_weight: Any, unit: float = 1, averaging_replicas: int = 1) 
     return unit * averaging_replicas / total_weight
 
 
-def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1) -> float:
-    """Weight of a micro-batch of ``samples`` in an update over ``window_samples`` samples, when
+def sample_share(samples: int, window_samples: int, averaging_replicas: int = 1) -> float:
+    """The share of a micro-batch of ``samples`` in an update over ``window_samples`` samples, when
     the reduction over replicas averages over ``averaging_replicas`` (1 when it sums): the
     weighting model's case where the total, the global batch, is known before the update."""
     samples = non_negative_int(samples, "samples")
@@ -106,8 +108,8 @@ def sample_weight(samples: int, window_samples: int, averaging_replicas: int = 1
     return mean_scale(window, samples, averaging_replicas)
 
 
-def equal_weight(micro_steps: int, reduction: str = "mean", replicas: int = 1, averaging_replicas: int = 1) -> float:
-    """Weight of each of ``micro_steps`` equal micro-batches on each of ``replicas`` replicas, when
+def equal_share(micro_steps: int, reduction: str = "mean", replicas: int = 1, averaging_replicas: int = 1) -> float:
+    """The share of each of ``micro_steps`` equal micro-batches on each of ``replicas`` replicas, when
     the reduction over replicas averages over ``averaging_replicas`` (1 when it sums): their mean
     over the window, or for ``reduction="sum"`` their sum."""
     steps = non_negative_int(micro_steps, "micro_steps")

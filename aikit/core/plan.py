@@ -34,7 +34,7 @@ from itertools import accumulate
 import numpy as np
 
 from aikit.core.errors import InvalidValue
-from aikit.core.ga import sample_weight
+from aikit.core.ga import sample_share
 from aikit.core.validate import checked_int, index_in, positive_int
 
 POLICIES = ("ragged", "fewer_devices", "error")
@@ -44,9 +44,10 @@ POLICIES = ("ragged", "fewer_devices", "error")
 class Plan:
     """How one update of ``global_batch_size`` samples runs on the available devices.
 
-    ``gpus`` devices each run ``steps`` micro-batches per update. Micro-batch ``d`` of step
-    ``s`` (``size(s, d)``) has ``G // (gpus * steps)`` samples, one more for the first
-    ``G % (gpus * steps)`` of them in step order: a plan is a few numbers, whatever ``G``.
+    ``gpus`` devices each run ``steps`` micro-steps per update (Run:AI's name: its "GA steps";
+    aikit's *step* is an update). Device ``d``'s micro-batch in micro-step ``s`` (``size(s, d)``)
+    has ``G // (gpus * steps)`` samples, one more for the first ``G % (gpus * steps)`` of them in
+    micro-step order: a plan is a few numbers, whatever ``G``.
 
     Run:AI's AIkit Elastic's table names the bound ``max_gpu_batch_size`` and the per-device batch
     ``batch_size``: both are kept as properties, beside aikit's :attr:`max_device_batch` and
@@ -57,7 +58,7 @@ class Plan:
     max_device_batch: int  # the most samples one device holds in a micro-batch
     available_gpus: int
     gpus: int  # devices that take part in training
-    steps: int  # GA steps per update (1 when no accumulation is needed)
+    steps: int  # micro-steps (GA steps) per update (1 when no accumulation is needed)
     policy: str = "ragged"
     rank: int = 0
 
@@ -70,10 +71,10 @@ class Plan:
     def _split(self) -> tuple[int, int]:
         return divmod(self.global_batch_size, self.gpus * self.steps)
 
-    def size(self, step: int, device: int) -> int:
-        """Samples device ``device`` processes in GA step ``step`` (0: it sits the step out)."""
+    def size(self, micro_step: int, device: int) -> int:
+        """Samples device ``device`` processes in ``micro_step`` (0: it sits the micro-step out)."""
         base, extra = self._split
-        return base + (step * self.gpus + device < extra)
+        return base + (micro_step * self.gpus + device < extra)
 
     @property
     def micro_batch_sizes(self) -> tuple[tuple[int, ...], ...]:
@@ -109,16 +110,16 @@ class Plan:
 
     @property
     def step_batch_sizes(self) -> tuple[int, ...]:
-        """Samples per GA step over all devices: the batch a DataParallel loader yields."""
+        """Samples per micro-step over all devices: the batch a DataParallel loader yields."""
         return tuple(sum(step) for step in self.micro_batch_sizes)
 
     def device_batch_sizes(self, device: int) -> tuple[int, ...]:
-        """The micro-batch sizes one device processes, step by step."""
+        """The micro-batch sizes one device processes, micro-step by micro-step."""
         return tuple(self.size(s, device) for s in range(self.steps))
 
-    def weight(self, step: int, device: int) -> float:
-        """Share of the update's gradient owed to one micro-batch (its samples / G)."""
-        return sample_weight(self.size(step, device), self.global_batch_size)
+    def share(self, micro_step: int, device: int) -> float:
+        """The share of the update's gradient owed to one micro-batch (its samples / G)."""
+        return sample_share(self.size(micro_step, device), self.global_batch_size)
 
     def summary(self) -> str:
         """A few readable lines: what runs where, and why."""

@@ -1,7 +1,7 @@
 """Learning-rate rules for a batch size that moves: the registry of rules and their arithmetic.
 
 A rule maps a base LR tuned at ``ref_batch_size`` (the reference batch) to the LR of an update of
-``batch_size`` samples by a factor: ``linear`` (Goyal et al., 2017; for SGD), ``sqrt`` (Malladi
+``batch`` samples (its global batch) by a factor: ``linear`` (Goyal et al., 2017; for SGD), ``sqrt`` (Malladi
 et al., 2022; for Adam and RMSprop), ``constant``, ``seesaw`` (Meterez et al., 2025) or, where
 the gradient noise is measured while training, ``adascale`` (Johnson et al., 2020). Rules are
 values (:class:`Rule`) in one registry, :data:`RULES`: a rule added there is offered by every
@@ -100,9 +100,9 @@ def adaptive_rule_name(rule: str | Rule) -> str:
     return lr_rule(rule, adaptive=True).name
 
 
-def scale_factor(batch_size: int, ref_batch_size: int, rule: str | Rule = "linear") -> float:
-    """How much larger the LR for ``batch_size`` is than the LR tuned at ``ref_batch_size``."""
-    batch, ref = positive_int(batch_size, "batch_size"), positive_int(ref_batch_size, "ref_batch_size")
+def scale_factor(batch: int, ref_batch_size: int, rule: str | Rule = "linear") -> float:
+    """How much larger the LR for a global ``batch`` is than the LR tuned at ``ref_batch_size``."""
+    batch, ref = positive_int(batch, "batch"), positive_int(ref_batch_size, "ref_batch_size")
     return lr_rule(rule).factor(batch, ref, None)
 
 
@@ -112,15 +112,15 @@ def warmup_fraction(step: int, warmup_steps: int) -> float:
     return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
 
 
-def rule_lr(base_lr: float, batch_size: int, ref_batch_size: int | None, rule: Rule, step: int = 0,
+def rule_lr(base_lr: float, batch: int, ref_batch_size: int | None, rule: Rule, step: int = 0,
             warmup_steps: int = 0, decay: float = 1.0, noise: NoiseEstimate | None = None) -> float:
-    """The LR of update ``step`` at ``batch_size``, the one formula every LR of an update comes
+    """The LR of update ``step`` at the global ``batch``, the one formula every LR of an update comes
     from: ``base_lr`` times ``decay`` (an LR decay's value at the samples trained before the
     update) times ``rule``'s factor, ramped in from 1 over ``warmup_steps`` updates (a measured
     rule's gain is not: it starts at 1 and follows the ``noise``)."""
     _check_lr(base_lr)
     checked_float(decay, "decay", "a multiplier in [0, 1]", lambda value: 0 <= value <= 1)
-    batch = positive_int(batch_size, "batch_size")
+    batch = positive_int(batch, "batch")
     ref = None if ref_batch_size is None and not rule.needs_ref else positive_int(ref_batch_size, "ref_batch_size")
     factor = rule.factor(batch, ref, noise)
     fraction = 1.0 if rule.measured else warmup_fraction(step, warmup_steps)
@@ -132,31 +132,31 @@ def rule_lr(base_lr: float, batch_size: int, ref_batch_size: int | None, rule: R
 
 def scaled_lr(
     base_lr: float,
-    batch_size: int,
+    batch: int,
     ref_batch_size: int,
     rule: str | Rule = "linear",
     step: int = 0,
     warmup_steps: int = 0,
     decay: float = 1.0,
 ) -> float:
-    """The LR for update ``step`` at ``batch_size`` of a trace's rule: :func:`rule_lr`."""
-    return rule_lr(base_lr, batch_size, ref_batch_size, lr_rule(rule), step, warmup_steps, decay)
+    """The LR for update ``step`` at the global ``batch`` of a trace's rule: :func:`rule_lr`."""
+    return rule_lr(base_lr, batch, ref_batch_size, lr_rule(rule), step, warmup_steps, decay)
 
 
 def adaptive_lr(
     base_lr: float,
-    batch_size: int,
+    batch: int,
     ref_batch_size: int,
     rule: str | Rule,
     noise: NoiseEstimate | None,
     step: int = 0,
     warmup_steps: int = 0,
 ) -> float:
-    """The LR of an adaptive run's update at ``batch_size``: with ``adascale``, ``base_lr`` times
+    """The LR of an adaptive run's update at the global ``batch``: with ``adascale``, ``base_lr`` times
     AdaScale's gain over ``ref_batch_size`` from the smoothed ``noise`` (``base_lr`` itself at
     ``ref_batch_size`` or before a first estimate); otherwise :func:`scaled_lr` of the rule (with
     its warmup)."""
-    return rule_lr(base_lr, batch_size, ref_batch_size, lr_rule(rule, adaptive=True), step, warmup_steps,
+    return rule_lr(base_lr, batch, ref_batch_size, lr_rule(rule, adaptive=True), step, warmup_steps,
                    noise=noise)
 
 

@@ -13,7 +13,7 @@ the replicas in the fewest micro-batches of at most that many samples
 (:func:`aikit.core.plan.even_micro_batches`): the micro-batch grows with the step.
 A replica dealt fewer micro-batches than another has nothing to
 fill in: it contributes zero weight for the missing ones and still joins the step's single
-all-reduce. Every micro-batch's gradient carries weight ``micro-batch / B``.
+all-reduce. Every micro-batch's gradient enters its update with the share ``micro-batch / B``.
 
 Where the trace ends is the trace's policy (see :mod:`aikit.core.trace`): with ``"error"`` an
 epoch the trace does not cover to its end raises :class:`TraceExhaustedError`; with
@@ -31,7 +31,7 @@ import numpy as np
 
 from aikit.core.batch_schedule import world_fit_problem
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.ga import sample_weight
+from aikit.core.ga import sample_share
 from aikit.core.plan import even_micro_batches, even_split_problems
 from aikit.core.trace import Trace, TraceExhaustedError, TraceTooShortError, load_trace, multiple_problems
 from aikit.core.validate import checked_bool, non_negative_int, positive_int
@@ -123,9 +123,9 @@ class EpochSchedule:
         start = int(self.offsets[step])
         return self.order[start : start + int(self.batch_sizes[step])]
 
-    def weight(self, step: int) -> float:
-        """Weight of one micro-batch's mean-loss gradient in the update of ``step``."""
-        return sample_weight(self.micro_size(step), int(self.batch_sizes[step]))
+    def share(self, step: int) -> float:
+        """The share of one micro-batch's mean-loss gradient in the update of ``step``."""
+        return sample_share(self.micro_size(step), int(self.batch_sizes[step]))
 
 
 def split_minimums(first: int, end: int, min_micro_batches: int, noise_every: int | None,

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from aikit.core.ga import (
     accumulated_divisor,
     common_size,
-    equal_weight,
+    equal_share,
     mean_scale,
     reduction_name,
     relative_weight,
-    sample_weight,
+    sample_share,
     short_window_factor,
     term_count,
 )
@@ -48,7 +48,7 @@ def test_sample_weights_make_the_window_mean_when_summed_or_averaged(sizes, aver
     total = sum(map(sum, sizes))
     world = replicas if averaged else 1
     per_replica = [
-        sum((sample_weight(step[r], total, world) * means[s][r] for s, step in enumerate(sizes) if step[r]),
+        sum((sample_share(step[r], total, world) * means[s][r] for s, step in enumerate(sizes) if step[r]),
             np.zeros(3))
         for r in range(replicas)
     ]
@@ -83,7 +83,7 @@ def test_the_mean_of_micro_batch_means_is_not_the_token_mean():
 def test_sample_weights_are_the_weighting_models_case_with_the_total_known_in_advance(sizes):
     total = sum(map(sum, sizes))
     for n in (n for step in sizes for n in step):
-        assert sample_weight(n, total) == mean_scale(total, n)
+        assert sample_share(n, total) == mean_scale(total, n)
 
 
 @given(windows)
@@ -97,7 +97,7 @@ def test_relative_weights_times_one_unit_per_update_make_the_window_mean(sizes):
          for r, n in enumerate(step) if n),
         np.zeros(3),
     )
-    np.testing.assert_allclose(accumulated * sample_weight(unit, total), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(accumulated * sample_share(unit, total), expected, rtol=1e-12, atol=1e-12)
 
 
 @given(windows, st.integers(0, 30))
@@ -105,7 +105,7 @@ def test_a_short_window_weighted_against_the_planned_one_is_corrected_to_its_mea
     means, expected = gradients(sizes)
     seen = sum(map(sum, sizes))
     planned = seen + missing  # the global batch the weights were computed for
-    summed = sum((sample_weight(n, planned) * means[s][r] for s, step in enumerate(sizes)
+    summed = sum((sample_share(n, planned) * means[s][r] for s, step in enumerate(sizes)
                   for r, n in enumerate(step) if n), np.zeros(3))
     np.testing.assert_allclose(summed * short_window_factor(planned, seen), expected, rtol=1e-12, atol=1e-12)
 
@@ -113,7 +113,7 @@ def test_a_short_window_weighted_against_the_planned_one_is_corrected_to_its_mea
 @given(st.integers(1, 6), st.integers(1, 9))
 def test_equal_micro_batches_weigh_one_over_the_micro_steps_accumulated(steps, size):
     means, expected = gradients([[size]] * steps)
-    np.testing.assert_allclose(sum(equal_weight(steps) * m[0] for m in means), expected, rtol=1e-12)
+    np.testing.assert_allclose(sum(equal_share(steps) * m[0] for m in means), expected, rtol=1e-12)
 
 
 @given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 7), st.booleans(), st.sampled_from(["mean", "sum"]))
@@ -125,12 +125,12 @@ def test_equal_weights_make_the_windows_mean_or_sum_when_replicas_sum_or_average
     rng = np.random.default_rng(steps * 100 + replicas * 10 + size)
     per_sample = rng.normal(size=(steps, replicas, size, 3))
     world = replicas if averaged else 1
-    weight = equal_weight(steps, reduction, replicas, world)
+    weight = equal_share(steps, reduction, replicas, world)
     micro_losses = per_sample.mean(2) if reduction == "mean" else per_sample.sum(2)  # the loss's own reduction
     reduced = sum(weight * micro_losses[s, r] for s in range(steps) for r in range(replicas)) / world
     expected = per_sample.reshape(-1, 3).mean(0) if reduction == "mean" else per_sample.reshape(-1, 3).sum(0)
     np.testing.assert_allclose(reduced, expected, rtol=1e-12, atol=1e-12)
-    assert accumulated_divisor(steps, reduction) * equal_weight(steps, reduction) == pytest.approx(1.0)
+    assert accumulated_divisor(steps, reduction) * equal_share(steps, reduction) == pytest.approx(1.0)
 
 
 @given(st.integers(1, 600), st.integers(1, 80), st.integers(1, 9))
@@ -139,18 +139,18 @@ def test_the_common_size_is_the_size_most_micro_batches_of_a_plan_share(g, m, n)
     sizes = Counter(size for step in plan.micro_batch_sizes for size in step)
     common = common_size(g, plan.steps * plan.gpus)
     assert sizes[common] == max(sizes.values())
-    assert plan.weight(0, 0) == plan.micro_batch_sizes[0][0] / g
+    assert plan.share(0, 0) == plan.micro_batch_sizes[0][0] / g
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: sample_weight(-1, 8), "samples must be a non-negative integer, got -1"),
-        (lambda: sample_weight(3, 0), "window_samples must be positive"),
-        (lambda: sample_weight(9, 8), "a micro-batch of 9 samples cannot lie in a window of 8"),
-        (lambda: sample_weight(2.5, 8), "samples must be a non-negative integer, got 2.5"),
-        (lambda: equal_weight(0), "an update needs at least one micro-step"),
-        (lambda: equal_weight(2, "avg"), "reduction must be 'mean' or 'sum', got 'avg': 'mean' for a mean loss"),
+        (lambda: sample_share(-1, 8), "samples must be a non-negative integer, got -1"),
+        (lambda: sample_share(3, 0), "window_samples must be positive"),
+        (lambda: sample_share(9, 8), "a micro-batch of 9 samples cannot lie in a window of 8"),
+        (lambda: sample_share(2.5, 8), "samples must be a non-negative integer, got 2.5"),
+        (lambda: equal_share(0), "an update needs at least one micro-step"),
+        (lambda: equal_share(2, "avg"), "reduction must be 'mean' or 'sum', got 'avg': 'mean' for a mean loss"),
         (lambda: reduction_name(None), "reduction must be 'mean' or 'sum', got None"),
         (lambda: short_window_factor(8, 0), "an update with no samples has no mean gradient"),
         (lambda: short_window_factor(8, 9), "the update held 9 samples, more than the 8 of its global batch"),

@@ -87,7 +87,7 @@ def test_every_check_is_made_once_when_the_policy_is_made():
     assert LRPolicy("root", 8).rule is RULES["sqrt"]
     with pytest.raises(ValueError, match="base_lr must be a finite number >= 0, got nan"):
         LRPolicy("linear", 8).lr(math.nan, 16)
-    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="batch must be a positive integer, got 0"):
         LRPolicy("linear", 8).lr(0.1, 0)
 
 

@@ -31,7 +31,7 @@ def test_ragged_default_uses_every_device_at_fewest_steps():
     assert plan.policy == "ragged"
     assert plan.micro_batch_sizes == ((43, 43, 43), (43, 42, 42))
     assert plan.step_batch_sizes == (129, 127)
-    assert [plan.weight(s, d) for s in range(2) for d in range(3)] == [43 / 256] * 4 + [42 / 256] * 2
+    assert [plan.share(s, d) for s in range(2) for d in range(3)] == [43 / 256] * 4 + [42 / 256] * 2
 
 
 def test_g100_m30_on_one_device_splits_evenly_in_four_steps():
@@ -103,7 +103,7 @@ def test_every_plan_is_exact_and_within_limits(g, m, n, policy):
     else:
         assert max(sizes) - min(sizes) <= 1  # ragged by at most one sample
         assert plan.steps == -(-g // (plan.gpus * m))  # the fewest sequential steps possible
-        assert abs(sum(plan.weight(s, d) for s in range(plan.steps) for d in range(plan.gpus)) - 1) < 1e-9
+        assert abs(sum(plan.share(s, d) for s in range(plan.steps) for d in range(plan.gpus)) - 1) < 1e-9
         device_totals = [sum(plan.device_batch_sizes(d)) for d in range(plan.gpus)]
         assert max(device_totals) - min(device_totals) <= 1  # balanced work per update
 

@@ -27,7 +27,7 @@ def test_warmup_ramps_the_scale_from_one():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: scale_factor(0, 128), "batch_size must be a positive integer, got 0"),
+        (lambda: scale_factor(0, 128), "batch must be a positive integer, got 0"),
         (lambda: scale_factor(64, -1), "ref_batch_size must be a positive integer, got -1"),
         (lambda: scale_factor(64, 128, "cubic"), "LR rule must be one of"),
         (lambda: scaled_lr(-0.1, 64, 128), "base_lr must be a finite number >= 0, got -0.1"),

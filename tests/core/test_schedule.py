@@ -75,7 +75,7 @@ def test_zero_weight_replicas_and_weights(schedule):
         assert (counts.max(axis=0) - counts.min(axis=0) <= 1).all()  # replicas differ by at most one
         for step in range(len(epoch)):
             # a micro-batch's weight times all micro-batches is the whole update
-            assert epoch.weight(step) * epoch.micro_batches_per_step[step] == pytest.approx(1.0)
+            assert epoch.share(step) * epoch.micro_batches_per_step[step] == pytest.approx(1.0)
 
 
 def test_a_replica_without_a_micro_batch_is_marked_not_fed_a_dummy():
@@ -185,7 +185,7 @@ def test_a_growing_micro_batch_splits_each_step_evenly_in_the_fewest_micro_batch
         fewest = max(-(-least // replicas), -(-size // (replicas * device)))
         assert {len(b) for b in batches} == {micro} and micro <= device
         assert len(batches) == fewest * replicas  # the fewest steps, the same on every replica
-        assert plan.weight(step) == micro / size
+        assert plan.share(step) == micro / size
 
 
 def test_a_step_that_cannot_split_evenly_is_refused_naming_the_nearest():

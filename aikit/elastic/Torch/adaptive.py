@@ -26,7 +26,7 @@ row and decision (:class:`~aikit.core.adaptive.AdaptiveRun`). This module adds w
   is trained: a decision after update ``k`` takes effect at update ``k + 1 + lookahead``. The
   sampler refuses to run further ahead than that, naming the fix.
 * **GA equality.** Every update is the one big-batch step over its samples: the accumulated
-  gradient is weighed by ``micro_batch / B`` (``EpochSchedule.weight``) whatever ``B`` is.
+  gradient enters its update with the share ``micro_batch / B`` (``EpochSchedule.share``) whatever ``B`` is.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ yields. Until this replica's last micro-batch of a global step, ``step()`` only 
 accumulate. On the last one the GA engine (:mod:`aikit.runtime.Torch.accumulator`) sums the gradients
 over the replicas in one all-reduce, weighs them by ``micro_batch / B`` (each micro-batch
 gradient is a mean over its samples, so the sum over all replicas becomes the mean over the
-step's ``B`` samples: :meth:`aikit.core.schedule.EpochSchedule.weight`), unscales (AMP), clips,
+step's ``B`` samples: :meth:`aikit.core.schedule.EpochSchedule.share`), unscales (AMP), clips,
 makes one update of the wrapped optimizer at the LR :class:`aikit.core.lr_policy.LRPolicy` gives
 for ``B``, puts the base LR back (so an LR scheduler on this optimizer composes) and zeroes the
 gradients.
@@ -343,7 +343,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         the step's samples, or over its loss terms where they were declared."""
         if self._terms is not None:
             return self.engine.terms_scale(self._terms)
-        return self.plan.weight(self.step_index)
+        return self.plan.share(self.step_index)
 
     def _declared_terms(self, terms: Any, declared: float) -> Any:
         """The step's loss terms over every replica, None where no micro-batch declared any; a

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from aikit.core.errors import InvalidValue
-from aikit.core.ga import common_size, equal_weight, relative_weight, sample_weight, short_window_factor
+from aikit.core.ga import common_size, equal_share, relative_weight, sample_share, short_window_factor
 from aikit.core.validate import non_negative_int
 from aikit.runtime.published import latest_plan
 from aikit.runtime.Torch.accumulator import Accumulator
@@ -128,7 +128,7 @@ class Window:
             (samples,) = engine.reduce([float(samples)])
             samples = round(samples)
         if not self.weighted:  # reducing, the replicas' sum is divided by the world; DDP averages it itself
-            return equal_weight(self.position, reduction, world, averaging)
+            return equal_share(self.position, reduction, world, averaging)
         total = _global_batch(global_batch_size, samples)
         # reducing, the samples are summed with the gradients: a short window (an epoch's last)
         # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
@@ -137,7 +137,7 @@ class Window:
             _refuse(engine, f"the {self.position} micro-batches of this update held {samples} samples, but "
                             f"global_batch_size is {total}: feed exactly that many per update, or call "
                             "optimizer.flush() after an epoch's last, shorter window")
-        scale = sample_weight(self.unit, total, averaging)
+        scale = sample_share(self.unit, total, averaging)
         if samples != total and seen:
             scale *= short_window_factor(total, samples)
         return scale
