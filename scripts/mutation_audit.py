@@ -36,6 +36,8 @@ TOKEN_TESTS = "tests/lm/test_token_weights.py"
 TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
 AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
 ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
+RESTORE_TESTS = "tests/resize/test_restore_checks.py"
+ENGINE_TESTS = "tests/torch/test_engines.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -174,6 +176,15 @@ MUTANTS = [
      "index = int(losses.argmin())", f"tests/lr_finder/test_lr_range.py {AUTOLRS_TESTS}"),
     ("autolrs: a short range test smoothed as a long one", "aikit/core/autolrs/range_test.py",
      "return LossTracker(min(0.5, RANGE_SMOOTHING / range_steps))", "return LossTracker(0.05)", AUTOLRS_TESTS),
+    ("resize: a commit from before the trace optimizers moved is refused", "aikit/elastic/Torch/restore_checks.py",
+     'return f"{MOVED_CLASSES.get(cls, cls)}{paren}{inner}" == now', "return saved == now", RESTORE_TESTS),
+    ("lr policy: the decay read at the samples after the update", "aikit/elastic/Torch/trace_optim.py",
+     "return self.sampler.schedule.trace.samples_before(self.plan.first_step + self.step_index)",
+     "return self.sampler.schedule.trace.samples_before(self.plan.first_step + self.step_index + 1)",
+     "tests/trace/test_seesaw.py tests/tf/test_one_lr_policy.py"),
+    ("engines: torchrun's variables outrank an engine in use", "aikit/runtime/Torch/engines/__init__.py",
+     "        if engine.in_use():\n            return engine\n",
+     "        if engine.launched() or engine.in_use():\n            return engine\n", ENGINE_TESTS),
     ("adaptive: the hold starts an update late", "aikit/core/adaptive/packing.py",
      "self._decided_samples >= self.hold_after:", "self._decided_samples > self.hold_after:", ADAPTIVE_TESTS),
     ("adaptive: the next update's split is read before the hold", "aikit/core/adaptive/packing.py",

@@ -1,0 +1,78 @@
+"""docs/architecture.md's countable claims, measured from the code, so that they cannot drift.
+
+Each test reads the number or the list the page states and compares it with what the code is:
+module and class sizes, the modules ``import aikit.autolrs.Torch`` loads, the mutation audit's
+mutants, the original systems' names the page lists. (The layers, the engines, the named errors
+and the optional dependencies have tests of their own, named on the page.)
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from test_layers import loaded_after
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = (ROOT / "docs" / "architecture.md").read_text()
+
+
+def stated(pattern: str) -> list[str]:
+    """Every match of ``pattern``'s first group on the page (it must state it at least once)."""
+    found = re.findall(pattern, " ".join(PAGE.split()))
+    assert found, f"docs/architecture.md no longer says {pattern!r}"
+    return found
+
+
+def sizes() -> tuple[dict[str, int], dict[str, int]]:
+    """Lines of every module of aikit, and of every class (``ast``: its last line - its first + 1)."""
+    modules, classes = {}, {}
+    for path in sorted((ROOT / "aikit").rglob("*.py")):
+        source, name = path.read_text(), path.relative_to(ROOT).as_posix()
+        modules[name] = len(source.splitlines())
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                classes[f"{name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    return modules, classes
+
+
+def test_no_module_and_no_class_is_longer_than_the_page_says():
+    (module_limit, class_limit), = {(int(m), int(c)) for m, c in stated(
+        r"No module of aikit is longer than (\d+) lines and no class longer than (\d+)")}
+    modules, classes = sizes()
+    assert {name: n for name, n in modules.items() if n > module_limit} == {}
+    assert {name: n for name, n in classes.items() if n > class_limit} == {}
+
+
+def test_the_modules_autolrs_loads_are_counted_right():
+    (count,) = {int(n) for n in stated(r"`import aikit\.autolrs\.Torch` loads (\d+) modules of aikit")}
+    loaded = loaded_after("import aikit.autolrs.Torch")
+    assert len(loaded) == count, loaded
+
+
+def test_the_mutation_audit_has_as_many_mutants_as_the_page_says():
+    spec = importlib.util.spec_from_file_location("mutation_audit", ROOT / "scripts" / "mutation_audit.py")
+    audit = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("mutation_audit", audit)
+    spec.loader.exec_module(audit)
+    counts = {int(n) for n in stated(r"plants (\d+) named, realistic bugs")} | \
+        {int(n) for n in stated(r"\(all (\d+); ")}
+    assert counts == {len(audit.MUTANTS)}
+    names = [mutant[0] for mutant in audit.MUTANTS]
+    assert len(set(names)) == len(names)  # a mutant is chosen by its name
+
+
+def test_the_names_table_lists_every_original_name_the_edge_takes():
+    """The page's Names table and ``aikit.runtime.originals.ORIGINAL_NAMES`` say the same: every
+    original's name is on the row of the aikit name it stands for, with the system that wrote it."""
+    from aikit.runtime.originals import ORIGINAL_NAMES
+
+    table = PAGE[PAGE.index("## Names"):]
+    rows = {row.split("|")[2].strip(" `"): row for row in table.splitlines()
+            if row.startswith("| ") and row.count("|") >= 4 and "---" not in row}
+    for alias, (name, system) in ORIGINAL_NAMES.items():
+        assert name in rows, f"no row for {name} in the Names table"
+        assert f"`{alias}`" in rows[name] and system.split("'")[0] in rows[name], (alias, rows[name])
