@@ -39,8 +39,8 @@ FRAMEWORKS = {"torch", "torch_xla", "tensorflow", "keras", "horovod", "jax", "li
 # modules that load no framework: the core, the package inits above the adapters, and what
 # every layer may import without one
 FRAMEWORK_FREE = {"aikit", "aikit.optional", "aikit.core", "aikit.runtime", "aikit.runtime.published",
-                  "aikit.runtime.originals", "aikit.ga", "aikit.elastic", "aikit.lr_finder", "aikit.autolrs",
-                  "aikit.integrations"}
+                  "aikit.runtime.originals", "aikit.ga", "aikit.ga.exports", "aikit.elastic", "aikit.lr_finder",
+                  "aikit.autolrs", "aikit.integrations"}
 
 
 def framework_free(module: str) -> bool:

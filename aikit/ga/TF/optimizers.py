@@ -40,6 +40,7 @@ import tensorflow as tf
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, mean_scale, reduction_name
 from aikit.core.validate import checked_int, positive_int
+from aikit.ga.exports import served
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
@@ -366,15 +367,4 @@ def _keras_optimizer_classes() -> list[type[keras.optimizers.Optimizer]]:
 
 
 PREBUILT = {cls.__name__: _prebuilt(cls) for cls in _keras_optimizer_classes()}  # made once, registered with Keras
-
-
-def __getattr__(name: str) -> type[Optimizer]:
-    """Run:AI's prebuilt classes, ``aikit.ga.TF.optimizers.Adam`` and the rest: :data:`PREBUILT`'s."""
-    try:
-        return PREBUILT[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *PREBUILT})
+__getattr__, __dir__ = served(__name__, PREBUILT)  # aikit.ga.TF.optimizers.Adam and the rest

@@ -48,6 +48,7 @@ import torch
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import reduction_name
 from aikit.core.validate import positive_int
+from aikit.ga.exports import served
 from aikit.ga.Torch.runai import from_runai, prebuilt_classes
 from aikit.ga.Torch.scheduler import UpdateScheduler  # noqa: F401  (its public path: aikit.ga.Torch.optim)
 from aikit.ga.Torch.state import check_state, ga_state
@@ -356,15 +357,4 @@ def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
 
 _PICKLED = ("global_batch_size", "max_grad_norm", "scaler", "reduce", "bucket_cap_mb", "sync_every_micro_step")
 PREBUILT = prebuilt_classes(Optimizer, __name__)  # Run:AI's Adam(steps, params, ...) and the rest, made once
-
-
-def __getattr__(name: str) -> type[Optimizer]:
-    """Run:AI's prebuilt classes, ``aikit.ga.Torch.optim.Adam`` and the rest: :data:`PREBUILT`'s."""
-    try:
-        return PREBUILT[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *PREBUILT})
+__getattr__, __dir__ = served(__name__, PREBUILT)  # aikit.ga.Torch.optim.Adam and the rest

@@ -14,8 +14,9 @@ first), where one process, last, always answers. Tensors on a device an engine o
 go through that engine whatever else runs.
 
 Adding an engine (issue 37's Ray Train, say) takes two files: a module here whose class
-provides everything :class:`Engine` lists (``tests/torch/test_engines.py`` checks that it does),
-and one line in :data:`ENGINES` at its place in the order. An engine that runs on top of
+provides everything :class:`Engine` lists (``tests/torch/test_engines.py`` checks that it does;
+it subclasses :class:`~aikit.runtime.Torch.engines.defaults.EngineDefaults` for what it leaves
+as most engines have it), and one line in :data:`ENGINES` at its place in the order. An engine that runs on top of
 another (Ray's workers run torch.distributed) may subclass it and change only its detection.
 """
 

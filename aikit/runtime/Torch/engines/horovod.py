@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from aikit.runtime.Torch.engines.defaults import EngineDefaults
+
 
 def initialised() -> ModuleType | None:
     """The ``horovod.torch`` module when the user imported and initialised it, else None."""
@@ -54,21 +56,14 @@ class _WholeState:
         self.save()
 
 
-class HorovodEngine:
+class HorovodEngine(EngineDefaults):
     """Horovod's collectives over its ranks."""
 
     name = "horovod"
     label = name
-    lazy = False
 
     def in_use(self) -> bool:
         return initialised() is not None
-
-    def launched(self) -> bool:
-        return False
-
-    def owns(self, device: torch.device) -> bool:
-        return False
 
     @staticmethod
     def _hvd() -> ModuleType:
@@ -107,9 +102,6 @@ class HorovodEngine:
         hvd = self._hvd()
         handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name=name)
         return lambda: hvd.synchronize(handle)
-
-    def mark_step(self, device: torch.device) -> None:
-        pass
 
     def elastic(self) -> bool:
         return os.environ.get("HOROVOD_ELASTIC") == "1"

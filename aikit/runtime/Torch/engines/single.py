@@ -8,25 +8,22 @@ from typing import Any
 
 import torch
 
+from aikit.runtime.Torch.engines.defaults import EngineDefaults
 from aikit.runtime.Torch.engines.torch_distributed import torchrun_variable
 
 
-class SingleEngine:
+class SingleEngine(EngineDefaults):
     """One replica. Its rank and local rank are 0, or ``RANK`` and ``LOCAL_RANK`` where a
     launcher set them without ``WORLD_SIZE`` (as aikit has always read them)."""
 
     name = "single"
     label = "one process"
-    lazy = False
 
     def in_use(self) -> bool:
         return False
 
     def launched(self) -> bool:
         return True  # what is left: the last engine detection asks
-
-    def owns(self, device: torch.device) -> bool:
-        return False
 
     def world_size(self) -> int:
         return 1
@@ -54,15 +51,6 @@ class SingleEngine:
 
     def start_all_reduce_sum_(self, tensor: torch.Tensor, name: str) -> Callable[[], None]:
         return lambda: None  # a sum over one replica: the tensor as it is
-
-    def mark_step(self, device: torch.device) -> None:
-        pass
-
-    def elastic(self) -> bool:
-        return False
-
-    def keep_whole(self, kind: type) -> None:
-        pass
 
 
 SINGLE = SingleEngine()

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from aikit.core.errors import InvalidState, InvalidValue
+from aikit.runtime.Torch.engines.defaults import EngineDefaults
 from aikit.runtime.Torch.engines.failure import named_failure
 
 
@@ -62,21 +63,17 @@ def _failure(what: str):
     return named_failure(f"{what} over torch.distributed", process_group_timeout(), "init_process_group(timeout=...)")
 
 
-class TorchDistributedEngine:
+class TorchDistributedEngine(EngineDefaults):
     """torch.distributed's default process group."""
 
     name = "torch.distributed"
     label = name
-    lazy = False
 
     def in_use(self) -> bool:
         return dist.is_available() and dist.is_initialized()
 
     def launched(self) -> bool:
         return "WORLD_SIZE" in os.environ
-
-    def owns(self, device: torch.device) -> bool:
-        return False
 
     def world_size(self) -> int:
         if self.in_use():
@@ -142,15 +139,6 @@ class TorchDistributedEngine:
                 work.wait()
 
         return wait
-
-    def mark_step(self, device: torch.device) -> None:
-        pass
-
-    def elastic(self) -> bool:
-        return False
-
-    def keep_whole(self, kind: type) -> None:
-        pass
 
 
 TORCH_DISTRIBUTED = TorchDistributedEngine()

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from aikit.core.errors import InvalidState, InvalidValue
+from aikit.runtime.Torch.engines.defaults import EngineDefaults
 from aikit.runtime.Torch.engines.failure import named_failure
 from aikit.runtime.Torch.engines.torch_distributed import buckets
 
@@ -107,7 +108,7 @@ def _hosts_failure(what: str):
     return named_failure(what, host_timeout(), "AIKIT_HOST_TIMEOUT")
 
 
-class XLAEngine:
+class XLAEngine(EngineDefaults):
     """torch_xla's replicas over eth-easl's hosts, or one SPMD process."""
 
     name = "xla"
@@ -119,9 +120,6 @@ class XLAEngine:
 
     def in_use(self) -> bool:
         return _runtime() is not None
-
-    def launched(self) -> bool:
-        return False
 
     def owns(self, device: torch.device) -> bool:
         return device.type == "xla"
@@ -228,12 +226,6 @@ class XLAEngine:
             import torch_xla.core.xla_model as xm
 
             xm.mark_step()
-
-    def elastic(self) -> bool:
-        return False
-
-    def keep_whole(self, kind: type) -> None:
-        pass
 
 
 XLA = XLAEngine()

@@ -1,0 +1,28 @@
+"""What an engine does where it has nothing of its own: an engine subclasses :class:`EngineDefaults`
+and writes only what differs (see :class:`aikit.runtime.Torch.engines.Engine` for what each means)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class EngineDefaults:
+    """Detected only once in use, owning no device, tracing nothing lazily, with no elastic state
+    of its own."""
+
+    lazy = False
+
+    def launched(self) -> bool:
+        return False
+
+    def owns(self, device: torch.device) -> bool:
+        return False
+
+    def mark_step(self, device: torch.device) -> None:
+        pass
+
+    def elastic(self) -> bool:
+        return False
+
+    def keep_whole(self, kind: type) -> None:
+        pass
