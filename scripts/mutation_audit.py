@@ -69,10 +69,8 @@ MUTANTS = [
      "return torch.zeros_like(grad) if self.factor == 0 else grad * self.factor", "return grad * self.factor",
      GA_TESTS),
     ("engine: gradients kept after the update", "aikit/runtime/Torch/accumulator.py",
-     "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped\n"
-     "        self.optimizer.zero_grad()",
-     "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped",
-     GA_TESTS),
+     "                self.skips.amp_skipped()\n        self.optimizer.zero_grad()\n",
+     "                self.skips.amp_skipped()\n", GA_TESTS),
     ("engine: weight applied after clipping", "aikit/runtime/Torch/accumulator.py",
      "not read\n            mul_(grads, scale)\n", "not read\n            pass\n", GA_TESTS),
     ("engine: replicas' folded factors summed as they are", "aikit/runtime/Torch/accumulator.py",
@@ -116,8 +114,8 @@ MUTANTS = [
     ("trace: load forgets the sampler position", "aikit/elastic/Torch/trace_state.py",
      "        self.sampler.resume(trace[\"epoch\"], trace[\"step\"], trace[\"micro\"])\n", "", TRACE_TESTS),
     ("trace: clipping dropped", "aikit/elastic/Torch/trace_optim.py",
-     "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)",
-     "self.engine = Accumulator(optimizer, scaler=scaler)", TRACE_TESTS),
+     "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,",
+     "self.engine = Accumulator(optimizer, scaler=scaler,", TRACE_TESTS),
     ("resize: objects not checked before loading", "aikit/elastic/Torch/resize.py",
      "            check_commit(payload, self._objects, self.optimizer, self.directory)  # everything, before "
      "anything changes\n", "", RESIZE_TESTS),
