@@ -35,24 +35,30 @@ def checked_max_skips(value: object) -> int | None:
     return None if value is None else positive_int(value, "max_skips_in_a_row")
 
 
-def nonfinite_warning(detail: str, max_in_a_row: int | None) -> NonFiniteGradientWarning:
-    """The warning of an optimizer's first skip; ``detail`` says what was not finite."""
+TORCH_COUNTS = "optimizer.updated is False, optimizer.skipped counts the skips"
+
+
+def nonfinite_warning(detail: str, max_in_a_row: int | None, counts: str = TORCH_COUNTS) -> NonFiniteGradientWarning:
+    """The warning of an optimizer's first skip; ``detail`` says what was not finite, ``counts``
+    what the optimizer's counters say."""
     then = (f"; {max_in_a_row} skips in a row raise TrainingFailed (max_skips_in_a_row)" if max_in_a_row
             else "; max_skips_in_a_row=None: it skips them for ever")
     return NonFiniteGradientWarning(
         f"aikit skipped an update: its gradient is not finite ({detail}), so no weight changed and nothing that "
-        "counts updates advanced, as a GradScaler skips one (optimizer.updated is False, optimizer.skipped counts "
-        "the skips). Check the loss and the data for inf/NaN (a log or a division by 0, a bad sample) and the "
-        f"learning rate{then}; skip_nonfinite=False applies such gradients, as torch's and Keras' optimizers do. "
-        "Warned once per optimizer."
+        f"counts updates advanced, as a GradScaler skips one ({counts}). Check the loss and the data for inf/NaN "
+        f"(a log or a division by 0, a bad sample) and the learning rate{then}; skip_nonfinite=False applies such "
+        "gradients, as torch's and Keras' optimizers do. Warned once per optimizer."
     )
 
 
-def too_many_skips(in_a_row: int, skipped: int, detail: str) -> TrainingFailed:
-    """The failure of a run of ``in_a_row`` skips (``skipped`` in all)."""
+def too_many_skips(in_a_row: int, skipped: int, detail: str, updated: bool = True) -> TrainingFailed:
+    """The failure of a run of ``in_a_row`` skips (``skipped`` in all; ``updated``: the optimizer
+    says ``optimizer.updated``, as torch's wrappers do)."""
+    counts = f"optimizer.updated is False; optimizer.skipped is {skipped}" if updated else (
+        f"optimizer.skipped is {skipped}")
     return TrainingFailed(
         f"{in_a_row} updates in a row were skipped because their gradient was not finite ({detail}): the weights "
-        f"have not changed since (optimizer.updated is False; optimizer.skipped is {skipped}), and every batch "
+        f"have not changed since ({counts}), and every batch "
         "gives inf/NaN at them. Check the learning rate (lower it, or warm it up), the loss (a log or a division "
         "by 0, a mean over an empty batch) and the data (inf/NaN inputs or labels); max_skips_in_a_row=None skips "
         "for ever, skip_nonfinite=False applies such gradients"
