@@ -45,7 +45,7 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, mean_scale, reduction_name
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW, checked_max_skips
 from aikit.core.validate import checked_bool, checked_int, positive_int
-from aikit.ga.TF.skipping import SkippedUpdates, nonfinite_count, replicas_sum
+from aikit.ga.TF.skipping import SkippedUpdates, nonfinite_count
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
@@ -264,7 +264,7 @@ class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
                 self.assign_add(total, grad if weight is None else _weighed(grad, weight))
 
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            self._maybe_update(lambda: self._update_if_finite(lambda: replicas_sum(nonfinite_count(sums)),
+            self._maybe_update(lambda: self._update_if_finite(lambda: self._replicas_nonfinite(sums),
                                                               lambda: self._update(sums, variables),
                                                               lambda: self._skip(sums)))
         else:

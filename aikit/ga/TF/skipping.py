@@ -51,6 +51,11 @@ class SkippedUpdates:
         """Updates skipped for an inf/NaN gradient since the last update applied."""
         return int(self._skipped_in_a_row.numpy())
 
+    def _replicas_nonfinite(self, sums):
+        """How many of the replicas' ``sums`` hold an inf or NaN, from a replica context (every
+        replica must take the same branch; a subclass that averages elsewhere sums there too)."""
+        return replicas_sum(nonfinite_count(sums))
+
     def _update_if_finite(self, nonfinite, update, skip):
         """``update()`` if ``nonfinite()`` (the replicas' count of non-finite sums) is 0, else
         ``skip()``: one ``tf.cond``; whether it updated, a tensor."""
