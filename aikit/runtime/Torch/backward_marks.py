@@ -21,11 +21,7 @@ import torch
 
 from aikit.core.errors import NoGradientWarning
 from aikit.core.skips import user_stacklevel
-
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # a torch built without distributed
-    DTensor = ()
+from aikit.runtime.Torch.gradient_sync import is_shard
 
 
 class BackwardMarks:
@@ -42,7 +38,7 @@ class BackwardMarks:
 
     def restart(self) -> None:
         """A new update's window, from the gradients as they are now."""
-        self.sharded = any(isinstance(p, DTensor) for group in self.optimizer.param_groups for p in group["params"])
+        self.sharded = any(is_shard(p) for group in self.optimizer.param_groups for p in group["params"])
         self._last = [] if self.sharded else self._marks()
         self.micro_steps = self.missing = 0
 
