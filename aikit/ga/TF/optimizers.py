@@ -275,7 +275,7 @@ class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
                     lambda: each(self._update, args=(sums, variables)), lambda: each(self._skip, args=(sums,))))
 
             tf.distribute.get_replica_context().merge_call(cross_replica)
-        if tf.executing_eagerly() and self.skip_nonfinite and tf.distribute.get_strategy().num_replicas_in_sync == 1:
+        if tf.executing_eagerly() and self._checks_finite and tf.distribute.get_strategy().num_replicas_in_sync == 1:
             self._check_skips()
 
     def _index_of(self, variable) -> int:

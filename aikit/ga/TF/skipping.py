@@ -9,7 +9,9 @@ sums differ: one alone cannot decide). A graph cannot warn or raise without a re
 stall it, so the words (:mod:`aikit.core.skips`'s, the torch wrapper's) come where Keras runs
 Python: an ``apply`` run eagerly on one replica warns at the first skip and raises
 :class:`~aikit.core.errors.TrainingFailed` after ``max_skips_in_a_row`` in a row; ``Model.fit``
-warns at its end (``finalize_variable_values``) if its compiled steps skipped any.
+warns at its end (``finalize_variable_values``) if its compiled steps skipped any. A wrapped
+``LossScaleOptimizer`` checks its own gradients (and lowers its scale on an overflow, which a skip
+here would hide from it): there the wrapper checks nothing, as the torch one under a GradScaler.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class SkippedUpdates:
         self._warned = False
 
     @property
+    def _checks_finite(self) -> bool:
+        """Whether this wrapper skips non-finite updates itself (not where a LossScaleOptimizer does)."""
+        return self.skip_nonfinite and not isinstance(self.inner, keras.optimizers.LossScaleOptimizer)
+
+    @property
     def skipped(self) -> int:
         """Updates skipped for an inf/NaN gradient (the weights and ``iterations`` left as they were)."""
         return int(self._skipped.numpy())
@@ -59,7 +66,7 @@ class SkippedUpdates:
     def _update_if_finite(self, nonfinite, update, skip):
         """``update()`` if ``nonfinite()`` (the replicas' count of non-finite sums) is 0, else
         ``skip()``: one ``tf.cond``; whether it updated, a tensor."""
-        if not self.skip_nonfinite:
+        if not self._checks_finite:
             update()
             return ops.convert_to_tensor(True)
         def updated() -> None:  # a tf.cond branch returns nothing, whatever its call returned
@@ -92,7 +99,7 @@ class SkippedUpdates:
 
     def _report_skips(self) -> None:
         """At the end of ``Model.fit``: the updates its compiled steps skipped, warned once."""
-        if self.skip_nonfinite and self.skipped:
+        if self._checks_finite and self.skipped:
             self._warn(f"inf or NaN: {self.skipped} update(s) skipped, the last {self.skipped_in_a_row} in a row")
 
     def _warn(self, detail: str) -> None:
