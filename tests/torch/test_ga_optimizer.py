@@ -425,6 +425,19 @@ def test_a_plain_torch_loop_moves_the_lr_once_per_update_with_update_scheduler(n
     assert_same(net, reference)
 
 
+@pytest.mark.parametrize("given", ["cosine", None, torch.optim.lr_scheduler.CosineAnnealingLR])
+def test_update_scheduler_of_what_is_no_scheduler_says_to_build_one(given):
+    """It said "... but str was built on NoneType"."""
+    from aikit.ga.Torch.optim import UpdateScheduler
+
+    with pytest.raises(TypeError) as refused:
+        UpdateScheduler(given)
+    assert str(refused.value) == (
+        f"UpdateScheduler wraps a torch LR scheduler built on the aikit optimizer, got {given!r:.60} (a "
+        f"{type(given).__name__}): build one first, e.g. UpdateScheduler(torch.optim.lr_scheduler."
+        "CosineAnnealingLR(optimizer, T_max=updates))")
+
+
 def test_update_scheduler_refuses_a_scheduler_of_a_plain_optimizer():
     from aikit.ga.Torch.optim import UpdateScheduler
 
