@@ -193,6 +193,25 @@ MUTANTS = [
     ("adaptive: a held update's noise is recorded", "aikit/core/adaptive/run.py",
      "            noise = None  # a held update measures nothing", "            pass  # a held update measures nothing",
      ADAPTIVE_TESTS),
+    # an update whose gradient is inf or NaN: skipped as a GradScaler skips one (issue 40)
+    ("skip: a non-finite gradient applied (the skip removed)", "aikit/runtime/Torch/accumulator.py",
+     "            if self.skip_nonfinite and grads and not self._finite(total_norm(grads) if norm is None else norm):\n"
+     "                return False\n", "", GA_TESTS),
+    ("skip: a skipped update counted as an update", "aikit/runtime/Torch/accumulator.py",
+     "                return False\n            self.optimizer.step()\n",
+     "                pass\n            self.optimizer.step()\n", GA_TESTS),
+    ("skip: a skipped trace update advances the warmup", "aikit/elastic/Torch/trace_optim.py",
+     "            self.updates += self.updated\n", "            self.updates += 1\n", TRACE_TESTS),
+    ("skip: a run of skips fails one skip late", "aikit/core/skips.py",
+     "and self.in_a_row >= self.max_in_a_row:", "and self.in_a_row > self.max_in_a_row:", GA_TESTS),
+    ("skip: the Keras update applied whatever its gradient", "aikit/ga/TF/skipping.py",
+     "        if not self._checks_finite:\n            update()", "        if True:\n            update()",
+     KERAS_TESTS),
+    ("skip: each Horovod rank decides alone (Keras)", "aikit/elastic/TF/horovod.py",
+     "        return hvd.allreduce(count, op=hvd.Sum) if hvd.size() > 1 else count\n", "        return count\n",
+     "tests/horovod/test_horovod_tf.py"),
+    ("skip: a micro-step without a backward not noticed", "aikit/runtime/Torch/backward_marks.py",
+     "        if expect_backward and not _moved(self._last, marks):", "        if False:", GA_TESTS),
 ]
 
 
