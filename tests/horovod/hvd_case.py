@@ -63,7 +63,7 @@ class Case:
     bucket_cap_mb: float | None = 25.0  # the overlapped all-reduce's buckets (None: one all-reduce)
     split_backward: bool = False  # two backward calls per micro-batch (its two halves)
     straggler: bool = False  # rank 1 starts each update's last micro-step late: nothing is summed before it
-    poisoned: int | None = None  # this window's first micro-batch on rank 1 has a NaN loss: every rank skips it
+    poisoned: int | None = None  # this window's first micro-batch on the last rank has a NaN loss: every rank skips it
 
     def window_indices(self) -> list[np.ndarray]:
         """The windows' sample indices: consecutive pieces of one fixed permutation per pass."""
@@ -177,7 +177,7 @@ def train(case: Case, engine: str = "horovod") -> dict:
                     for part in (h for h in halves if len(h)):  # each half's share of the micro-batch mean
                         share = 1 if case.reduction == "sum" else len(part) / len(idx)
                         loss = torch.nn.functional.cross_entropy(net(x[part]), y[part], reduction=case.reduction)
-                        if (number, micro, rank) == (case.poisoned, 0, 1):
+                        if (number, micro, rank) == (case.poisoned, 0, distributed.world_size() - 1):
                             loss = loss * float("nan")
                         (loss * share).backward()
                 if optimizer.sync_gradients and optimizer.engine.buckets is not None:
