@@ -28,11 +28,12 @@ import aikit
 from aikit.core import plan as plan_module
 from aikit.core import ramp
 from aikit.core import trace as trace_module
+from aikit.core.batch_schedule import trace_steps
 from aikit.core.errors import AikitError, InvalidValue
 from aikit.core.scaling import cosine_decay, step_decay
 from aikit.core.schedule import Schedule, checked_settings, schedule_problems
 from aikit.core.trace import Trace, TraceExhaustedError, load_trace, schedule_trace
-from aikit.core.validate import non_negative_int, positive_int, writable_file
+from aikit.core.validate import checked_float, checked_int, non_negative_int, positive_int, writable_file
 from aikit.optional import require
 from aikit.runtime.originals import either
 
@@ -99,12 +100,15 @@ def checked_trace(args: argparse.Namespace) -> tuple[Trace, ramp.BatchSchedule |
             if getattr(args, name) is not None:
                 raise InvalidValue(f"--{name.replace('_', '-')} describes a --schedule; a trace file holds its steps")
         return load_trace(args.trace, args.when_exhausted, strict_steps=args.strict_steps), None
+    if args.steps is not None:
+        trace_steps(args.steps, "--steps")  # refused by its name, before the steps are made
     schedule = ramp.threshold_schedule(args.schedule, seq_length=args.seq_length, unit=args.unit)
     return schedule_trace(schedule, steps=args.steps, samples=args.samples, tokens=args.tokens,
                           when_exhausted=args.when_exhausted), schedule
 
 
 def cmd_trace_check(args: argparse.Namespace) -> int:
+    non_negative_int(args.show_epochs, "--show-epochs")  # -1 listed nothing and said nothing
     micro, micro_name = either("minibatch_size", args.micro_batch, args.minibatch_size, flags=True)
     if (micro is None) == (args.max_device_batch is None):
         raise InvalidValue(f"give {micro_name} (one micro-batch size) or --max-device-batch (each step split "
@@ -227,6 +231,14 @@ def made_schedule(args: argparse.Namespace) -> ramp.BatchSchedule:
 
 def cmd_trace_make(args: argparse.Namespace) -> int:
     writable_file(args.output, "give a file name with -o")
+    if args.steps is not None:
+        trace_steps(args.steps, "--steps")  # refused by its name, before a list of that many is made
+    if args.kind in ("constant", "ramp", "steps"):
+        checked_int(args.multiple_of, "--multiple-of", 1, None, "a positive integer",  # 0: a division by zero
+                    "every batch size is a multiple of it; 1 (the default) allows any")
+    if args.kind == "steps":
+        checked_float(args.factor, "--factor", "a finite number above 0", lambda f: math.isfinite(f) and f > 0,
+                      "the batch is multiplied by it every --every steps (up to --end), e.g. --factor 2")
     schedule = None
     if args.kind == "constant":
         trace = trace_module.constant(multiple_of(args.start, args.multiple_of, "--start"), args.steps)

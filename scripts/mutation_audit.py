@@ -69,10 +69,8 @@ MUTANTS = [
      "return torch.zeros_like(grad) if self.factor == 0 else grad * self.factor", "return grad * self.factor",
      GA_TESTS),
     ("engine: gradients kept after the update", "aikit/runtime/Torch/accumulator.py",
-     "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped\n"
-     "        self.optimizer.zero_grad()",
-     "            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped",
-     GA_TESTS),
+     "                self.skips.amp_skipped()\n        self.optimizer.zero_grad()\n",
+     "                self.skips.amp_skipped()\n", GA_TESTS),
     ("engine: weight applied after clipping", "aikit/runtime/Torch/accumulator.py",
      "not read\n            mul_(grads, scale)\n", "not read\n            pass\n", GA_TESTS),
     ("engine: replicas' folded factors summed as they are", "aikit/runtime/Torch/accumulator.py",
@@ -116,8 +114,8 @@ MUTANTS = [
     ("trace: load forgets the sampler position", "aikit/elastic/Torch/trace_state.py",
      "        self.sampler.resume(trace[\"epoch\"], trace[\"step\"], trace[\"micro\"])\n", "", TRACE_TESTS),
     ("trace: clipping dropped", "aikit/elastic/Torch/trace_optim.py",
-     "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)",
-     "self.engine = Accumulator(optimizer, scaler=scaler)", TRACE_TESTS),
+     "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,",
+     "self.engine = Accumulator(optimizer, scaler=scaler,", TRACE_TESTS),
     ("resize: objects not checked before loading", "aikit/elastic/Torch/resize.py",
      "            check_commit(payload, self._objects, self.optimizer, self.directory)  # everything, before "
      "anything changes\n", "", RESIZE_TESTS),
@@ -195,6 +193,25 @@ MUTANTS = [
     ("adaptive: a held update's noise is recorded", "aikit/core/adaptive/run.py",
      "            noise = None  # a held update measures nothing", "            pass  # a held update measures nothing",
      ADAPTIVE_TESTS),
+    # an update whose gradient is inf or NaN: skipped as a GradScaler skips one (issue 40)
+    ("skip: a non-finite gradient applied (the skip removed)", "aikit/runtime/Torch/accumulator.py",
+     "            if self.skip_nonfinite and grads and not self._finite(total_norm(grads) if norm is None else norm):\n"
+     "                return False\n", "", GA_TESTS),
+    ("skip: a skipped update counted as an update", "aikit/runtime/Torch/accumulator.py",
+     "                return False\n            self.optimizer.step()\n",
+     "                pass\n            self.optimizer.step()\n", GA_TESTS),
+    ("skip: a skipped trace update advances the warmup", "aikit/elastic/Torch/trace_optim.py",
+     "            self.updates += self.updated\n", "            self.updates += 1\n", TRACE_TESTS),
+    ("skip: a run of skips fails one skip late", "aikit/core/skips.py",
+     "and self.in_a_row >= self.max_in_a_row:", "and self.in_a_row > self.max_in_a_row:", GA_TESTS),
+    ("skip: the Keras update applied whatever its gradient", "aikit/ga/TF/skipping.py",
+     "        if not self._checks_finite:\n            update()", "        if True:\n            update()",
+     KERAS_TESTS),
+    ("skip: each Horovod rank decides alone (Keras)", "aikit/elastic/TF/horovod.py",
+     "        return hvd.allreduce(count, op=hvd.Sum) if hvd.size() > 1 else count\n", "        return count\n",
+     "tests/horovod/test_horovod_tf.py"),
+    ("skip: a micro-step without a backward not noticed", "aikit/runtime/Torch/backward_marks.py",
+     "        if expect_backward and not _moved(self._last, marks):", "        if False:", GA_TESTS),
 ]
 
 

@@ -27,6 +27,11 @@ from aikit.core.validate import checked_choice, positive_int
 UNITS = ("samples", "tokens")
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}  # Megatron's, decimal
 MAX_AMOUNT = 10**30  # beyond any budget: larger numbers are typos
+# A trace holds one row per step. The longest runs trained take a few million updates (10**6 to
+# 10**7); 10**8 steps is ten times more, 800 MB of int64 sizes and about 1.7 GB of CSV: a larger
+# count is a typo, refused before anything is allocated. A longer run repeats its trace
+# (when_exhausted="repeat_last" or "cycle").
+MAX_TRACE_STEPS = 10**8
 _UNIT_WORDS = {"tok": "tokens", "token": "tokens", "tokens": "tokens",
                "smp": "samples", "sample": "samples", "samples": "samples"}
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
@@ -177,7 +182,7 @@ class BatchSchedule:
                 raise InvalidValue(f"{self.source} has no seq_length: give its length in samples or steps, or give "
                                    "seq_length (tokens per sample)")
             samples = -(-positive_int(tokens, "tokens") // self.seq_length)
-        steps = None if steps is None else positive_int(steps, "steps")
+        steps = None if steps is None else trace_steps(steps)
         samples = None if samples is None else positive_int(samples, "samples")
         open_ended = steps is None and samples is None
         parts, consumed, count, last = [], 0, 0, len(self.entries) - 1
@@ -194,6 +199,11 @@ class BatchSchedule:
                 if steps is not None:
                     limits.append(steps - count)
                 take = max(min(limits), 0)
+            if count + take > MAX_TRACE_STEPS:  # refused before it is allocated
+                length = ("up to its last entry" if open_ended else
+                          f"over {samples:,} samples" if samples is not None else f"over {steps:,} steps")
+                raise InvalidValue(f"{self.source} {length} makes at least {count + take:,} steps, more than "
+                                   f"{MAX_TRACE_STEPS:,} (10**8): {_WHY_SHORTER}")
             parts.append(np.full(take, batch, dtype=np.int64))
             consumed, count = consumed + take * batch, count + take
             if (steps is not None and count >= steps) or (samples is not None and consumed >= samples):
@@ -229,6 +239,19 @@ class BatchSchedule:
     def __repr__(self) -> str:
         per = f", seq_length={self.seq_length}" if self.seq_length else ""
         return f"BatchSchedule({str(self)!r}, unit={self.unit!r}{per})"
+
+
+def trace_steps(steps: object, name: str = "steps") -> int:
+    """``steps`` as the length of a trace: a positive int of at most :data:`MAX_TRACE_STEPS`,
+    refused (by ``name``) before a list of that many is made."""
+    steps = positive_int(steps, name)
+    if steps > MAX_TRACE_STEPS:
+        raise InvalidValue(f"{name} must be at most {MAX_TRACE_STEPS:,} (10**8), got {steps:,}: {_WHY_SHORTER}")
+    return steps
+
+
+_WHY_SHORTER = ("a trace holds one row per step, and 10**8 is ten times the longest runs trained; give fewer steps, "
+                "or a shorter trace that repeats (when_exhausted='repeat_last' or 'cycle')")
 
 
 def _short(number: int) -> str:

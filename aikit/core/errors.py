@@ -6,6 +6,9 @@ tells an aikit refusal (with the value and the fix in its message) from a bug's 
 A wrong type is both a ``TypeError`` and a ``ValueError``, as NumPy's ``AxisError`` is both a
 ``ValueError`` and an ``IndexError``: code that caught the ``ValueError`` aikit raised before
 types were checked keeps working.
+
+The warnings of training that goes on but not as the user meant are here too
+(:class:`NonFiniteGradientWarning`, :class:`NoGradientWarning`), each a ``RuntimeWarning``.
 """
 
 from __future__ import annotations
@@ -53,4 +56,16 @@ class CollectiveError(AikitError, RuntimeError):
 
 class TrainingFailed(AikitError, RuntimeError):
     """Training that cannot go on as asked: a loss that stays NaN/inf through every rollback, a
-    validation function that never gives a finite number; the message says what was seen and the fix."""
+    validation function that never gives a finite number, updates skipped for a non-finite
+    gradient ``max_skips_in_a_row`` times in a row; the message says what was seen and the fix."""
+
+
+class NonFiniteGradientWarning(RuntimeWarning):
+    """An update skipped because its gradient was not finite (inf or NaN), as a GradScaler skips
+    one: no weight changed. Warned once per optimizer; the message says what to check."""
+
+
+class NoGradientWarning(RuntimeWarning):
+    """An update with no gradient at all, or one of whose micro-steps had no backward: the
+    update changed nothing, or is the mean over micro-steps of which some gave nothing (a
+    forgotten ``backward()``). Warned once per optimizer."""

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from aikit.core.batch_schedule import MAX_TRACE_STEPS, trace_steps
 from aikit.core.errors import AikitError, InvalidType, InvalidValue, TraceFileError
 from aikit.core.ramp import (
     BatchSchedule,
@@ -48,10 +49,10 @@ from aikit.core.ramp import (
 )
 from aikit.core.validate import positive_int, writable_file
 
-__all__ = ["EXHAUSTION_POLICIES", "BatchSchedule", "Trace", "TraceExhaustedError", "TraceStepWarning",
-           "TraceTooShortError", "constant", "linear_ramp", "linear_schedule", "load_trace", "multiple_problems",
-           "rampup", "read_csv_trace", "schedule_trace", "seesaw_schedule", "staged_schedule", "step_increase",
-           "threshold_schedule"]
+__all__ = ["EXHAUSTION_POLICIES", "MAX_TRACE_STEPS", "BatchSchedule", "Trace", "TraceExhaustedError",
+           "TraceStepWarning", "TraceTooShortError", "constant", "linear_ramp", "linear_schedule", "load_trace",
+           "multiple_problems", "rampup", "read_csv_trace", "schedule_trace", "seesaw_schedule", "staged_schedule",
+           "step_increase", "threshold_schedule"]
 
 EXHAUSTION_POLICIES = ("error", "stop", "repeat_last", "cycle")
 MAX_BATCH_SIZE = np.iinfo(np.int64).max  # sizes are int64 from here on
@@ -380,13 +381,13 @@ def _rounded(sizes: np.ndarray, multiple: int, low: float, high: float) -> Trace
 
 def constant(batch_size: int, steps: int) -> Trace:
     """The same global batch for ``steps`` steps."""
-    return Trace([positive_int(batch_size, "batch_size")] * positive_int(steps, "steps"), source="constant")
+    return Trace([positive_int(batch_size, "batch_size")] * trace_steps(steps), source="constant")
 
 
 def linear_ramp(start: int, end: int, steps: int, ramp_steps: int | None = None, multiple_of: int = 1) -> Trace:
     """Batch size rising linearly from ``start`` to ``end`` over ``ramp_steps`` (default all)
     steps, then held, each size rounded to a multiple of ``multiple_of``."""
-    start, end, steps = (positive_int(v, n) for v, n in ((start, "start"), (end, "end"), (steps, "steps")))
+    start, end, steps = positive_int(start, "start"), positive_int(end, "end"), trace_steps(steps)
     ramp = positive_int(ramp_steps if ramp_steps is not None else steps, "ramp_steps")
     progress = np.minimum(np.arange(steps) / max(ramp - 1, 1), 1.0)
     return _rounded(start + (end - start) * progress, positive_int(multiple_of, "multiple_of"), min(start, end),
@@ -398,9 +399,12 @@ def step_increase(
 ) -> Trace:
     """Multiply the batch by ``factor`` every ``every`` steps, up to ``maximum``: "don't decay
     the learning rate, increase the batch size" (Smith et al., 2018)."""
-    initial, every, steps = (positive_int(v, n) for v, n in ((initial, "initial"), (every, "every"), (steps, "steps")))
+    initial, every, steps = positive_int(initial, "initial"), positive_int(every, "every"), trace_steps(steps)
     if not factor > 0:
         raise InvalidValue(f"factor must be positive, got {factor!r}")
+    if not math.isfinite(factor):  # inf: the first multiple gives an int64 overflow, or the maximum for ever
+        raise InvalidValue(f"factor must be finite, got {factor!r}: the batch is multiplied by it every `every` "
+                           "steps (up to `maximum`), e.g. 2")
     sizes = initial * float(factor) ** (np.arange(steps) // every)
     if maximum is not None:
         sizes = np.minimum(sizes, positive_int(maximum, "maximum"))

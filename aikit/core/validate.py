@@ -72,13 +72,14 @@ def positive_float(value: object, name: str) -> float:
     return checked_float(value, name, "a finite number > 0", lambda number: 0 < number < math.inf)
 
 
-def one_number(value: object, name: str, wanted: str = "one number") -> float:
-    """What a user's function returned, as a float: a real number, or a tensor or array holding
-    exactly one (0-d or one element, of any framework: read through ``shape`` and ``float()``).
-    :class:`InvalidType` for a string (``"0.5"`` too), None, a bool or anything else,
-    :class:`InvalidValue` for a tensor of several elements; each message says ``{name} must
-    return {wanted}`` and what it got. NaN and inf pass: what they mean is the caller's to say."""
-    refused = f"{name} must return {wanted} (a float, or a tensor with one element)"
+def one_number(value: object, name: str, wanted: str = "one number", verb: str = "return") -> float:
+    """What a user's function returned (or, ``verb="be"``, passed), as a float: a real number, or
+    a tensor or array holding exactly one (0-d or one element, of any framework: read through
+    ``shape`` and ``float()``). :class:`InvalidType` for a string (``"0.5"`` too), None, a bool or
+    anything else, :class:`InvalidValue` for a tensor of several elements; each message says
+    ``{name} must {verb} {wanted}`` and what it got. NaN and inf pass: what they mean is the
+    caller's to say."""
+    refused = f"{name} must {verb} {wanted} (a float, or a tensor with one element)"
     if isinstance(value, (str, bytes, bool)) or value is None:
         raise InvalidType(f"{refused}, got {value!r:.100}")
     if isinstance(value, Real):

@@ -6,6 +6,7 @@ Framework-free (matplotlib is imported only by ``plot``); the arithmetic is
 
 from __future__ import annotations
 
+import math
 import os
 
 from aikit.core import lr_range
@@ -28,9 +29,31 @@ class RangeTestResults:
         if not self.history["lr"]:
             raise InvalidState(f"{what} reads the range test's history, which is empty: run range_test() first")
 
+    def _enough_to_suggest(self, skip_start: int, skip_end: int, plotting: bool = False) -> None:
+        """Refuse a suggestion from too few points with torch-lr-finder's words ("Need at least N
+        iterations to suggest a learning rate. Got M"), and then why and what to do."""
+        lrs, losses = self.history["lr"], self.history["loss"]
+        if not all(isinstance(skip, int) and skip >= 0 for skip in (skip_start, skip_end)):
+            return  # the suggestion's own checks name a bad skip
+        need = skip_start + skip_end + 2
+        if len(lrs) >= need:
+            return
+        message = f"Need at least {need} iterations to suggest a learning rate. Got {len(lrs)}"
+        if len(lrs) == 1 and not math.isfinite(losses[0]):
+            raise InvalidState(
+                f"{message}: the loss was {losses[0]} at the first LR ({lrs[0]:.2E}), which ended the test. Check the "
+                "model, the data and the loss for inf/NaN (inputs or labels, a log or a division by 0), then run "
+                "range_test() again")
+        plot = "plot(suggest_lr=False) draws them without a suggestion; " if plotting else ""
+        raise InvalidState(
+            f"{message}: {plot}to suggest one, skip fewer points (skip_start={skip_start}, skip_end={skip_end}) or "
+            "run range_test() with more iterations (num_iter, a lower start_lr or a higher diverge_th if the loss "
+            "diverged early)")
+
     def suggest_lr(self, method: str = "steepest", skip_start: int = 10, skip_end: int = 5, **options) -> float:
         """The LR that ``method`` (steepest, valley, minimum, slide or bottom) reads off the curve."""
         self._tested("suggest_lr()")
+        self._enough_to_suggest(skip_start, skip_end)
         return lr_range.suggest(
             self.history["lr"], self.history["loss"], method, skip_start, skip_end, **options
         ).lr
@@ -63,6 +86,7 @@ class RangeTestResults:
         losses = lr_range.trim(self.history["loss"], skip_start, skip_end)
         suggestion = None
         if suggest_lr:
+            self._enough_to_suggest(skip_start, skip_end, plotting=True)
             method = "steepest" if suggest_lr is True else suggest_lr
             suggestion = lr_range.suggest(
                 self.history["lr"], self.history["loss"], method, skip_start, skip_end

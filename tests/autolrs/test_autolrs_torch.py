@@ -11,6 +11,7 @@ from torch import nn
 
 from aikit.autolrs.Torch import AutoLRS, ReplaySchedule
 from aikit.core.autolrs import read_schedule
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.datasets import digits
 
 OPTIONS = {"tau": 30, "tau_max": 30, "trials": 3, "val_tau": 10**6, "warmup_steps": 4, "warmup_lr": 0.01}
@@ -251,3 +252,24 @@ def test_the_plot_uses_a_log_loss_axis_and_marks_diverged_steps(tmp_path):
     plotted = np.concatenate([collection.get_offsets()[:, 1] for collection in ax_loss.collections])
     assert plotted.max() < 10  # the 8e18 is marked, not plotted
     assert any("diverged" in text.get_text() for text in ax_loss.get_legend().get_texts())
+
+
+@pytest.mark.parametrize(("loss", "error", "got"), [
+    ("0.3", InvalidType, "got '0.3'"),
+    (None, InvalidType, "got None"),
+    (torch.ones(2), InvalidValue, "got a Tensor of shape (2,)"),
+])
+def test_a_loss_that_is_no_number_is_refused_as_val_fns_answer_is(data, loss, error, got):
+    """on_train_batch_end("0.3") recorded 0.3; val_fn returning "0.5" was refused: both are now."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    autolrs = AutoLRS(model, optimizer, lambda: 1.0, **OPTIONS)
+    autolrs.on_train_batch_end(train_step(model, optimizer, *batch(data, 0)))
+    with pytest.raises(error) as refused:
+        autolrs.on_train_batch_end(loss)
+    assert str(refused.value) == ("AutoLRS.on_train_batch_end's loss must be the step's training loss as one number "
+                                  f"(a float, or a tensor with one element), {got}")
+    assert autolrs.controller.steps == 1 and len(autolrs.controller.history) == 1  # nothing recorded
+    autolrs.on_train_batch_end(0.3)  # a float and a one-element tensor are taken
+    autolrs.on_train_batch_end(torch.tensor([0.3]))
+    assert autolrs.controller.steps == 3

@@ -156,6 +156,50 @@ def test_trace_make_honours_multiple_of_or_says_why_not(tmp_path, capsys, args, 
     assert f"aikit: error: {message}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    # --factor inf wrote 32, 32, then 256 for ever (no --end: a batch of -9223372036854775808)
+    (["steps", "--start", "32", "--factor", "inf", "--every", "2", "--steps", "5", "--end", "256"],
+     "--factor must be a finite number above 0, got inf; the batch is multiplied by it every --every steps (up to "
+     "--end), e.g. --factor 2"),
+    (["steps", "--start", "32", "--factor", "nan", "--steps", "5"],
+     "--factor must be a finite number above 0, got nan"),
+    (["steps", "--start", "32", "--factor", "0", "--steps", "5"],
+     "--factor must be a finite number above 0, got 0.0"),
+    # a ZeroDivisionError
+    (["constant", "--start", "64", "--steps", "3", "--multiple-of", "0"],
+     "--multiple-of must be a positive integer, got 0; every batch size is a multiple of it; 1 (the default) allows "
+     "any"),
+    # a MemoryError from building the list
+    (["constant", "--start", "64", "--steps", "100000000000"],
+     "--steps must be at most 100,000,000 (10**8), got 100,000,000,000: a trace holds one row per step, and 10**8 "
+     "is ten times the longest runs trained; give fewer steps, or a shorter trace that repeats "
+     "(when_exhausted='repeat_last' or 'cycle')"),
+    (["ramp", "--start", "32", "--end", "64", "--steps", "100000001"], "--steps must be at most 100,000,000 (10**8)"),
+    (["schedule", "0:1", "--samples", "1T"],
+     "schedule '0:1' over 1,000,000,000,000 samples makes at least 1,000,000,000,000 steps, more than 100,000,000 "
+     "(10**8): a trace holds one row per step"),
+])
+def test_trace_make_refuses_what_it_cannot_write_before_writing(tmp_path, capsys, args, message):
+    output = tmp_path / "t.csv"
+    assert main(["trace", "make", *args, "-o", str(output)]) == 2
+    assert f"aikit: error: {message}" in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_trace_check_refuses_a_negative_show_epochs(tmp_path, capsys):
+    """--show-epochs -1 listed nothing and exited 0."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("step,batchsize\n0,32\n1,32\n")
+    check = ["trace", "check", str(trace), "--micro-batch", "8", "--dataset-size", "64", "--show-epochs"]
+    assert main([*check, "-1"]) == 2
+    assert capsys.readouterr() == ("", "aikit: error: --show-epochs must be a non-negative integer, got -1\n")
+    assert main([*check, "0"]) == 0
+    assert "epoch 0" not in capsys.readouterr().out
+    assert main(["trace", "check", "--schedule", "0:8", "--steps", "100000000000", "--micro-batch", "8",
+                 "--dataset-size", "64"]) == 2
+    assert "aikit: error: --steps must be at most 100,000,000 (10**8), got 100,000,000,000" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("number", ["6_4", "\u0666\u0664", "\uff16\uff14"])
 def test_options_take_ascii_digits_only(tmp_path, capsys, number):
     """argparse's int() reads '6_4' and Arabic-Indic digits as 64."""

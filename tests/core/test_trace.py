@@ -1,5 +1,6 @@
 """Traces: loading, the errors bad rows get, end-of-trace policies and generators."""
 
+import math
 import re
 
 import numpy as np
@@ -92,6 +93,17 @@ def test_generators():
     assert smith.sizes.tolist() == [128] * 3 + [640] * 3 + [2000] * 3
     with pytest.raises(ValueError, match="factor must be positive, got 0"):
         tr.step_increase(128, 0, every=3, steps=9)
+    with pytest.raises(ValueError, match=r"factor must be finite, got inf: the batch is multiplied by it every `every` "
+                                         r"steps \(up to `maximum`\), e.g. 2"):
+        tr.step_increase(32, math.inf, every=2, steps=5)  # was 32, 32, then the maximum (or an int64 overflow)
+
+
+@pytest.mark.parametrize("make", [lambda: tr.constant(64, 10**11), lambda: tr.linear_ramp(32, 64, 10**8 + 1),
+                                  lambda: tr.step_increase(32, 2, 10, 10**11)])
+def test_a_generated_trace_longer_than_a_trace_holds_is_refused_before_it_is_made(make):
+    with pytest.raises(ValueError, match=r"^steps must be at most 100,000,000 \(10\*\*8\), got "):
+        make()  # a MemoryError, before
+    assert tr.MAX_TRACE_STEPS == 10**8
 
 
 @given(

@@ -63,6 +63,7 @@ class Case:
     bucket_cap_mb: float | None = 25.0  # the overlapped all-reduce's buckets (None: one all-reduce)
     split_backward: bool = False  # two backward calls per micro-batch (its two halves)
     straggler: bool = False  # rank 1 starts each update's last micro-step late: nothing is summed before it
+    poisoned: int | None = None  # this window's first micro-batch on the last rank has a NaN loss: every rank skips it
 
     def window_indices(self) -> list[np.ndarray]:
         """The windows' sample indices: consecutive pieces of one fixed permutation per pass."""
@@ -106,6 +107,9 @@ CASES = (
     # a second backward after the buckets started: every replica sums the final gradients again
     Case("equal-adamw-two-backwards", 12, 3, (12, 6, 12, 12), False, "adamw", scheduler=True,
          bucket_cap_mb=PAIRS_MB, split_backward=True),
+    # a NaN gradient on one rank: the summed gradient is NaN on every rank, and every rank skips the update
+    Case("ragged-adamw-nan-on-one-rank", 11, 3, (11, 11, 4, 11), True, "adamw", max_grad_norm=0.3, scheduler=True,
+         poisoned=1),
 )
 
 # the Horovod elastic run (2 -> 1 -> 2 workers): G=11 in [3, 3] + [3, 2] on 2 workers, [3, 3, 3, 2] on 1
@@ -117,7 +121,9 @@ def reference(case: Case, seed: int = 100) -> list[torch.Tensor]:
     x, y = data()
     net = model(seed)
     opt, scheduler = case.inner(net)
-    for window in case.window_indices():
+    for number, window in enumerate(case.window_indices()):
+        if number == case.poisoned:
+            continue  # skipped: no update, no scheduler step
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(x[window]), y[window], reduction=case.reduction).backward()
         if case.max_grad_norm is not None:
@@ -157,8 +163,8 @@ def train(case: Case, engine: str = "horovod") -> dict:
     early = []  # per update ended by step(): buckets whose all-reduce started before that step()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for window in case.window_indices():
-            for step_slice, my_slice in zip(whole, mine, strict=True):
+        for number, window in enumerate(case.window_indices()):
+            for micro, (step_slice, my_slice) in enumerate(zip(whole, mine, strict=True)):
                 if step_slice.start >= len(window):
                     break  # no rank has a sample in this GA step of the short window
                 idx = window[my_slice]  # clipped to the window: a short window leaves some ranks less
@@ -171,6 +177,8 @@ def train(case: Case, engine: str = "horovod") -> dict:
                     for part in (h for h in halves if len(h)):  # each half's share of the micro-batch mean
                         share = 1 if case.reduction == "sum" else len(part) / len(idx)
                         loss = torch.nn.functional.cross_entropy(net(x[part]), y[part], reduction=case.reduction)
+                        if (number, micro, rank) == (case.poisoned, 0, distributed.world_size() - 1):
+                            loss = loss * float("nan")
                         (loss * share).backward()
                 if optimizer.sync_gradients and optimizer.engine.buckets is not None:
                     early.append(len(optimizer.engine.buckets.started))
@@ -186,6 +194,8 @@ def train(case: Case, engine: str = "horovod") -> dict:
         "inner_steps": max((int(s.get("step", 0)) for s in inner.state.values()), default=0),
         "started_early": early,
         "warnings": [str(w.message) for w in caught],
+        "skipped": optimizer.skipped,
+        "applied": optimizer.applied,
     }
 
 
@@ -228,6 +238,21 @@ def test_buckets_start_their_all_reduce_during_the_last_backward(ranks, case):
     """Every bucket whose gradients are final is on the wire before step(); an idle rank starts
     all of them in step(), and a parameter without gradient holds back only its own bucket."""
     assert [r[case.name]["started_early"] for r in ranks] == [expected_early(case, rank) for rank in range(2)]
+
+
+def test_a_nan_gradient_on_one_rank_skips_the_update_on_every_rank(ranks):
+    """The check reads the summed gradient's norm, the same on every rank: every rank skips (the
+    parameters equal the reference that leaves the window out: the test above), counts and warns."""
+    case = next(c for c in CASES if c.poisoned is not None)
+    for rank in ranks:
+        result = rank[case.name]
+        assert (result["skipped"], result["applied"]) == (1, len(case.windows) - 1)
+        assert [w for w in result["warnings"] if w.startswith("aikit skipped an update")] == [
+            w for w in result["warnings"] if "total norm nan" in w]
+        assert len([w for w in result["warnings"] if "total norm nan" in w]) == 1
+    for other in CASES:
+        if other is not case:
+            assert all(r[other.name]["skipped"] == 0 for r in ranks)
 
 
 def test_a_second_backward_after_the_buckets_started_is_summed_and_said(ranks):

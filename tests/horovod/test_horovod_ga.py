@@ -6,6 +6,7 @@ import pytest
 import torch
 from hvd_case import (  # the checks both engines must pass, written once
     CASES,
+    test_a_nan_gradient_on_one_rank_skips_the_update_on_every_rank,  # noqa: F401
     test_a_second_backward_after_the_buckets_started_is_summed_and_said,  # noqa: F401
     test_buckets_start_their_all_reduce_during_the_last_backward,  # noqa: F401
     test_the_overlapped_all_reduce_gives_the_bits_of_one_all_reduce_after_the_backward,  # noqa: F401

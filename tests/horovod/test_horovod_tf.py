@@ -37,6 +37,16 @@ def test_keras_ga_over_horovod_equals_the_big_batch_steps(ranks):
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
 
 
+def test_a_nan_on_one_rank_skips_the_update_on_every_rank(ranks):
+    """The ranks' non-finite counts are summed over Horovod before the update's all-reduce: both
+    ranks skip the second window (no hang, no NaN weights) and train the rest as the big batch."""
+    for rank in ranks:
+        weights, updates, skipped = rank["skip"]
+        assert (updates, skipped) == (4, 1)
+        for got, want in zip(weights, ranks[0]["skip_reference"], strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
 def test_tf_init_takes_the_world_from_horovod(ranks):
     for rank, result in enumerate(ranks):
         assert result["plan"] == {"steps": 2, "batch_size": 2, "global_batch_size": 8, "gpus": 2, "master": rank == 0}

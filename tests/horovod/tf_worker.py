@@ -47,7 +47,17 @@ def main(out: Path) -> None:
     net.compile(horovod.DistributedOptimizer(sgd(), aikit.elastic.TF.steps), loss="mse")
     net.fit(x[mine], y[mine], batch_size=aikit.elastic.TF.batch_size, shuffle=False, verbose=0,
             callbacks=[horovod.BroadcastVariables()])
+    # a NaN target in rank 1's micro-batch of the second window: every rank skips that update alike
+    poisoned = model(seed=100 + rank)
+    poisoned.compile(horovod.DistributedOptimizer(sgd(), aikit.elastic.TF.steps), loss="mse")
+    y_poisoned = y[mine].copy()
+    if rank == 1:
+        y_poisoned[len(mine) // UPDATES] = np.nan
+    poisoned.fit(x[mine], y_poisoned, batch_size=aikit.elastic.TF.batch_size, shuffle=False, verbose=0,
+                 callbacks=[horovod.BroadcastVariables()])
     result = {"weights": [w.numpy() for w in net.weights], "updates": int(net.optimizer.iterations.numpy()),
+              "skip": ([w.numpy() for w in poisoned.weights], int(poisoned.optimizer.iterations.numpy()),
+                       poisoned.optimizer.skipped),
               "plan": {name: getattr(aikit.elastic, name) for name in aikit.elastic.PUBLIC}, "refused": refused,
               "hvd": aikit.elastic.hvd is hvd and aikit.elastic.TF.hvd is hvd}
     if rank == 0:  # one process, one step per window of G samples
@@ -55,6 +65,11 @@ def main(out: Path) -> None:
         big.compile(sgd(), loss="mse")
         big.fit(x, y, batch_size=G, shuffle=False, verbose=0)
         result["reference"] = [w.numpy() for w in big.weights]
+        skipped = model(seed=100)
+        skipped.compile(sgd(), loss="mse")
+        keep = np.r_[0:G, 2 * G:G * UPDATES]  # the second window skipped
+        skipped.fit(x[keep], y[keep], batch_size=G, shuffle=False, verbose=0)
+        result["skip_reference"] = [w.numpy() for w in skipped.weights]
     np.save(out / f"rank{rank}.npy", np.array(result, dtype=object), allow_pickle=True)
 
 

@@ -643,3 +643,82 @@ def test_a_ga_range_test_refuses_what_would_not_be_one_lr_per_update():
     with pytest.raises(ValueError, match=r"amp_backend='torch' through a GA optimizer without a GradScaler"):
         LRFinder(model, GAOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4), 4), nn.MSELoss(),
                  amp_backend="torch")
+
+
+# --- what a user reads when the test cannot run, or a plot cannot suggest --------------------
+
+
+class HalfLabels(TrainDataLoaderIter):
+    """A loader whose batches hold half as many labels as inputs."""
+
+    def inputs_labels_from_batch(self, batch):
+        inputs, labels = batch
+        return inputs, labels[: len(labels) // 2, 0].long()
+
+
+@pytest.mark.parametrize(("criterion", "loader", "error", "shapes"), [
+    (nn.MSELoss(), lambda x, y: DataLoader(TensorDataset(x, y.repeat(1, 3)), batch_size=8), RuntimeError,
+     "outputs of shape (8, 2) and labels of shape (8, 3)"),
+    (nn.CrossEntropyLoss(), lambda x, y: HalfLabels(DataLoader(TensorDataset(x, y), batch_size=8)), ValueError,
+     "outputs of shape (8, 2) and labels of shape (4,)"),
+])
+def test_a_criterion_that_fails_on_the_first_batch_says_so_with_the_shapes(criterion, loader, error, shapes):
+    """torch's "The size of tensor a (2) must match ..." alone did not say that the user's
+    criterion failed, nor on what: the same error (its type kept) now says both."""
+    x, y = xor_data().dataset.tensors
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    weights = state(model.state_dict())
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), criterion)
+    with pytest.raises(error) as raised:
+        finder.range_test(loader(x, y), num_iter=3, progress_bar=False)
+    message = str(raised.value)
+    assert message.endswith(
+        f"(aikit LRFinder: the criterion failed on the range test's first batch: criterion(model(inputs), labels) got "
+        f"{shapes}; give a criterion that takes the model's outputs and the loader's labels as they are, e.g. "
+        "nn.CrossEntropyLoss() for class indices of shape (N,) and outputs (N, classes), nn.MSELoss() for targets of "
+        "the outputs' shape)")
+    assert message.split("\n")[0] == str(raised.value.__cause__)  # torch's own words first
+    assert type(raised.value) is type(raised.value.__cause__)
+    assert_same_state(model.state_dict(), weights)
+
+
+@pytest.fixture(scope="module")
+def finder_5():
+    model = xor_model()
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    finder.range_test(xor_data(), end_lr=1e-1, num_iter=5, diverge_th=math.inf, progress_bar=False)
+    return finder
+
+
+def test_a_plot_after_a_short_test_keeps_torch_lr_finders_words_and_names_the_fixes(finder_5):
+    import matplotlib.pyplot as plt
+
+    with pytest.raises(RuntimeError) as raised:
+        finder_5.plot()
+    assert str(raised.value) == (
+        "Need at least 17 iterations to suggest a learning rate. Got 5: plot(suggest_lr=False) draws them without a "
+        "suggestion; to suggest one, skip fewer points (skip_start=10, skip_end=5) or run range_test() with more "
+        "iterations (num_iter, a lower start_lr or a higher diverge_th if the loss diverged early)")
+    with pytest.raises(RuntimeError, match=r"^Need at least 17 iterations to suggest a learning rate\. Got 5: to "
+                                           r"suggest one, skip fewer points"):
+        finder_5.suggest_lr()
+    fig, ax = plt.subplots()
+    assert finder_5.plot(suggest_lr=False, ax=ax) is ax  # the fix it names works
+    assert list(ax.lines[0].get_ydata()) == finder_5.history["loss"][10:-5]
+    plt.close(fig)
+
+
+def test_a_plot_after_a_nan_first_loss_says_the_loss_was_nan_at_the_first_lr():
+    model = xor_model()
+    with torch.no_grad():
+        model[0].weight[0, 0] = math.nan
+    finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), nn.MSELoss())
+    finder.range_test(xor_data(), num_iter=20, progress_bar=False)
+    assert len(finder.history["lr"]) == 1 and math.isnan(finder.history["loss"][0])
+    with pytest.raises(RuntimeError) as raised:
+        finder.plot()
+    assert str(raised.value) == (
+        "Need at least 17 iterations to suggest a learning rate. Got 1: the loss was nan at the first LR (1.00E-05), "
+        "which ended the test. Check the model, the data and the loss for inf/NaN (inputs or labels, a log or a "
+        "division by 0), then run range_test() again")

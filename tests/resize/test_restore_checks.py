@@ -204,6 +204,17 @@ EDITS = {
                 r"has lr in group 0 = '0.1', where this SGD has 0.05: it must be a number"),
     "updates text": (lambda p: p["objects"]["optimizer"]["trace"].update(updates="x"),
                      r"the checkpoint's trace updates must be a non-negative integer, got 'x'"),
+    # a position out of its range: said as a negative one is, the field, its range and the fix (it was
+    # "no micro-batch 0 of step 999 in epoch 0 for rank 0")
+    "step negative": (lambda p: p["objects"]["optimizer"]["trace"].update(step=-5),
+                      r"the checkpoint's trace step must be a non-negative integer, got -5; restore an intact commit "
+                      r"\(was it edited\?\)$"),
+    "step past the epoch": (lambda p: p["objects"]["optimizer"]["trace"].update(step=999),
+                            r"the checkpoint's trace step must be an integer in 0\.\.7 \(epoch 0's 7 steps, 7 once "
+                            r"they are done\), got 999; restore an intact commit \(was it edited\?\)$"),
+    "micro past the step": (lambda p: p["objects"]["optimizer"]["trace"].update(micro=9),
+                            r"the checkpoint's trace micro must be an integer in 0\.\.4 \(rank 0's micro-batches of "
+                            r"step 1 in epoch 0\), got 9; restore an intact commit \(was it edited\?\)$"),
     "momentum shape": (edit_momentum, r"has state 'momentum_buffer' of parameter 0 of shape \(3,\), where its "
                                       r"parameter has shape \(16, 64\)"),
     "world size 0": (lambda p: p.update(world_size=0),

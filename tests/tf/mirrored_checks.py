@@ -95,6 +95,38 @@ for u in range(2):
 results["custom_loop_difference"] = max_difference(custom, reference)
 results["custom_loop_updates"] = int(ga.iterations.numpy())
 
+# a NaN in one replica's micro-batch: the replicas' non-finite counts are summed in the update, so
+# both replicas skip it (no weight, no iteration moves) and the next update trains as usual
+with strategy.scope():
+    poisoned = mlp()
+    skipping = Optimizer(keras.optimizers.SGD(0.1, momentum=0.9), 2)
+    skipping.build(poisoned.trainable_variables)
+calls.clear()
+
+
+@tf.function
+def poisoned_step(xb, yb):
+    def replica_step(xr, yr):
+        with tf.GradientTape() as tape:
+            per_example = tf.reduce_mean(tf.square(poisoned(xr) - yr), axis=1)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=micro * replicas)
+        skipping.apply(tape.gradient(loss, poisoned.trainable_variables), poisoned.trainable_variables)
+
+    strategy.run(replica_step, args=(xb, yb))
+
+
+for m in range(4):  # the first update's second micro-step has a NaN target on replica 1 only
+    rows = [slice(m * 6 + r * micro, m * 6 + (r + 1) * micro) for r in range(replicas)]
+    targets = [y[s].copy() for s in rows]
+    if m == 1:
+        targets[1][0, 0] = float("nan")
+    poisoned_step(per_replica([x[s] for s in rows]), per_replica(targets))
+results["skip_graph_reductions_traced"] = len(calls)  # the gradients' all-reduce: still one (batch_reduce_to)
+reference, sgd = mlp(), keras.optimizers.SGD(0.1, momentum=0.9)
+sgd.apply(gradients(reference, x[12:24], y[12:24]), reference.trainable_variables)
+results["skip_difference"] = max_difference(poisoned, reference)
+results["skip_counts"] = [skipping.skipped, skipping.skipped_in_a_row, int(skipping.iterations.numpy())]
+
 # an optimizer first built while tracing a replica function is refused with the fix
 with strategy.scope():
     unbuilt = Optimizer(keras.optimizers.SGD(0.1), 2)

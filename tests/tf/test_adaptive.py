@@ -42,6 +42,26 @@ def test_the_measured_noise_is_the_brute_force_estimate_of_the_micro_batches(flo
         assert found.trace == pytest.approx(expected.trace, rel=1e-10)
 
 
+def test_an_update_skipped_for_a_nan_leaves_its_part_norms_out_of_the_next_measure(float64):
+    """A skipped update's micro-batch norms (NaN) are cleared with its sums: the update after it
+    measures its own parts only."""
+    x, y = data(48)
+    y[5, 0] = np.nan  # the first update's second micro-batch
+    model = mlp()
+    optimizer = NoiseOptimizer(keras.optimizers.SGD(0.1), steps=3)
+    model.compile(optimizer, loss="mse")
+    for rows in (np.arange(m * 4, (m + 1) * 4) for m in range(3)):  # compiled: counted, not warned
+        model.train_on_batch(x[rows], y[rows])
+    assert optimizer.skipped == 1 and int(optimizer.iterations) == 0
+    parts = [np.arange(12 + m * 4, 12 + (m + 1) * 4) for m in range(3)]
+    expected = brute_force_noise(model, x, y, parts)
+    for rows in parts:
+        model.train_on_batch(x[rows], y[rows])
+    found = optimizer.noise(4)
+    assert found.grad_sq == pytest.approx(expected.grad_sq, rel=1e-10)
+    assert found.trace == pytest.approx(expected.trace, rel=1e-10)
+
+
 def test_the_measured_noise_is_unbiased_on_least_squares_with_a_known_covariance(float64):
     """Loss (x·w - y)² with x ~ N(0, I_d), y = x·w* + ε, ε ~ N(0, s²): at w, with δ = w - w*, the
     true gradient is G = 2δ and the per-sample covariance has tr(Σ) = 4((d + 1)|δ|² + d s²)

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tf_common import data, gradients, keras, max_difference, mlp
 
+from aikit.core.errors import NonFiniteGradientWarning, TrainingFailed
 from aikit.ga.TF.optimizers import Optimizer
 
 OPTIMIZERS = {
@@ -187,7 +188,7 @@ def test_learning_rate_is_the_wrapped_optimizers():
      "already accumulates with Keras' gradient_accumulation_steps=2"),
     (lambda: Optimizer(Optimizer(keras.optimizers.SGD(0.1), 2), 2), ValueError, "set its .steps instead"),
     (lambda: Optimizer(keras.optimizers.SGD(0.1), 2, clipnorm=1.0), ValueError,
-     "takes only optimizer, steps, name and reduction, got ['clipnorm']"),
+     "takes only optimizer, steps, name, reduction, skip_nonfinite and max_skips_in_a_row, got ['clipnorm']"),
 ])
 def test_bad_input_is_named(make, error, message):
     with pytest.raises(error) as raised:
@@ -278,3 +279,78 @@ def test_weights_saved_mid_update_load_only_into_the_same_steps(tmp_path):
     same.optimizer.build(same.trainable_variables)
     same.load_weights(tmp_path / "mid.weights.h5")
     assert same.optimizer.accumulated == 2 and same.optimizer.steps == 4
+
+
+# --- an inf/NaN gradient: the update skipped in the graph ------------------------------------
+
+
+def test_a_nan_gradient_skips_the_update_and_an_eager_apply_warns_once():
+    """The issue's case: apply([nan, 1, 1]) then apply([1, 1, 1]) left [nan, 0.9, 0.9]."""
+    weights = keras.Variable(np.ones(3))
+    ga = Optimizer(keras.optimizers.SGD(0.1), 2)
+    with pytest.warns(NonFiniteGradientWarning) as caught:
+        ga.apply([tf.constant([np.nan, 1.0, 1.0], "float64")], [weights])
+        ga.apply([tf.constant([1.0, 1.0, 1.0], "float64")], [weights])
+        assert weights.numpy().tolist() == [1.0, 1.0, 1.0]  # skipped: nothing applied
+        assert (ga.skipped, ga.skipped_in_a_row, int(ga.iterations), ga.accumulated) == (1, 1, 0, 0)
+        for _ in range(2):  # the sums were cleared: the next update is the mean of its own micro-steps
+            ga.apply([tf.constant([1.0, 3.0, -1.0], "float64")], [weights])
+    assert np.allclose(weights.numpy(), [0.9, 0.7, 1.1])
+    assert (ga.skipped, ga.skipped_in_a_row, int(ga.iterations), int(ga.micro_steps)) == (1, 0, 1, 4)
+    (warning,) = caught
+    assert str(warning.message).startswith(
+        "aikit skipped an update: its gradient is not finite (inf or NaN), so no weight changed and nothing that "
+        "counts updates advanced, as a GradScaler skips one (optimizer.iterations did not advance, "
+        "optimizer.skipped counts the skips). Check the loss and the data for inf/NaN")
+
+
+def test_skip_nonfinite_false_applies_the_nan_as_keras_does():
+    weights = keras.Variable(np.ones(3))
+    ga = Optimizer(keras.optimizers.SGD(0.1), 2, skip_nonfinite=False)
+    ga.apply([tf.constant([np.nan, 1.0, 1.0], "float64")], [weights])
+    ga.apply([tf.constant([1.0, 1.0, 1.0], "float64")], [weights])
+    assert np.isnan(weights.numpy()[0]) and np.allclose(weights.numpy()[1:], 0.9) and ga.skipped == 0
+
+
+def test_a_run_of_skips_in_eager_applies_raises_training_failed():
+    weights = keras.Variable(np.ones(3))
+    ga = Optimizer(keras.optimizers.Adam(0.1), 1, max_skips_in_a_row=3)
+    with pytest.warns(NonFiniteGradientWarning):
+        for poisoned in (True, True, False, True, True):  # an applied update ends a run
+            ga.apply([tf.constant([np.inf if poisoned else 1.0, 1.0, 1.0], "float64")], [weights])
+        moved = weights.numpy().copy()
+        with pytest.raises(TrainingFailed) as error:
+            ga.apply([tf.constant([np.nan, 1.0, 1.0], "float64")], [weights])
+    assert str(error.value).startswith(
+        "3 updates in a row were skipped because their gradient was not finite (inf or NaN): the weights have not "
+        "changed since (optimizer.skipped is 5), and every batch gives inf/NaN at them. Check the learning rate")
+    assert np.array_equal(weights.numpy(), moved) and int(ga.iterations) == 1
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "XLA"])
+def test_fit_skips_an_update_with_a_nan_gradient_in_its_compiled_step_and_warns_at_its_end(float64, jit_compile):
+    """One NaN target in the second update's batch: that update is skipped in the graph (Adam's
+    iterations, weight decay and moments untouched), the others equal the big-batch fit without it."""
+    x, y = data(36)
+    y[14, 0] = np.nan  # the second update (samples 12..23), its second micro-batch
+    big, small = mlp(), mlp()
+    big.compile(keras.optimizers.Adam(0.01, weight_decay=0.1), loss="mse")
+    small.compile(Optimizer(keras.optimizers.Adam(0.01, weight_decay=0.1), 3), loss="mse", jit_compile=jit_compile)
+    keep = np.r_[0:12, 24:36]
+    big.fit(x[keep], y[keep], batch_size=12, epochs=1, shuffle=False, verbose=0)
+    with pytest.warns(NonFiniteGradientWarning, match=r"inf or NaN: 1 update\(s\) skipped, the last 0 in a row"):
+        small.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert max_difference(big, small) < 1e-12
+    assert (small.optimizer.skipped, int(small.optimizer.iterations)) == (1, 2)
+
+
+def test_the_skip_counts_are_no_saved_variables_and_the_options_round_trip():
+    """``skipped`` is this object's count, as torch's: weights saved before still load."""
+    ga = Optimizer(keras.optimizers.Adam(0.1), 2)
+    ga.build([keras.Variable(np.ones(3))])
+    paths = [getattr(v, "path", v.name) for v in ga.variables]
+    assert len(paths) == 10 and not [p for p in paths if "skipped" in p or "in_a_row" in p], paths  # as before
+    assert Optimizer.from_config(ga.get_config()).max_skips_in_a_row == 10
+    config = Optimizer(keras.optimizers.Adam(0.1), 2, skip_nonfinite=False, max_skips_in_a_row=None).get_config()
+    restored = Optimizer.from_config(config)
+    assert (restored.skip_nonfinite, restored.max_skips_in_a_row) == (False, None)

@@ -46,6 +46,14 @@ def test_custom_loop_with_strategy_run_equals_big_batch(results):
     assert results["custom_loop_difference"] < 1e-12 and results["custom_loop_updates"] == 2
 
 
+def test_a_nan_on_one_replica_skips_the_update_on_both(results):
+    """Each replica counts its non-finite sums, the counts are summed in the update (a one-number
+    reduce, not a second all-reduce of the gradients), and both replicas take the skip branch."""
+    assert results["skip_difference"] < 1e-12  # the skipped update left nothing: only the second is applied
+    assert results["skip_counts"] == [1, 0, 1]  # skipped, skipped in a row since, iterations
+    assert results["skip_graph_reductions_traced"] == 1
+
+
 def test_an_optimizer_built_while_tracing_is_refused_with_the_fix(results):
     assert "call optimizer.build(model.trainable_variables) inside strategy.scope() first" in (
         results["unbuilt_error"] or "")

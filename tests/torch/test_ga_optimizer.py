@@ -9,14 +9,17 @@ from __future__ import annotations
 import copy
 import gc
 import io
+import math
 import pickle
 import re
+import warnings
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aikit.core.errors import NoGradientWarning, NonFiniteGradientWarning, TrainingFailed
 from aikit.ga.Torch.optim import Optimizer
 from aikit.runtime.Torch.buckets import assign_buckets
 
@@ -422,6 +425,19 @@ def test_a_plain_torch_loop_moves_the_lr_once_per_update_with_update_scheduler(n
     assert_same(net, reference)
 
 
+@pytest.mark.parametrize("given", ["cosine", None, torch.optim.lr_scheduler.CosineAnnealingLR])
+def test_update_scheduler_of_what_is_no_scheduler_says_to_build_one(given):
+    """It said "... but str was built on NoneType"."""
+    from aikit.ga.Torch.optim import UpdateScheduler
+
+    with pytest.raises(TypeError) as refused:
+        UpdateScheduler(given)
+    assert str(refused.value) == (
+        f"UpdateScheduler wraps a torch LR scheduler built on the aikit optimizer, got {given!r:.60} (a "
+        f"{type(given).__name__}): build one first, e.g. UpdateScheduler(torch.optim.lr_scheduler."
+        "CosineAnnealingLR(optimizer, T_max=updates))")
+
+
 def test_update_scheduler_refuses_a_scheduler_of_a_plain_optimizer():
     from aikit.ga.Torch.optim import UpdateScheduler
 
@@ -558,3 +574,195 @@ def test_a_dropped_reduce_at_update_optimizer_leaves_no_hook_on_the_parameters()
     assert all(not p._post_accumulate_grad_hooks for p in net.parameters())
     copied = copy.deepcopy(Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 1, reduce=True, bucket_cap_mb=4))
     assert copied.bucket_cap_mb == 4 and copied.engine.buckets.cap_bytes == 4 << 20
+
+
+# --- an inf/NaN gradient: the update skipped, as a GradScaler skips one ------------------------
+
+
+def poisoned_run(make, max_grad_norm=None, poison=float("nan"), **options):
+    """Three updates of two micro-steps (adam with a StepLR under UpdateScheduler), the second
+    update's last micro-batch times ``poison``; returns what each update left."""
+    from aikit.ga.Torch.optim import UpdateScheduler
+
+    net = model()
+    opt = Optimizer(make(net.parameters()), 2, max_grad_norm=max_grad_norm, **options)
+    scheduler = UpdateScheduler(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+    after = []
+    for update, (x, y) in enumerate(batches([8, 8, 8])):
+        for micro, (xm, ym) in enumerate(zip(split(x, [4, 4]), split(y, [4, 4]), strict=True)):
+            loss = loss_fn(net, xm, ym)
+            (loss * poison if update == 1 and micro == 1 else loss).backward()
+            opt.step()
+            scheduler.step()
+        after.append({"updated": opt.updated, "weights": [p.detach().clone() for p in net.parameters()],
+                      "steps": {int(s["step"]) for s in opt.optimizer.state.values()}, "applied": opt.applied,
+                      "lr": opt.param_groups[0]["lr"], "skipped": opt.skipped, "position": opt.position,
+                      "grads": [p.grad for p in net.parameters()]})
+    return net, after
+
+
+@pytest.mark.parametrize(("poison", "max_grad_norm"), [(float("nan"), None), (float("nan"), 1.0),
+                                                       (float("inf"), 1.0), (float("inf"), None)])
+def test_an_update_with_an_inf_or_nan_gradient_is_skipped_and_counted_as_amp_skips_are(poison, max_grad_norm):
+    make = OPTIMIZERS["adam"]
+    with pytest.warns(NonFiniteGradientWarning) as caught:
+        net, (first, skipped, last) = poisoned_run(make, max_grad_norm, poison)
+    assert [first["updated"], skipped["updated"], last["updated"]] == [True, False, True]
+    assert all(torch.equal(a, b) for a, b in zip(skipped["weights"], first["weights"], strict=True))  # no weight moved
+    assert skipped["steps"] == first["steps"] == {1} and last["steps"] == {2}  # Adam's step count did not advance
+    assert (skipped["applied"], skipped["lr"]) == (1, first["lr"])  # nor did the UpdateScheduler
+    assert (skipped["skipped"], skipped["position"], skipped["grads"]) == (1, 0, [None] * 4)  # the window is spent
+    assert (last["applied"], last["skipped"], last["lr"]) == (2, 1, first["lr"] / 2)  # and training goes on
+    # the run equals the big-batch run on the two updates applied
+    data = batches([8, 8, 8])
+    assert_same(net, big_batch_run(make, [data[0], data[2]], max_grad_norm=max_grad_norm,
+                                   schedule=lambda step: 0.5**step))
+    (warning,) = caught  # once
+    assert re.match(  # inf times a zero in the chain rule is NaN: an inf loss may give a NaN norm
+        r"aikit skipped an update: its gradient is not finite \(total norm (nan|inf)\), so no weight changed and "
+        r"nothing that counts updates advanced, as a GradScaler skips one \(optimizer.updated is False, "
+        r"optimizer.skipped counts the skips\)\. Check the loss and the data for inf/NaN", str(warning.message))
+    assert "10 skips in a row raise TrainingFailed (max_skips_in_a_row)" in str(warning.message)
+    assert "skip_nonfinite=False applies such gradients" in str(warning.message)
+
+
+def test_the_first_skip_is_warned_once_per_optimizer_and_a_run_of_them_raises_training_failed():
+    x, y = batches([4])[0]
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 1, max_skips_in_a_row=3)
+    before = [p.detach().clone() for p in net.parameters()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for poisoned in (True, True, False, True, True):  # an applied update ends a run
+            (loss_fn(net, x, y) * (math.nan if poisoned else 1.0)).backward()
+            opt.step()
+        assert [type(w.message) for w in caught] == [NonFiniteGradientWarning]
+        moved = [p.detach().clone() for p in net.parameters()]
+        loss_fn(net, x, y).mul(math.inf).backward()
+        with pytest.raises(TrainingFailed) as error:
+            opt.step()
+    assert str(error.value) == (
+        "3 updates in a row were skipped because their gradient was not finite (total norm nan): the weights have "
+        "not changed since (optimizer.updated is False; optimizer.skipped is 5), and every batch gives inf/NaN at "
+        "them. Check the learning rate (lower it, or warm it up), the loss (a log or a division by 0, a mean over "
+        "an empty batch) and the data (inf/NaN inputs or labels); max_skips_in_a_row=None skips for ever, "
+        "skip_nonfinite=False applies such gradients")
+    assert isinstance(error.value, RuntimeError) and not opt.updated and opt.skipped == 5 and opt.applied == 1
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), moved, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(moved, before, strict=True))
+    assert all(p.grad is None for p in net.parameters())
+    other = Optimizer(torch.optim.SGD(model().parameters(), lr=0.1), 1, max_skips_in_a_row=None)
+    with pytest.warns(NonFiniteGradientWarning, match=r"max_skips_in_a_row=None: it skips them for ever"):
+        for _ in range(20):  # a second optimizer warns for itself, and None never raises
+            for p in other.param_groups[0]["params"]:
+                p.grad = torch.full_like(p, math.nan)
+            other.step()
+    assert other.skipped == 20
+
+
+def test_skip_nonfinite_false_applies_the_nan_as_torch_does_and_reads_nothing(monkeypatch):
+    import aikit.runtime.Torch.accumulator as accumulator
+
+    reads = []
+    monkeypatch.setattr(accumulator, "read_norm", lambda norm: reads.append(norm) or float(norm))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net, (first, applied, last) = poisoned_run(OPTIMIZERS["adam"], 1.0, skip_nonfinite=False)
+    assert [first["updated"], applied["updated"], last["updated"]] == [True, True, True]
+    assert all(torch.isnan(p).all() for p in net.parameters()) and last["skipped"] == 0 and last["applied"] == 3
+    assert reads == []
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 1.0])
+def test_the_finiteness_check_reads_the_one_norm_once_per_update_and_never_under_amp(monkeypatch, max_grad_norm):
+    """One read from the device per update, of the total norm clipping computes (not a second
+    norm), none in the micro-steps before; a GradScaler checks itself, so none there."""
+    import aikit.runtime.Torch.accumulator as accumulator
+
+    reads, norms = [], []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(accumulator, "read_norm", lambda norm: reads.append(norm) or float(norm))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(clip(*a, **k)) or norms[-1])
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 3, max_grad_norm=max_grad_norm)
+    for x, y in batches([6, 6]):
+        for xm, ym in zip(split(x, [2, 2, 2]), split(y, [2, 2, 2]), strict=True):
+            loss_fn(net, xm, ym).backward()
+            opt.step()
+            assert len(reads) == opt.applied  # none in the micro-steps before an update
+    assert len(reads) == 2
+    assert max_grad_norm is None or [r is n for r, n in zip(reads, norms, strict=True)] == [True] * 2  # the clip's
+    reads.clear()
+    scaled = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 1, max_grad_norm=max_grad_norm,
+                       scaler=torch.amp.GradScaler("cpu", init_scale=2.0**4))
+    scaled.scaler.scale(loss_fn(net, *batches([4])[0])).backward()
+    scaled.step()
+    assert scaled.updated and reads == []
+
+
+def test_an_update_amp_skips_is_counted_in_skipped_without_a_warning():
+    net = model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 1, scaler=scaler)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(12):  # the scaler's own business, however long: never TrainingFailed
+            opt.scaler.scale(loss_fn(net, *batches([4])[0]) * math.inf).backward()
+            opt.step()
+    assert not opt.updated and opt.skipped == 12 and opt.applied == 0
+
+
+# --- a forgotten backward() -------------------------------------------------------------------
+
+
+def test_an_update_with_no_gradient_at_all_is_warned_once_and_changes_nothing():
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.warns(NoGradientWarning) as caught:
+        for _ in range(4):
+            opt.step()
+    (warning,) = caught
+    assert str(warning.message) == (
+        "aikit: an update had no gradient at all: no backward reached the optimizer's parameters in its 2 "
+        "micro-step(s), so it changed nothing (optimizer.updated is still True). Call loss.backward() before every "
+        "optimizer.step() (with a loss that reaches the parameters). Warned once per optimizer.")
+    assert opt.updated and all(torch.equal(a, b) for a, b in zip(net.parameters(), before, strict=True))
+
+
+@pytest.mark.parametrize("forgotten", [0, 1, 2])
+def test_a_micro_step_without_a_backward_is_warned_once(forgotten):
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 3)
+    x, y = batches([6])[0]
+    with pytest.warns(NoGradientWarning) as caught:
+        for _ in range(2):
+            for micro, (xm, ym) in enumerate(zip(split(x, [2, 2, 2]), split(y, [2, 2, 2]), strict=True)):
+                if micro != forgotten:
+                    loss_fn(net, xm, ym).backward()
+                opt.step()
+    (warning,) = caught
+    assert str(warning.message).startswith(
+        "aikit: 1 of the 3 micro-steps of an update had no backward since the step() before, so it added nothing: "
+        "the update is still the mean over all 3 micro-steps (a smaller one). Call loss.backward() before every "
+        "optimizer.step()")
+
+
+def test_every_micro_step_with_a_backward_an_empty_declared_one_and_create_graph_warn_nothing():
+    net = model()
+    opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 3, global_batch_size=4)
+    x, y = batches([4])[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoGradientWarning)
+        for _ in range(2):
+            for xm, ym in zip(split(x, [2, 0, 2]), split(y, [2, 0, 2]), strict=True):
+                with opt.accumulate(net, samples=len(xm)):
+                    if len(xm):  # an empty micro-batch (a replica's share of a short window) needs no backward
+                        loss_fn(net, xm, ym).backward()
+                opt.step()
+        graph = Optimizer(torch.optim.SGD(model().parameters(), lr=0.1), 2)
+        for _ in range(4):  # each backward with create_graph=True sets a new .grad, of version 0
+            graph.zero_grad()
+            sum(p.pow(2).sum() for p in graph.param_groups[0]["params"]).backward(create_graph=True)
+            graph.step()
+    assert opt.applied == 2 and graph.applied == 2

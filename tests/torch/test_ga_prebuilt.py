@@ -35,7 +35,7 @@ def test_every_torch_optimizer_class_has_a_prebuilt_ga_optimizer_of_its_name():
 def test_no_torch_optimizer_takes_a_keyword_the_prebuilt_form_keeps_for_the_wrapper():
     wrapper = {n for n, p in inspect.signature(ga.Optimizer.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY}
     assert wrapper == {"global_batch_size", "max_grad_norm", "scaler", "reduce", "reduction", "bucket_cap_mb",
-                       "sync_every_micro_step"}
+                       "sync_every_micro_step", "skip_nonfinite", "max_skips_in_a_row"}
     for name in TORCH_CLASSES:
         assert not wrapper & set(inspect.signature(getattr(torch.optim, name).__init__).parameters), name
 

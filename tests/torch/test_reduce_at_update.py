@@ -14,6 +14,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "horovod"))
 from hvd_case import (  # noqa: E402 — the checks both engines must pass, written once
+    test_a_nan_gradient_on_one_rank_skips_the_update_on_every_rank,  # noqa: F401
     test_a_second_backward_after_the_buckets_started_is_summed_and_said,  # noqa: F401
     test_buckets_start_their_all_reduce_during_the_last_backward,  # noqa: F401
     test_the_overlapped_all_reduce_gives_the_bits_of_one_all_reduce_after_the_backward,  # noqa: F401

@@ -3,6 +3,7 @@ the base LR survives for schedulers, and a run stopped mid-epoch resumes to the 
 
 import io
 import math
+import warnings
 
 import pytest
 import torch
@@ -206,3 +207,50 @@ def test_a_trace_optimizer_refuses_to_wrap_a_ga_optimizer():
                                         r"and updates by itself: give this trace optimizer the plain torch optimizer"):
         LinearRuleOptimizer(ga, sampler, ref_batchsize=8)
 
+
+
+def poisoned_trace_run(poisoned_step: int | None, scaler=None):
+    """A LinearRuleOptimizer with warmup through a trace of three steps of 8 (two micro-batches
+    of 4), the last micro-batch of ``poisoned_step`` times NaN; returns the LR of every update
+    applied and what each step left."""
+    data = dataset(24)
+    model = make_model()
+    sampler = CustomSampler(data, [8, 8, 8], minibatch_size=MINIBATCH)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = LinearRuleOptimizer(inner, sampler, ref_batchsize=4, warmup_steps=3, scaler=scaler)
+    lrs = []
+    inner.register_step_pre_hook(lambda *_: lrs.append(inner.param_groups[0]["lr"]))
+    sampler.set_epoch(0)
+    optimizer.set_epoch(0)
+    after = []
+    for micro, (x, y) in enumerate(DataLoader(data, batch_sampler=sampler)):
+        loss = nn.functional.mse_loss(model(x), y[:, :1])
+        loss = loss * math.nan if micro == 2 * (poisoned_step or 0) + 1 and poisoned_step is not None else loss
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        if optimizer.step():
+            after.append({"updated": optimizer.updated, "updates": optimizer.updates, "step": optimizer.step_index,
+                          "applied": optimizer.applied, "skipped": optimizer.skipped,
+                          "weights": [p.detach().clone() for p in model.parameters()]})
+    return lrs, after
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["check", "GradScaler"])
+def test_a_trace_update_with_a_nan_gradient_is_skipped_and_its_warmup_does_not_advance(amp):
+    """The step's samples are spent (the trace moves on), no weight changes, and neither
+    ``applied`` nor ``updates`` (which warmup counts) advance, by the check or by AMP's scaler."""
+    from aikit.core.errors import NonFiniteGradientWarning
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if amp else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lrs, (first, skipped, last) = poisoned_trace_run(1, scaler)
+    assert [first["updated"], skipped["updated"], last["updated"]] == [True, False, True]
+    assert all(torch.equal(a, b) for a, b in zip(skipped["weights"], first["weights"], strict=True))
+    assert [a["step"] for a in (first, skipped, last)] == [1, 2, 3]  # the trace goes on
+    assert [a["updates"] for a in (first, skipped, last)] == [1, 1, 2]
+    assert [a["applied"] for a in (first, skipped, last)] == [1, 1, 2]
+    assert [a["skipped"] for a in (first, skipped, last)] == [0, 1, 1]
+    clean_lrs, _ = poisoned_trace_run(None)
+    assert lrs == clean_lrs[:2]  # the update after the skip takes the warmup's second LR, not its third
+    assert [type(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == (
+        [] if amp else [NonFiniteGradientWarning])

@@ -35,7 +35,7 @@ from aikit.core.autolrs import (
     write_schedule,
 )
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.validate import positive_int
+from aikit.core.validate import one_number, positive_int
 from aikit.runtime.Torch import collectives, random_state
 from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, lr_free_kind
 
@@ -114,6 +114,7 @@ class AutoLRS:
 
     def on_train_batch_end(self, loss: torch.Tensor | float) -> None:
         """Report the loss of the step just taken and prepare the next step."""
+        loss = _checked_loss(loss)
         first_decision = None if self._first_step_checked else pack(self._driver.action, self._driver.kept)
         loss = self._training.replica_mean(loss, first_decision)
         self._first_step_checked = True
@@ -137,6 +138,15 @@ class AutoLRS:
         """Resume a saved search (load the model and optimizer as usual). Nothing is set on the
         optimizer here: the saved state already holds the LR of the next step."""
         self._driver.load_state_dict({**state, "slots": {slot: _unportable(state["slots"][slot]) for slot in SLOTS}})
+
+
+def _checked_loss(loss: object) -> torch.Tensor | float:
+    """The step's loss as one number, refused as ``val_fn``'s answer is when it is none (a string,
+    None, several elements); a one-element tensor is kept as it is (not read: the replicas average
+    it on its device)."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.dtype.is_floating_point:
+        return loss
+    return one_number(loss, "AutoLRS.on_train_batch_end's loss", "the step's training loss as one number", verb="be")
 
 
 def refuse_lr_free(optimizer) -> None:

@@ -44,6 +44,12 @@ class DistributedOptimizer(Optimizer):
             raise InvalidState("Horovod is not initialised: call horovod.tensorflow.init() before aikit's Horovod glue")
         super().__init__(optimizer, steps, name=name, **kwargs)
 
+    def _replicas_nonfinite(self, sums):
+        """The ranks' count of non-finite sums, summed over Horovod (one number): each rank's own
+        sums differ, and every rank must skip an update, or none, before the all-reduce below."""
+        count = super()._replicas_nonfinite(sums)
+        return hvd.allreduce(count, op=hvd.Sum) if hvd.size() > 1 else count
+
     def _update(self, sums, variables) -> None:
         present = [total for total in sums if total is not None]
         if hvd.size() > 1 and present:

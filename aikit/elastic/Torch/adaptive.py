@@ -45,6 +45,7 @@ from aikit.core.goodput import GoodputController
 from aikit.core.gradient_noise import NoiseEstimate, update_estimates
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule
+from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.elastic.Torch.adaptive_sampler import AdaptiveSampler
 from aikit.elastic.Torch.eth_easl import EthEaslNames
 from aikit.elastic.Torch.trace_optim import TraceOptimizer, mean_sq_norms
@@ -85,6 +86,8 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
         max_grad_norm: float | None = None,
         scaler: Any = None,
         clock: Callable[[], float] = time.perf_counter,
+        skip_nonfinite: bool = True,
+        max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
     ) -> None:
         if not isinstance(sampler, AdaptiveSampler):
             raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
@@ -92,7 +95,8 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
         policy = LRPolicy(rule, sampler.controller.ref_batch_size, warmup_steps, adaptive=True,
                           user="AdaptiveOptimizer")
         super().__init__(optimizer, sampler, policy=policy, log_steps=log_steps, broadcast=broadcast,
-                         max_grad_norm=max_grad_norm, scaler=scaler)
+                         max_grad_norm=max_grad_norm, scaler=scaler, skip_nonfinite=skip_nonfinite,
+                         max_skips_in_a_row=max_skips_in_a_row)
         self.clock = UpdateClock(clock)
         dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
         self.norms = MicroBatchNorms(self.param_groups, dtype)  # this update's micro-batch gradients' norms

@@ -36,6 +36,7 @@ import torch
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule, seed_value
+from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.trace import load_trace, multiple_problems
 from aikit.core.validate import checked_float, index_in, positive_int
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
@@ -229,7 +230,8 @@ class EthEaslOptimizer(EthEaslNames, TraceOptimizer):
                  ref_batch_size: int | None = None, log_steps: int | None = None, *, warmup_steps: int = 0,
                  broadcast: bool = True, max_grad_norm: float | None = None, scaler: Any = None,
                  log_format: str = "eth-easl", lr_decay: Callable[[int], float] | None = None,
-                 ref_batchsize: int | None = None):
+                 ref_batchsize: int | None = None, skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW):
         name = type(self).__name__
         if log_format not in LOG_FORMATS:
             raise InvalidValue(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
@@ -241,7 +243,8 @@ class EthEaslOptimizer(EthEaslNames, TraceOptimizer):
         ref, ref_name = ref_batch_size_named(ref_batch_size, ref_batchsize)
         policy = LRPolicy(self.rule, ref, warmup_steps, lr_decay, user=name, ref_name=ref_name)
         super().__init__(optimizer, latest_sampler() if sampler is None else sampler, policy=policy,
-                         log_steps=log_steps, broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler)
+                         log_steps=log_steps, broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler,
+                         skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row)
         if self.per_micro_batch and self.sampler.schedule.max_device_batch is not None:
             raise InvalidValue(
                 f"{name} scales its LR from one micro-batch of micro_batch samples, but this sampler's micro-batch "

@@ -318,12 +318,19 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
         self.rank = _checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
-    def check_position(self, epoch: int, step: int, micro: int) -> EpochSchedule:
-        """The schedule of ``epoch`` if micro-batch ``micro`` of ``step`` exists for this rank."""
+    def check_position(self, epoch: int, step: int, micro: int, name: str = "", fix: str = "") -> EpochSchedule:
+        """The schedule of ``epoch`` if micro-batch ``micro`` of ``step`` exists for this rank; else
+        the field out of range, its range, and ``fix`` (``name`` says whose position it is)."""
         plan = self.schedule.epoch(epoch)
         counts = plan.counts(self.rank)
-        if not 0 <= step <= len(counts) or not 0 <= micro <= (counts[step] if step < len(counts) else 0):
-            raise InvalidValue(f"no micro-batch {micro} of step {step} in epoch {epoch} for rank {self.rank}")
+        fix = f"; {fix}" if fix else ""
+        if not 0 <= step <= len(counts):
+            raise InvalidValue(f"{name}step must be an integer in 0..{len(counts)} (epoch {epoch}'s {len(counts)} "
+                               f"steps, {len(counts)} once they are done), got {step}{fix}")
+        mine = int(counts[step]) if step < len(counts) else 0
+        if not 0 <= micro <= mine:
+            raise InvalidValue(f"{name}micro must be an integer in 0..{mine} (rank {self.rank}'s micro-batches of step "
+                               f"{step} in epoch {epoch}), got {micro}{fix}")
         return plan
 
     def resume(self, epoch: int, step: int, micro: int) -> None:

@@ -8,7 +8,9 @@ gradient is a mean over its samples, so the sum over all replicas becomes the me
 step's ``B`` samples: :meth:`aikit.core.schedule.EpochSchedule.share`), unscales (AMP), clips,
 makes one update of the wrapped optimizer at the LR :class:`aikit.core.lr_policy.LRPolicy` gives
 for ``B``, puts the base LR back (so an LR scheduler on this optimizer composes) and zeroes the
-gradients.
+gradients. An update whose gradient is inf or NaN is skipped, by AMP's GradScaler or the
+engine's check (:mod:`aikit.core.skips`): the step's samples are spent and the trace moves on,
+but no weight changes and ``updates`` (which warmup counts) does not advance.
 
 A replica the schedule deals nothing in a step gets no batch at all (no dummy batch, so
 BatchNorm statistics stay untouched): it joins those steps' all-reduces with zero gradients and
@@ -39,6 +41,7 @@ from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.scaling import Rule
 from aikit.core.schedule import EpochSchedule
+from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.elastic.Torch.trace_state import TraceState
@@ -79,7 +82,8 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
     :class:`~aikit.core.lr_policy.LRPolicy`) gives the four at once. ``log_steps`` prints ``aikit
     trace: epoch E step S batch B lr L`` on rank 0 every that many updates (``S`` counted over the
     trace). ``max_grad_norm`` clips each update's gradient; ``scaler`` (a ``torch.amp.GradScaler``)
-    is unscaled, stepped and updated once per update. Replicas start from rank 0's parameters,
+    is unscaled, stepped and updated once per update; ``skip_nonfinite`` and ``max_skips_in_a_row``
+    are the GA wrapper's (an inf/NaN update skipped). Replicas start from rank 0's parameters,
     broadcast at the first :meth:`set_epoch` or :meth:`join` (``ElasticState.restore()``), unless
     ``broadcast=False``.
     """
@@ -95,7 +99,8 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
                  ref_batch_size: int | None = None, warmup_steps: int = 0,
                  lr_decay: Callable[[int], float] | None = None, policy: LRPolicy | None = None,
                  log_steps: int | None = None, broadcast: bool = True, max_grad_norm: float | None = None,
-                 scaler: Any = None):
+                 scaler: Any = None, skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW):
         super().__init__(optimizer)
         name = type(self).__name__
         self.sampler = _checked_sampler(sampler, name, self._decides_while_training)
@@ -106,7 +111,8 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
                                "policy alone (it holds all four) or those")
         self.policy = policy
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
-        self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)
+        self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,
+                                  skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row)
         self._terms: Any = None  # the running update's loss terms over every replica (None: not declared)
         self.params = _trainable(self.engine.params(), name)
         self.device = self.params[0].device
@@ -118,9 +124,9 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
             )
         self._broadcast_pending = broadcast and replicas > 1
         self._agreement_pending = replicas > 1  # the replicas compare settings in their first collective
-        self.updates = 0  # updates made since training began: drives warmup
-        self.updated = False  # whether the last update was applied (AMP did not skip it)
-        self.applied = 0  # updates applied by this object (AMP skips not counted): for UpdateScheduler
+        self.updates = 0  # updates applied since training began (skips not counted): drives warmup
+        self.updated = False  # whether the last update was applied (not skipped for an inf/NaN gradient)
+        self.applied = 0  # updates applied by this object (skips not counted): for UpdateScheduler
         self._start(self.sampler.epoch, 0, 0)
 
     @property
@@ -241,6 +247,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
             )
         self._untouched = False
         self.micro += 1
+        self.engine.micro_step()
         if self.micro < self.counts[self.step_index]:
             mark_step(self.device)
             self.updated = False
@@ -269,11 +276,13 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
             self._agree(settings, rows_of(table, replicas))
         if self.takes_weights:
             *extras, terms, declared = extras
-            self._terms = self._declared_terms(terms, declared)
+            self._terms = _declared_terms(self, terms, declared)
         self._observe(extras)
-        lr = self._step_at_adapted_lr()
-        self.updates += 1
-        self.step_index, self.micro = self.step_index + 1, 0
+        try:
+            lr = self._step_at_adapted_lr()
+        finally:  # the step's samples are spent, its update applied or skipped (a run of skips: TrainingFailed)
+            self.updates += self.updated
+            self.step_index, self.micro = self.step_index + 1, 0
         mark_step(self.device)
         self._updated(lr)
         if self.log_steps and self.rank == 0:
@@ -286,6 +295,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         saved = [{key: group[key] for key in self._adapted if key in group} for group in self.param_groups]
         self._adapt()
         lr = self._base_lrs()
+        self.updated = False
         try:
             self.updated = self.engine.step(self._gradient_scale())
             self.applied += self.updated
@@ -345,23 +355,24 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
             return self.engine.terms_scale(self._terms)
         return self.plan.share(self.step_index)
 
-    def _declared_terms(self, terms: Any, declared: float) -> Any:
-        """The step's loss terms over every replica, None where no micro-batch declared any; a
-        step that declared them for some micro-batches only is refused (on every replica alike)."""
-        expected = int(self.plan.micro_batches_per_step[self.step_index])
-        if declared == 0:
-            return None
-        if declared != expected:
-            self.engine.discard()
-            self.optimizer.zero_grad()
-            raise InvalidValue(
-                f"{declared:g} of the {expected} micro-batches of step {self.step_index} declared their loss terms "
-                "with accumulate(model, weight=...): declare them for every micro-batch of a step or for none"
-            )
-        return terms
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
+
+
+def _declared_terms(optimizer: TraceOptimizer, terms: Any, declared: float) -> Any:
+    """The step's loss terms over every replica, None where no micro-batch declared any; a step
+    that declared them for some micro-batches only is refused (on every replica alike)."""
+    expected = int(optimizer.plan.micro_batches_per_step[optimizer.step_index])
+    if declared == 0:
+        return None
+    if declared != expected:
+        optimizer.engine.discard()
+        optimizer.optimizer.zero_grad()
+        raise InvalidValue(
+            f"{declared:g} of the {expected} micro-batches of step {optimizer.step_index} declared their loss terms "
+            "with accumulate(model, weight=...): declare them for every micro-batch of a step or for none"
+        )
+    return terms
 
 
 def _checked_sampler(sampler: object, name: str, decides_while_training: bool) -> CustomSampler:

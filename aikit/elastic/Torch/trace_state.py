@@ -11,11 +11,12 @@ subclass that keeps more (AdaScale's trackers, an adaptive run's schedule) names
 from __future__ import annotations
 
 from aikit.core.errors import InvalidValue
-from aikit.core.validate import non_negative_int
+from aikit.core.validate import checked_int
 from aikit.runtime.Torch.state_checks import check_groups, check_pending
 
 _TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated", "terms"}
 _TRACE_KEYS_BEFORE_TERMS = _TRACE_KEYS - {"terms"}  # states saved before accumulate(weight=) existed
+_INTACT = "restore an intact commit (was it edited?)"
 
 
 class TraceState:
@@ -76,7 +77,7 @@ class TraceState:
         if not isinstance(trace, dict) or set(trace) not in (_TRACE_KEYS, _TRACE_KEYS_BEFORE_TERMS):
             raise InvalidValue(f"{type(self).__name__} state['trace'] needs keys {sorted(_TRACE_KEYS)}")
         for key in ("epoch", "step", "micro", "updates", "rank"):  # what this optimizer writes (was it edited?)
-            non_negative_int(trace[key], f"the checkpoint's trace {key}")
+            checked_int(trace[key], f"the checkpoint's trace {key}", 0, None, "a non-negative integer", _INTACT)
         if trace["micro"] and trace["rank"] != self.sampler.rank:
             raise InvalidValue(f"this state was saved by rank {trace['rank']} in the middle of a step; "
                              f"rank {self.sampler.rank} must load its own")
@@ -88,4 +89,4 @@ class TraceState:
     def _check_position(self, state: dict) -> None:
         """Refuse a saved position the sampler has not (``state`` otherwise checked)."""
         trace = state["trace"]
-        self.sampler.check_position(trace["epoch"], trace["step"], trace["micro"])
+        self.sampler.check_position(trace["epoch"], trace["step"], trace["micro"], "the checkpoint's trace ", _INTACT)

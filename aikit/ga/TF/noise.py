@@ -99,6 +99,10 @@ class NoiseOptimizer(Optimizer):
             self.assign_add(self._micro_sq_norms, squared * float(replicas) ** 2)
         super().apply(grads, trainable_variables)
 
+    def _skip(self, sums) -> None:
+        super()._skip(sums)
+        self.assign(self._micro_sq_norms, ops.zeros((), "float64"))  # a skipped update's parts: not measured
+
     def build(self, variables):
         super().build(variables)
         # from now on the wrapped optimizer's gradient all-reduce carries the part norms. Set once

@@ -24,6 +24,10 @@ Loading saved weights (``model.load_weights``) keeps the ``steps`` of the plan c
 ``reduction="sum"`` applies the sum of the micro-batch gradients instead of their mean (for a
 sum-reduced loss); Run:AI's original Keras wrapper averaged, as the default does.
 
+An update whose gradient is inf or NaN is skipped in the graph, the weights and ``iterations``
+left as they were (:mod:`aikit.ga.TF.skipping`); ``skip_nonfinite=False`` applies it, as Keras'
+optimizers do.
+
 Run:AI's prebuilt GA optimizers are here too, one per optimizer class Keras ships (found at
 import: the classes built from a ``learning_rate``, so not the ``Optimizer`` base nor the
 ``LossScaleOptimizer``/``MultiOptimizer`` wrappers), in the original's argument order:
@@ -39,8 +43,10 @@ import tensorflow as tf
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, mean_scale, reduction_name
-from aikit.core.validate import checked_int, positive_int
+from aikit.core.skips import MAX_SKIPS_IN_A_ROW, checked_max_skips
+from aikit.core.validate import checked_bool, checked_int, positive_int
 from aikit.ga.exports import served
+from aikit.ga.TF.skipping import SkippedUpdates, nonfinite_count
 from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
 keras = keras_on_tensorflow()
@@ -60,7 +66,7 @@ def checked_steps(steps: object) -> int:
 
 
 @keras.saving.register_keras_serializable(package="aikit")
-class Optimizer(keras.optimizers.Optimizer):
+class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
     """Accumulate gradients over ``steps`` calls, then apply their mean with ``optimizer``.
 
     Args:
@@ -70,14 +76,19 @@ class Optimizer(keras.optimizers.Optimizer):
             assigning ``.steps``.
         reduction: ``"mean"`` (default) applies the mean of the micro-batch gradients, right for a
             mean loss; ``"sum"`` applies their sum, right for a sum-reduced loss.
+        skip_nonfinite: skip an update whose gradient is inf or NaN (default); False applies it.
+        max_skips_in_a_row: this many skipped in a row raise ``TrainingFailed`` where ``apply``
+            runs eagerly (default 10; None: never).
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None,
-                 reduction: str = "mean", **kwargs):
+                 reduction: str = "mean", skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, **kwargs):
         if kwargs:
             raise InvalidValue(
-                f"aikit's GA Optimizer takes only optimizer, steps, name and reduction, got {sorted(kwargs)}: set "
-                "learning rate, weight decay, clipping and EMA on the wrapped optimizer"
+                f"aikit's GA Optimizer takes only optimizer, steps, name, reduction, skip_nonfinite and "
+                f"max_skips_in_a_row, got {sorted(kwargs)}: set learning rate, weight decay, clipping and EMA on "
+                "the wrapped optimizer"
             )
         if isinstance(optimizer, dict):  # from a saved config
             optimizer = keras.optimizers.deserialize(optimizer)
@@ -96,6 +107,8 @@ class Optimizer(keras.optimizers.Optimizer):
             )
         steps = checked_steps(steps)
         reduction = reduction_name(reduction)
+        checked_bool(skip_nonfinite, "skip_nonfinite")
+        checked_max_skips(max_skips_in_a_row)  # both refused before anything is made
         super().__init__(learning_rate=lambda: self.inner.learning_rate, name=name)
         self.reduction = reduction
         self.inner = optimizer
@@ -113,6 +126,7 @@ class Optimizer(keras.optimizers.Optimizer):
                                                    synchronization="on_read", aggregation="sum")
         self._weighs_terms = False  # set once a micro-step declares its loss terms (traced into apply and update)
         self._weight_from_loss = False  # set once a loss declares them (TokenMean)
+        self._init_skips(skip_nonfinite, max_skips_in_a_row)
 
     def build(self, variables):
         """Create one per-replica accumulator per variable, and the wrapped optimizer's state."""
@@ -175,7 +189,10 @@ class Optimizer(keras.optimizers.Optimizer):
         return self.inner.scale_loss(loss)
 
     def finalize_variable_values(self, var_list):
+        """The wrapped optimizer's (EMA); ``Model.fit`` calls it once at its end, in Python: the
+        warning of updates its compiled steps skipped comes here."""
         self.inner.finalize_variable_values(var_list)
+        self._report_skips()
 
     def declare_weight(self, weight) -> None:
         """Declare the running micro-step's loss terms from inside its loss (what
@@ -248,14 +265,19 @@ class Optimizer(keras.optimizers.Optimizer):
                 self.assign_add(total, grad if weight is None else _weighed(grad, weight))
 
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            self._maybe_update(lambda: self._update(sums, variables))
+            self._maybe_update(lambda: self._update_if_finite(lambda: self._replicas_nonfinite(sums),
+                                                              lambda: self._update(sums, variables),
+                                                              lambda: self._skip(sums)))
         else:
             def cross_replica(strategy):
-                self._maybe_update(
-                    lambda: strategy.extended.call_for_each_replica(self._update, args=(sums, variables))
-                )
+                each = strategy.extended.call_for_each_replica
+                self._maybe_update(lambda: self._update_if_finite(
+                    lambda: strategy.reduce("SUM", each(nonfinite_count, args=(sums,)), axis=None),
+                    lambda: each(self._update, args=(sums, variables)), lambda: each(self._skip, args=(sums,))))
 
             tf.distribute.get_replica_context().merge_call(cross_replica)
+        if tf.executing_eagerly() and self._checks_finite and tf.distribute.get_strategy().num_replicas_in_sync == 1:
+            self._check_skips()
 
     def _index_of(self, variable) -> int:
         try:
@@ -291,11 +313,21 @@ class Optimizer(keras.optimizers.Optimizer):
         self._steps.assign(steps)
 
     def _maybe_update(self, update) -> None:
-        """Run ``update`` when this micro-step completes the update, and count the micro-step."""
+        """Run ``update`` when this micro-step completes the update (it says whether it applied
+        it), and count the micro-step and a skipped update."""
         is_update = self._accumulated + 1 >= self._steps
-        ops.cond(is_update, update, lambda: None)
+        self._count_skip(is_update, ops.cond(is_update, update, lambda: ops.convert_to_tensor(True)))
         self._accumulated.assign(ops.where(is_update, 0, self._accumulated + 1))
         self._iterations.assign_add(1)
+
+    def _skip(self, sums) -> None:
+        """A skipped update (replica context): the sums and the loss terms cleared, nothing applied."""
+        for total in sums:
+            if total is not None:
+                total.assign(ops.zeros_like(total.value))
+        if self._weighs_terms:
+            self._terms.assign(ops.zeros((), "float64"))
+
 
     def _update(self, sums, variables) -> None:
         """The real update (replica context): the wrapped optimizer applies the mean gradient."""
@@ -324,7 +356,8 @@ class Optimizer(keras.optimizers.Optimizer):
 
     def get_config(self) -> dict:
         return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner), "steps": self.steps,
-                "reduction": self.reduction}
+                "reduction": self.reduction, "skip_nonfinite": self.skip_nonfinite,
+                "max_skips_in_a_row": self.max_skips_in_a_row}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -346,13 +379,16 @@ def _prebuilt(inner: type[keras.optimizers.Optimizer]) -> type[Optimizer]:
     """Run:AI's prebuilt GA form of ``inner``: ``Name(steps, *args, reduction="mean", **kwargs)``
     wraps ``inner(*args, **kwargs)``."""
 
-    def __init__(self, steps: int, *args, reduction: str = "mean", **kwargs):
-        Optimizer.__init__(self, inner(*args, **kwargs), steps, reduction=reduction)
+    def __init__(self, steps: int, *args, reduction: str = "mean", skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, **kwargs):
+        Optimizer.__init__(self, inner(*args, **kwargs), steps, reduction=reduction, skip_nonfinite=skip_nonfinite,
+                           max_skips_in_a_row=max_skips_in_a_row)
 
     name = inner.__name__
     __init__.__qualname__ = f"{name}.__init__"
     doc = (f"GA over ``keras.optimizers.{name}``: ``{name}(steps, ...)`` is "
-           f"``Optimizer(keras.optimizers.{name}(...), steps)``; ``reduction`` goes to :class:`Optimizer`, "
+           f"``Optimizer(keras.optimizers.{name}(...), steps)``; ``reduction``, ``skip_nonfinite`` and "
+           f"``max_skips_in_a_row`` go to :class:`Optimizer`, "
            f"every other argument to ``keras.optimizers.{name}``.")
     cls = type(name, (Optimizer,), {"__init__": __init__, "__doc__": doc, "__module__": __name__,
                                     "__qualname__": name, "inner_class": inner})

@@ -32,6 +32,13 @@ momentum=0.9), steps)``, a subclass of :class:`Optimizer`, which takes the wrapp
 (made by :mod:`aikit.ga.Torch.runai`, with the conversion of Run:AI's checkpoints).
 :class:`UpdateScheduler` (:mod:`aikit.ga.Torch.scheduler`) is importable from here too.
 
+An update whose gradient is inf or NaN is skipped, as a GradScaler skips one: no weight changes
+and nothing that counts updates advances (``updated`` is False, ``skipped`` counts it); the first
+is warned about, ``max_skips_in_a_row`` in a row raise :class:`~aikit.core.errors.TrainingFailed`
+(:mod:`aikit.core.skips`). Without AMP that costs one read of the gradient's total norm per
+update (the norm clipping uses); ``skip_nonfinite=False`` reads nothing and applies the gradient,
+as torch does. A ``step()`` without a backward since the one before is warned about.
+
 What an update's micro-steps declared and the weights that follow live in
 ``aikit.ga.Torch.window``; the ``state_dict`` format and its checks in ``aikit.ga.Torch.state``.
 """
@@ -47,6 +54,7 @@ import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import reduction_name
+from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.validate import positive_int
 from aikit.ga.exports import served
 from aikit.ga.Torch.runai import from_runai, prebuilt_classes
@@ -88,6 +96,11 @@ class Optimizer(WrappingOptimizer):
             instead of only the update's last: under FSDP2 each micro-step then reduce-scatters,
             so only sharded gradients are kept (less memory, ``steps`` times the communication);
             the default (False) keeps unsharded gradients between updates and reduce-scatters once.
+        skip_nonfinite: skip an update whose gradient is inf or NaN (the default; without a
+            ``scaler`` it reads the gradient's total norm once per update); False applies it, as
+            torch's optimizers do, and reads nothing.
+        max_skips_in_a_row: this many non-finite updates skipped in a row raise
+            :class:`~aikit.core.errors.TrainingFailed` (default 10; None: skip for ever).
     """
 
     kind = "GA Optimizer"
@@ -104,6 +117,8 @@ class Optimizer(WrappingOptimizer):
         reduction: str = "mean",
         bucket_cap_mb: float | None = 25.0,
         sync_every_micro_step: bool = False,
+        skip_nonfinite: bool = True,
+        max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
     ) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise InvalidType(
@@ -124,7 +139,8 @@ class Optimizer(WrappingOptimizer):
         self.bucket_cap_mb = bucket_cap_mb
         overlap = self._ends_update if reduce and bucket_cap_mb is not None else None
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler, overlap=overlap,
-                                  bucket_cap_mb=bucket_cap_mb)
+                                  bucket_cap_mb=bucket_cap_mb, skip_nonfinite=skip_nonfinite,
+                                  max_skips_in_a_row=max_skips_in_a_row)
         self._steps = positive_int(steps, "steps")
         self.global_batch_size = None if global_batch_size is None else positive_int(
             global_batch_size, "global_batch_size"
@@ -140,7 +156,7 @@ class Optimizer(WrappingOptimizer):
         self.window = Window()  # this update's micro-steps so far, and what they declared
         self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
         self.updated = False  # whether the last step() call made a real update
-        self.applied = 0  # real updates applied by this object (AMP skips not counted): for schedulers
+        self.applied = 0  # real updates applied by this object (skips not counted): for schedulers
         engines.current().keep_whole(Optimizer)  # Horovod's hvd.elastic.TorchState: its whole state_dict
 
     @property
@@ -221,7 +237,7 @@ class Optimizer(WrappingOptimizer):
         finally:
             if declared is not None:
                 self.engine.factor = None
-                self.window.declare(declared, samples)
+                self.window.declare(declared, samples, weight)
 
     def _weighing(self, model: torch.nn.Module | None, samples: int | None, weight: Any,
                   skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
@@ -253,8 +269,9 @@ class Optimizer(WrappingOptimizer):
             with torch.enable_grad():
                 loss = closure()
         self.window.position += 1
-        self.updated = self.position == self._steps
-        if self.updated:
+        self.engine.micro_step(expect_backward=not self.window.take_empty())
+        self.updated = False
+        if self.position == self._steps:
             self.updated = self._update(short=False)
         self.micro_steps += 1
         return loss
@@ -270,11 +287,12 @@ class Optimizer(WrappingOptimizer):
                 "window were never all-reduced: use Optimizer(..., reduce=True) with the plain model, or feed "
                 "whole windows"
             )
+        self.updated = False
         self.updated = self._update(short=True)
         return self.updated
 
     def _update(self, short: bool) -> bool:
-        """The real update on the accumulated, weighted gradient; False if AMP skipped it."""
+        """The real update on the accumulated, weighted gradient; False if it was skipped (inf/NaN)."""
         window, self.window = self.window, Window()
         scale = window.scale(self.engine, reduction=self.reduction, reducing=self.reduce, short=short,
                              world=world_size(),  # read at every update: an elastic resize changes it
@@ -355,6 +373,7 @@ def _closure_required(optimizer: torch.optim.Optimizer) -> bool:
     return closure is not None and closure.default is closure.empty
 
 
-_PICKLED = ("global_batch_size", "max_grad_norm", "scaler", "reduce", "bucket_cap_mb", "sync_every_micro_step")
+_PICKLED = ("global_batch_size", "max_grad_norm", "scaler", "reduce", "bucket_cap_mb", "sync_every_micro_step",
+            "skip_nonfinite", "max_skips_in_a_row")
 PREBUILT = prebuilt_classes(Optimizer, __name__)  # Run:AI's Adam(steps, params, ...) and the rest, made once
 __getattr__, __dir__ = served(__name__, PREBUILT)  # aikit.ga.Torch.optim.Adam and the rest

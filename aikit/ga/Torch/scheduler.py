@@ -19,6 +19,12 @@ class UpdateScheduler:
 
     def __init__(self, scheduler: Any) -> None:
         optimizer = getattr(scheduler, "optimizer", None)
+        if optimizer is None or not hasattr(scheduler, "step"):
+            raise InvalidType(
+                f"UpdateScheduler wraps a torch LR scheduler built on the aikit optimizer, got {scheduler!r:.60} (a "
+                f"{type(scheduler).__name__}): build one first, e.g. UpdateScheduler(torch.optim.lr_scheduler."
+                "CosineAnnealingLR(optimizer, T_max=updates))"
+            )
         if not hasattr(optimizer, "applied"):
             raise InvalidType(
                 f"UpdateScheduler schedules an aikit optimizer (GA or trace), but {type(scheduler).__name__} "

@@ -37,6 +37,7 @@ class Window:
         self.weighted = 0  # micro-steps that declared their samples or loss terms
         self.declared: str | None = None  # what they declared: "samples" or "weight" (None: nothing yet)
         self.unit: int | None = None  # the micro-batch size the weights are relative to
+        self.empty = False  # the running micro-step declared 0 samples or loss terms: it needs no backward
 
     @classmethod
     def restored(cls, ga: dict[str, Any]) -> Window:
@@ -102,11 +103,17 @@ class Window:
         engine.weigh_next(factor, fold=fold)
         return contextlib.nullcontext()
 
-    def declare(self, declared: str, samples: int | None) -> None:
+    def declare(self, declared: str, samples: int | None, weight: Any = None) -> None:
         """Count a micro-step that declared ``declared`` (and its ``samples``, if those)."""
         self.samples += samples or 0
         self.weighted += 1
         self.declared = declared
+        self.empty = samples == 0 if declared == "samples" else not isinstance(weight, torch.Tensor) and weight == 0
+
+    def take_empty(self) -> bool:
+        """Whether the micro-step that ends now declared an empty micro-batch (and forget it)."""
+        empty, self.empty = self.empty, False
+        return empty
 
     # --- the update ------------------------------------------------------------------------------
     def scale(self, engine: Accumulator, *, reduction: str, reducing: bool, world: int, short: bool,

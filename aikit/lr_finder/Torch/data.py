@@ -2,7 +2,8 @@
 
 Subclass ``TrainDataLoaderIter`` or ``ValDataLoaderIter`` and override
 ``inputs_labels_from_batch`` when a loader yields something other than ``(inputs, labels, ...)``
-(a dict, say).
+(a dict, say). A criterion that does not fit the batches fails with their shapes
+(:func:`criterion_failed`).
 """
 
 from __future__ import annotations
@@ -79,3 +80,28 @@ class ValDataLoaderIter(DataLoaderIter):
     def __next__(self):
         self.run_counter += 1
         return super().__next__()
+
+
+def criterion_failed(error: Exception, outputs, labels) -> Exception | None:
+    """``error`` (of the criterion on the first batch) again, of its type, saying what failed
+    (None for an error class that takes other arguments: raise the original as it was)."""
+    message = (f"{error}\n(aikit LRFinder: the criterion failed on the range test's first batch: "
+               f"criterion(model(inputs), labels) got outputs of {shapes(outputs)} and labels of {shapes(labels)}; "
+               "give a criterion that takes the model's outputs and the loader's labels as they are, e.g. "
+               "nn.CrossEntropyLoss() for class indices of shape (N,) and outputs (N, classes), nn.MSELoss() for "
+               "targets of the outputs' shape)")
+    try:
+        return type(error)(message)
+    except Exception:
+        return None
+
+
+def shapes(obj) -> str:
+    """What a batch holds, as its shapes say it: ``shape (8, 2)``, ``[shape (8, 2), shape (8,)]``."""
+    if hasattr(obj, "shape"):  # a tensor of any framework
+        return f"shape {tuple(obj.shape)}"
+    if isinstance(obj, (tuple, list)):
+        return "[" + ", ".join(shapes(o) for o in obj) + "]"
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{k!r}: {shapes(o)}" for k, o in obj.items()) + "}"
+    return f"a {type(obj).__name__}"

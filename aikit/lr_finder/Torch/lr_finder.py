@@ -23,7 +23,7 @@ from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.validate import positive_int
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
-from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter
+from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter, criterion_failed
 from aikit.runtime.Torch import collectives, distributed
 from aikit.runtime.Torch.gradient_sync import sync_skipper
 from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, STEP_SIZE_ESTIMATOR, eval_weights, in_train_mode, lr_free_kind
@@ -215,7 +215,7 @@ class LRFinder(RangeTestResults):
             inputs, labels = self._move_to_device(inputs, labels, non_blocking=non_blocking_transfer)
             with self._no_sync(last=i == steps - 1) if ga is None else ga.accumulate(self.model):
                 with self._autocast():
-                    loss = self.criterion(self.model(inputs), labels)
+                    loss = self._loss(self.model(inputs), labels, first=i == 0 and not self.history["lr"])
                 if ga is None:  # a GA optimizer averages the micro-batches' gradients itself
                     loss = loss / steps
                 (self._loss_scaler.scale(loss) if self._loss_scaler is not None else loss).backward()
@@ -235,6 +235,19 @@ class LRFinder(RangeTestResults):
             stepped = True
         loss = total_loss.item()
         return loss if stepped or not math.isfinite(loss) else None
+
+    def _loss(self, outputs, labels, first: bool):
+        """The criterion on a batch; where it fails on the test's first batch (a criterion that does
+        not fit the model's outputs or the loader's labels), its error says so, with the shapes."""
+        if not first:
+            return self.criterion(outputs, labels)
+        try:
+            return self.criterion(outputs, labels)
+        except Exception as error:  # the user's criterion: any error, the same type with the shapes added
+            failed = criterion_failed(error, outputs, labels)
+            if failed is None:
+                raise
+            raise failed from error
 
     def _validation_totals(self, val_iter, non_blocking_transfer: bool = True) -> tuple[float, int]:
         """This rank's validation loss summed over its batches (each batch's mean times

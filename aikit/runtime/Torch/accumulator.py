@@ -8,11 +8,17 @@ then at the update one multiply, the optional sum over replicas (idle replicas a
 parameter no replica touched keeps no gradient), AMP unscaling, clipping and the wrapped
 optimizer's ``step()``. Its :class:`~aikit.runtime.Torch.buckets.Buckets` start that sum while
 the update's last backward still runs, as DDP and Horovod do.
+
+An update whose gradient is not finite is skipped, as a GradScaler skips one (under AMP the
+scaler decides; without, one read of the gradient's total norm per update, the norm clipping
+uses: :mod:`aikit.core.skips` counts, warns and fails a run of them); a micro-step without a
+backward is warned about (:mod:`aikit.runtime.Torch.backward_marks`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +26,12 @@ import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import mean_scale, term_count
-from aikit.core.validate import checked_float
+from aikit.core.skips import MAX_SKIPS_IN_A_ROW, SkipCount
+from aikit.core.validate import checked_bool, checked_float
 from aikit.runtime.Torch import collectives
+from aikit.runtime.Torch.backward_marks import BackwardMarks
 from aikit.runtime.Torch.buckets import Buckets
-from aikit.runtime.Torch.grads import mul_, or_zeros, stacked
+from aikit.runtime.Torch.grads import mul_, or_zeros, read_norm, stacked, total_norm
 from aikit.runtime.Torch.output_weights import OutputWeights
 
 
@@ -32,16 +40,23 @@ class Accumulator:
 
     ``max_grad_norm`` clips the update's gradient (after AMP unscaling); ``scaler`` is a
     ``torch.amp.GradScaler`` that the update unscales, steps and updates once.
+    ``skip_nonfinite`` skips an update whose gradient is inf or NaN (False: applies it, as torch
+    does, and reads nothing from the device); ``max_skips_in_a_row`` such skips in a row raise
+    :class:`~aikit.core.errors.TrainingFailed` (None: never).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,
                  scaler: Any = None, overlap: Callable[[], bool] | None = None,
-                 bucket_cap_mb: float = 25.0) -> None:
+                 bucket_cap_mb: float = 25.0, skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
         if max_grad_norm is not None:
             checked_float(max_grad_norm, "max_grad_norm", "a positive number or None", lambda norm: norm > 0)
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.scaler = scaler
+        self.skip_nonfinite = checked_bool(skip_nonfinite, "skip_nonfinite")
+        self.skips = SkipCount(max_skips_in_a_row)  # updates skipped (AMP's too), non-finite ones in a row
+        self.marks = BackwardMarks(optimizer)  # which micro-steps' backward reached the parameters
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
         self._handles: list[Any] = []  # weighing hooks, registered once a micro-batch needs them
@@ -233,21 +248,31 @@ class Accumulator:
 
     def discard(self) -> None:
         """Forget the sums started from the last backward (a load or a failed update replaces
-        the gradients they were started from); local, nothing is waited for."""
+        the gradients they were started from) and the window's micro-steps; local, nothing is
+        waited for."""
         if self.buckets is not None:
             self.buckets.reset()
         self.terms, self._terms_sum = 0, None
+        self.marks.restart()
+
+    def micro_step(self, expect_backward: bool = True) -> None:
+        """A wrapper's ``step()`` ended a micro-step: note whether its backward reached the
+        parameters (``expect_backward`` False: an empty micro-batch, which needs none)."""
+        self.marks.micro_step(expect_backward)
 
     def step(self, scale: float | torch.Tensor) -> bool:
         """Multiply the accumulated gradients by ``scale``, unscale (AMP), clip, update, clear.
 
-        Returns False when AMP skipped the update for an inf/NaN gradient."""
-        self.discard()  # an update without the sum over replicas (one replica) started none
+        Returns False when the update was skipped for an inf/NaN gradient (by AMP's scaler, or
+        by the finiteness check: the gradients cleared, nothing stepped)."""
         params = self.params()
         grads = [p.grad for p in params if p.grad is not None]
+        self.marks.check(bool(grads))  # a forgotten backward() warned about
+        self.discard()  # an update without the sum over replicas (one replica) started none
         scale, self.carried = scale * self.carried, 1.0
         if (isinstance(scale, torch.Tensor) or scale != 1) and grads:  # a tensor (a count on the device): not read
             mul_(grads, scale)
+        norm = None  # the update's total gradient norm, where clipping computes it
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()
             self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's
@@ -258,13 +283,31 @@ class Accumulator:
                     f"max_grad_norm={self.max_grad_norm} cannot clip sparse gradients (nn.Embedding(sparse=True) "
                     "or similar): use dense gradients, or max_grad_norm=None and clip the dense parameters yourself"
                 )
-            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         if self.scaler is None:
+            if self.skip_nonfinite and grads and not self._finite(total_norm(grads) if norm is None else norm):
+                return False
             self.optimizer.step()
             stepped = True
         else:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped
+            if not stepped:
+                self.skips.amp_skipped()
         self.optimizer.zero_grad()
+        self.marks.restart()
         return stepped
+
+    def _finite(self, norm: torch.Tensor) -> bool:
+        """Whether the update's gradient, of total ``norm``, is finite (the one read from the
+        device); if not the update is skipped: gradients cleared, counted, warned once, and a
+        run of ``max_skips_in_a_row`` refused."""
+        value = read_norm(norm)
+        if math.isfinite(value):
+            self.skips.applied()
+            return True
+        self.optimizer.zero_grad()
+        self.marks.restart()
+        self.skips.nonfinite(f"total norm {value}")
+        return False

@@ -21,8 +21,9 @@ import torch
 
 try:
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 except ImportError:  # a torch built without distributed
-    FSDPModule = None
+    FSDPModule = DTensor = None
 
 
 def is_fsdp2(model: torch.nn.Module | None) -> bool:
@@ -46,6 +47,12 @@ def _fsdp2_no_sync(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+
+
+def is_shard(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a sharded parameter (FSDP2's DTensor): its ``.grad`` is set at the
+    reduce-scatter, not by the micro-steps' backwards before it."""
+    return DTensor is not None and isinstance(param, DTensor)
 
 
 def accumulates_out_of_reach(model: torch.nn.Module | None) -> bool:

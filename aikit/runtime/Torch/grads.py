@@ -38,3 +38,21 @@ def stacked(values: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
     if numbers:
         parts.append(torch.tensor(numbers, dtype=dtype, device=device))
     return torch.cat(parts)
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all ``grads`` together, as ``clip_grad_norm_`` computes it (a sparse
+    gradient's by its values): a tensor on the first gradient's device, not read."""
+    dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch 2.6 and later
+    if get_total_norm is not None:
+        return get_total_norm(dense)
+    device = dense[0].device
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).to(device) for g in dense]))
+
+
+def read_norm(norm: torch.Tensor) -> float:
+    """``norm`` as a number: the one read from the device an update's finiteness check makes (a
+    sharded model's norm, a DTensor, whole first: every rank computes it in the same step)."""
+    full_tensor = getattr(norm, "full_tensor", None)
+    return float(full_tensor() if full_tensor is not None else norm)

@@ -98,6 +98,22 @@ class WrappingOptimizer(torch.optim.Optimizer):
             return getattr(inner, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    # --- the GA engine's finiteness check (every subclass has an ``engine``, an Accumulator) -----------
+    @property
+    def skip_nonfinite(self) -> bool:
+        """Whether an update with an inf/NaN gradient is skipped (else applied, as torch does)."""
+        return self.engine.skip_nonfinite
+
+    @property
+    def max_skips_in_a_row(self) -> int | None:
+        """Non-finite updates skipped in a row before :class:`~aikit.core.errors.TrainingFailed`."""
+        return self.engine.skips.max_in_a_row
+
+    @property
+    def skipped(self) -> int:
+        """Updates skipped by this object for an inf/NaN gradient, AMP's GradScaler's included."""
+        return self.engine.skips.skipped
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if "optimizer" not in self.__dict__:
             return super().add_param_group(param_group)  # the base __init__'s own copies
