@@ -119,8 +119,8 @@ MUTANTS = [
      "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler)",
      "self.engine = Accumulator(optimizer, scaler=scaler)", TRACE_TESTS),
     ("resize: objects not checked before loading", "aikit/elastic/Torch/resize.py",
-     "            check_commit(payload, self._objects, self.optimizer, self.directory)  # everything, before "
-     "anything changes\n", "", RESIZE_TESTS),
+     "            check_commit(payload, self._objects, self.optimizer, self.directory,  # everything, before "
+     "anything changes\n                         self._expected_global_batch())\n", "", RESIZE_TESTS),
     ("resize: unchecked objects not put back", "aikit/elastic/Torch/loading.py",
      "        for name, state in before.items():\n            objects[name].load_state_dict(state)\n",
      "", RESIZE_TESTS + " -k 'failed_restore or puts_back'"),
