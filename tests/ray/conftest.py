@@ -9,28 +9,13 @@ scripts/test.sh), where they fail.
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 import pytest
 from capabilities import skip_or_fail
-from ray_cluster import Nodes
+from ray_cluster import ROOT, ray_settings, start_nodes
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "resize"))  # resize_common, resize_checks, resize_worker
-WORKER_PATH = os.pathsep.join(str(p) for p in (ROOT, HERE, ROOT / "tests" / "resize", ROOT / "tests" / "torch"))
-# Ray Train's controller re-reads these in every run; the nodes inherit them from this process
-RAY_SETTINGS = {
-    "PYTHONPATH": WORKER_PATH,
-    "OMP_NUM_THREADS": "1",
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # how often the controller polls the workers (2 s by default)
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",  # a start that waits for a lost node's CPU (60 s by default)
-    "RAY_DEDUP_LOGS": "0",
-}
-# node liveness: a lost node is declared dead after 3 missed 1 s checks (Ray's default: 5 x 3 s)
-HEAD_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 
 
 def require_ray():
@@ -52,20 +37,14 @@ def ray_integration():
 
 
 @pytest.fixture(scope="module")
-def ray_settings():
-    """This process's environment as Ray's nodes and controller must see it, put back after."""
-    before = {name: os.environ.get(name) for name in RAY_SETTINGS}
-    os.environ.update(RAY_SETTINGS)
-    yield
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+def ray_environment():
+    """ray_cluster.RAY_SETTINGS in this process's environment for the module."""
+    with ray_settings():
+        yield
 
 
 @pytest.fixture(scope="module")
-def ray_local(ray_settings):
+def ray_local(ray_environment):
     """One node with 2 CPUs (``ray.init(num_cpus=2)``): two workers of one CPU each."""
     ray = require_ray()
     try:
@@ -77,17 +56,12 @@ def ray_local(ray_settings):
 
 
 @pytest.fixture(scope="module")
-def ray_nodes(ray_settings):
+def ray_nodes(ray_environment):
     """A local cluster of several nodes (``ray.cluster_utils.Cluster``), for workers to come and go."""
-    ray = require_ray()
-    from ray.cluster_utils import Cluster
-
+    require_ray()
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": False, "_system_config": HEAD_SYSTEM_CONFIG})
-        ray.init(address=cluster.address)
+        nodes = start_nodes()
     except Exception as error:  # whatever stops Ray from starting here
         skip_or_fail("RAY", f"a local Ray cluster cannot start here: {type(error).__name__}: {error}")
-    yield Nodes(cluster)
-    ray.shutdown()
-    cluster.shutdown()
+    yield nodes
+    nodes.shutdown()

@@ -10,25 +10,13 @@ import os
 import time
 
 import pytest
-from ray_cluster import Fit
+from ray_cluster import Fit, elastic_trainer
 from resize_checks import check_accounting, check_final_weights, commits, prepare, wait_for
 from resize_common import max_difference, total_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-MONITOR_S = 1.0  # ScalingConfig(elastic_resize_monitor_interval_s): how often Ray looks for more workers
 FIT_TIMEOUT = 240
-
-
-def trainer(loop, run_dir, config: dict, name: str, max_failures: int = 3):
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    return TorchTrainer(
-        loop, train_loop_config={"run_dir": str(run_dir), **config},
-        scaling_config=ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=MONITOR_S),
-        run_config=RunConfig(storage_path=str(run_dir / "storage"), name=name,
-                             failure_config=FailureConfig(max_failures=max_failures)))
 
 
 def world_committed(world: int, at_least: int, after: float = 0.0):
@@ -44,7 +32,7 @@ def test_a_node_lost_mid_epoch_the_worker_left_goes_on_and_the_pair_grows_back(r
 
     x, y = prepare(tmp_path)
     ray_nodes.keep(2)
-    fit = Fit(trainer(trace_run, tmp_path, {"delay": 0.25, "solo_delay": 5.0}, "lost-and-back"))
+    fit = Fit(elastic_trainer(trace_run, tmp_path, {"delay": 0.25, "solo_delay": 5.0}, "lost-and-back"))
     recs = wait_for(world_committed(2, 2), tmp_path, 120, what="two committed steps by 2 workers")
     rank0 = next(r["pid"] for r in recs if r["event"] == "start" and r["rank"] == 0 and r["world"] == 2)
     lost_at = time.time()
@@ -81,7 +69,7 @@ def test_a_sharded_run_started_on_one_worker_gains_a_second(ray_nodes, tmp_path)
 
     ray_nodes.keep(1)
     (tmp_path / "logs").mkdir()
-    fit = Fit(trainer(sharded_run, tmp_path, {"hold_after": 2, "hold_s": 120}, "gains-a-second"))
+    fit = Fit(elastic_trainer(sharded_run, tmp_path, {"hold_after": 2, "hold_s": 120}, "gains-a-second"))
     wait_for(world_committed(1, 2), tmp_path, 120, what="two updates by the first worker")
     added_at = time.time()
     ray_nodes.add()
@@ -113,7 +101,7 @@ def test_max_failures_used_up_ends_the_run_with_ray_s_error_and_a_rerun_goes_on_
 
     x, y = prepare(tmp_path)
     ray_nodes.keep(2)
-    fit = Fit(trainer(trace_run, tmp_path, {"delay": 0.25}, "max-failures", max_failures=1))
+    fit = Fit(elastic_trainer(trace_run, tmp_path, {"delay": 0.25}, "max-failures", max_failures=1))
     for kill in range(2):
         recs = wait_for(world_committed(2, 2 * (kill + 1)), tmp_path, 120, what=f"updates before kill {kill + 1}")
         worker = max((r for r in recs if r["event"] == "start"), key=lambda r: r["t"])["pid"]
@@ -127,7 +115,7 @@ def test_max_failures_used_up_ends_the_run_with_ray_s_error_and_a_rerun_goes_on_
     print(f"\nwhat the user reads: {type(failed.value).__name__}: {str(failed.value)[:600]}")
     committed = max(c["updates"] for c in commits(wait_for(lambda r: True, tmp_path, 1)))
     assert committed < total_steps()
-    Fit(trainer(trace_run, tmp_path, {}, "max-failures", max_failures=1)).result(FIT_TIMEOUT)
+    Fit(elastic_trainer(trace_run, tmp_path, {}, "max-failures", max_failures=1)).result(FIT_TIMEOUT)
     recs = wait_for(lambda r: True, tmp_path, 1)
     check_accounting(recs)
     last_start = max((r for r in recs if r["event"] == "start"), key=lambda r: r["t"])
