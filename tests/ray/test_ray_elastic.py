@@ -112,6 +112,7 @@ def test_max_failures_used_up_ends_the_run_with_ray_s_error_and_a_rerun_goes_on_
                      tmp_path, 120, what="a restart")
     with pytest.raises(ray.train.TrainingFailedError) as failed:
         fit.result(FIT_TIMEOUT)
+    assert "Training failed due to worker errors" in str(failed.value)  # each rank's error follows
     print(f"\nwhat the user reads: {type(failed.value).__name__}: {str(failed.value)[:600]}")
     committed = max(c["updates"] for c in commits(wait_for(lambda r: True, tmp_path, 1)))
     assert committed < total_steps()
