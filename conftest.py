@@ -221,8 +221,9 @@ pytest_collect_file = markdown.pytest()
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's ``load``, except that the blocks of one document, which share a namespace,
-    go to one worker as one unit, in order. (Its ``loadgroup`` would do this with xdist_group
-    marks, but pytest 9 no longer lets xdist 3.8 rename the items it groups.)"""
+    go to one worker as one unit, in order, and so do the tests of one module of tests/ray, which
+    share one local Ray cluster. (Its ``loadgroup`` would do this with xdist_group marks, but
+    pytest 9 no longer lets xdist 3.8 rename the items it groups.)"""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -230,6 +231,6 @@ def pytest_xdist_make_scheduler(config, log):
     class DocumentsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            return path if path.endswith(".md") else nodeid
+            return path if path.endswith(".md") or path.startswith("tests/ray/") else nodeid
 
     return DocumentsTogether(config, log)

@@ -18,6 +18,8 @@ TF = ["tensorflow>=2.16", "keras>=3.3"]
 TF_CPU = ["tensorflow-cpu>=2.16", "keras>=3.3"]
 LIGHTNING = ["lightning>=2.2"]
 HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.0"]  # Trainer needs accelerate
+# Ray Train v2's elastic workers (ScalingConfig(num_workers=(min, max))) and NO_UPLOAD reports
+RAY = ["ray[train]>=2.60"]
 DOCS = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"]
 
 setup(
@@ -40,6 +42,7 @@ setup(
         "plot": PLOT,
         "lightning": [*LIGHTNING, *TORCH],
         "huggingface": [*HUGGINGFACE, *TORCH],
+        "ray": [*RAY, *TORCH],
         "horovod": ["horovod==0.28.1"],  # built by scripts/install_horovod.sh (needs a patch)
         "xla": ["torch==2.9.0", "torch_xla==2.9.0"],
         "docs": DOCS,

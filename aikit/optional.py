@@ -23,6 +23,7 @@ EXTRAS = {
     "matplotlib": ("matplotlib", "plot"),
     "lightning": ("PyTorch Lightning", "lightning"),
     "transformers": ("Hugging Face Transformers", "huggingface"),
+    "ray": ("Ray Train", "ray"),
     "safetensors": ("safetensors", "torch"),
     "horovod": ("Horovod", "horovod"),
     "torch_xla": ("torch_xla", "xla"),

@@ -38,6 +38,8 @@ AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
 ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
 RESTORE_TESTS = "tests/resize/test_restore_checks.py"
 ENGINE_TESTS = "tests/torch/test_engines.py"
+RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
+RAY_TESTS = "tests/ray/test_ray_fixed.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -117,8 +119,8 @@ MUTANTS = [
      "self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,",
      "self.engine = Accumulator(optimizer, scaler=scaler,", TRACE_TESTS),
     ("resize: objects not checked before loading", "aikit/elastic/Torch/resize.py",
-     "            check_commit(payload, self._objects, self.optimizer, self.directory)  # everything, before "
-     "anything changes\n", "", RESIZE_TESTS),
+     "            check_commit(payload, self._objects, self.optimizer, self.directory,  # everything, before "
+     "anything changes\n                         self._expected_global_batch())\n", "", RESIZE_TESTS),
     ("resize: unchecked objects not put back", "aikit/elastic/Torch/loading.py",
      "        for name, state in before.items():\n            objects[name].load_state_dict(state)\n",
      "", RESIZE_TESTS + " -k 'failed_restore or puts_back'"),
@@ -183,6 +185,20 @@ MUTANTS = [
     ("engines: torchrun's variables outrank an engine in use", "aikit/runtime/Torch/engines/__init__.py",
      "        if engine.in_use():\n            return engine\n",
      "        if engine.launched() or engine.in_use():\n            return engine\n", ENGINE_TESTS),
+    # Ray Train's workers (aikit.integrations.ray), on a local Ray cluster
+    ("ray: a worker that cannot see the directory passes the check", "aikit/integrations/ray.py",
+     "        blind = [r for r, flag in enumerate(values[len(values) - world:]) if not flag]\n",
+     "        blind = []\n", RAY_TESTS + " -k cannot_see"),
+    ("ray: the workers' plans not compared", "aikit/integrations/ray.py",
+     "        check_agreement(list(settings), rows_of(values[:len(values) - world], world))\n", "",
+     RAY_TESTS + " -k different_plans"),
+    ("ray: a commit of another global batch restored", "aikit/integrations/ray.py",
+     "        return planned_global_batch()\n", "        return None\n", RAY_STATE_TESTS),
+    ("ray: a run started from Ray's checkpoint commits into it", "aikit/integrations/ray.py",
+     "            self.__dict__[\"directory\"] = directory\n", "            pass\n", RAY_STATE_TESTS),
+    ("resize: a commit's global batch not recorded", "aikit/elastic/Torch/resize.py",
+     "            \"global_batch_size\": planned_global_batch(),", "            \"global_batch_size\": None,",
+     RAY_STATE_TESTS),
     ("adaptive: the hold starts an update late", "aikit/core/adaptive/packing.py",
      "self._decided_samples >= self.hold_after:", "self._decided_samples > self.hold_after:", ADAPTIVE_TESTS),
     ("adaptive: the next update's split is read before the hold", "aikit/core/adaptive/packing.py",

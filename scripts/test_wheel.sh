@@ -2,7 +2,7 @@
 # aikit as users install it: build the sdist and the wheel, `twine check` them, then install the
 # wheel into a fresh virtual environment per extra — none, torch, tf-cpu (into an environment that
 # has tensorflow-cpu already: no second TensorFlow may come with it), and torch+tf-cpu with the
-# trainer integrations — and, from a folder outside the checkout, run every CLI command and every
+# trainer integrations and Ray — and, from a folder outside the checkout, run every CLI command and every
 # example's quickest mode, and check that a missing optional dependency names the extra to install.
 # The tf extra (the full `tensorflow`) is checked in the wheel's metadata, not installed: on this
 # CPU machine the test stack is tensorflow-cpu.
@@ -124,6 +124,7 @@ core() {
     fails_naming data "$python" -c "from aikit.datasets import digits; digits()"
     fails_naming lightning "$python" -c "import aikit.integrations.lightning"
     fails_naming huggingface "$python" -c "import aikit.integrations.huggingface"
+    fails_naming ray "$python" -c "import aikit.integrations.ray"
 }
 
 torch_examples() {
@@ -149,9 +150,10 @@ tf_examples() {
 
 integration_examples() {  # each example's quickest mode (tests/integrations cover the other modes)
     local python="$WORK/all/bin/python"
-    quiet "$python" -c "import aikit.elastic.Torch, aikit.elastic.TF, aikit.integrations.lightning, aikit.integrations.huggingface"
+    quiet "$python" -c "import aikit.elastic.Torch, aikit.elastic.TF, aikit.integrations.lightning, aikit.integrations.huggingface, aikit.integrations.ray"
     quiet "$python" examples/lightning_digits.py --epochs 1
     quiet "$python" examples/huggingface_digits.py --epochs 1
+    quiet "$python" examples/ray_elastic_digits.py --epochs 1 --lose-at 3 --target 0  # a local Ray cluster, a worker lost
 }
 
 total=$SECONDS
@@ -167,7 +169,7 @@ for env in core torch tf all; do
     case "$env" in
         core) spec="$WHEEL" ;;
         tf) spec="$DIST[tf-cpu] @ file://$WHEEL" first=tensorflow-cpu ;;  # a user who has tensorflow-cpu
-        all) spec="$DIST[torch,tf-cpu,lightning,huggingface] @ file://$WHEEL" ;;
+        all) spec="$DIST[torch,tf-cpu,lightning,huggingface,ray] @ file://$WHEEL" ;;
         *) spec="$DIST[$env] @ file://$WHEEL" ;;
     esac
     step "$env: fresh venv + pip install" make_env "$env" "$spec" "$first"

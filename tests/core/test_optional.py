@@ -31,6 +31,8 @@ def run(blocked: str, code: str) -> subprocess.CompletedProcess:
          "pip install 'aikit-elastic[data]'"),
         ("lightning", "import aikit.integrations.lightning", "pip install 'aikit-elastic[lightning]'"),
         ("transformers", "import aikit.integrations.huggingface", "pip install 'aikit-elastic[huggingface]'"),
+        ("ray", "import aikit.integrations.ray", "needs Ray Train (module 'ray'), which is not installed: "
+                                                 "pip install 'aikit-elastic[ray]'"),
     ],
 )
 def test_a_missing_dependency_names_its_extra(blocked, code, message):

@@ -56,7 +56,7 @@ from aikit.elastic.Torch.commits import CommitStorage, refuse_a_file
 from aikit.elastic.Torch.horovod_elastic import HorovodElastic, horovod_elastic
 from aikit.elastic.Torch.layout import holds_dtensors, laid_out, read_shards
 from aikit.elastic.Torch.loading import load, set_rng_state
-from aikit.elastic.Torch.restore_checks import FORMAT, check_commit, kind, schedule_identity
+from aikit.elastic.Torch.restore_checks import FORMAT, check_commit, kind, planned_global_batch, schedule_identity
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
@@ -79,6 +79,7 @@ class ElasticState(CommitStorage):
     become rank 0 sees (a shared file system for several hosts); with a sharded model every
     rank writes and reads its shards there, so every host must see it.
     ``overwrite=True`` lets this run commit over commits it did not restore (start over there).
+    Every commit records the global batch of the plan ``init()`` published last (None before one).
     """
 
     def __init__(self, directory: str | os.PathLike, *, fsync: bool = True, verbose: bool = True,
@@ -183,6 +184,7 @@ class ElasticState(CommitStorage):
             "time": time.time(),
             "world_size": distributed.world_size(),
             "schedule": schedule_identity(self.optimizer),
+            "global_batch_size": planned_global_batch(),  # of the plan init() published last
             "kinds": {name: kind(obj) for name, obj in self._objects.items()},
             "objects": {name: obj.state_dict() if hasattr(obj, "state_dict") else obj
                         for name, obj in self._objects.items()},
@@ -238,7 +240,8 @@ class ElasticState(CommitStorage):
                 self._replan()
                 self._join()
                 return False
-            check_commit(payload, self._objects, self.optimizer, self.directory)  # everything, before anything changes
+            check_commit(payload, self._objects, self.optimizer, self.directory,  # everything, before anything changes
+                         self._expected_global_batch())
             if "sharded" in payload:
                 try:
                     payload = read_shards(payload, self._objects, self.directory)
@@ -260,6 +263,12 @@ class ElasticState(CommitStorage):
                 print(self.describe(payload["world_size"]), flush=True)
             self._join()
             return True
+
+    def _expected_global_batch(self) -> int | None:
+        """The global batch a commit must record to be restored here; None: not checked, since a
+        long-lived process may hold the plan of an ``init()`` of another run. Ray's state, whose
+        every worker is a fresh process, checks it against the plan its ``init()`` published."""
+        return None
 
     def _join(self) -> None:
         """The trace optimizer's collectives due at its position (rank 0's parameters the first

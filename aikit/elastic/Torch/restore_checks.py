@@ -1,7 +1,8 @@
 """Everything checked before a commit is loaded: a failed restore leaves every kept object as it was.
 
 A commit is refused, naming why and the fix, when its own fields are not aikit's (a hand-edited
-file with a valid checksum), when its samples per step differ (the schedule's identity), when it
+file with a valid checksum), when its samples per step differ (the schedule's identity) or its
+global batch does (where the caller knows the run's: Ray's workers), when it
 keeps other objects or other kinds of object under the same names, when an object's state does
 not fit (a model's keys and shapes, an optimizer's groups, a shard's shape), or when the steps
 a balanced sampler has still to train do not fit the world that resumes.
@@ -24,6 +25,7 @@ from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.encoding import sharded_refs
 from aikit.elastic.Torch.layout import shard_template
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
+from aikit.runtime.published import latest_plan
 from aikit.runtime.Torch import distributed, random_state
 from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, lr_free_kind
 from aikit.runtime.Torch.state_checks import check_groups
@@ -75,10 +77,18 @@ def schedule_identity(optimizer: TraceOptimizer | None) -> dict | None:
     return None if optimizer is None else optimizer.sampler.identity()
 
 
-def check_commit(payload: dict, objects: dict, optimizer: TraceOptimizer | None, directory: Path) -> None:
+def planned_global_batch() -> int | None:
+    """The global batch of the plan the last ``init()`` published (None before one)."""
+    plan = latest_plan()
+    return None if plan is None else plan.global_batch_size
+
+
+def check_commit(payload: dict, objects: dict, optimizer: TraceOptimizer | None, directory: Path,
+                 global_batch: int | None = None) -> None:
     """Every reason ``payload`` cannot be restored into the kept ``objects`` (``optimizer``: the
-    trace optimizer among them): the commit's own fields, its schedule, the objects it keeps
-    (the same names and kinds), every object's state, the shards' shapes, the world."""
+    trace optimizer among them; ``global_batch``: the run's, None where unknown): the
+    commit's own fields, its schedule and global batch, the objects it keeps (the same names and
+    kinds), every object's state, the shards' shapes, the world."""
     if not isinstance(payload, dict) or payload.get("format") not in (1, FORMAT):
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise InvalidValue(f"{checkpoint.newest_file(directory)} is not an aikit ElasticState checkpoint (format "
@@ -98,6 +108,7 @@ def check_commit(payload: dict, objects: dict, optimizer: TraceOptimizer | None,
         raise InvalidValue(f"the checkpoint {checkpoint.newest_file(directory)} was not written by aikit as it is: "
                            f"{error}; restore an intact commit (was it edited?)") from error
     _check_schedule(payload["schedule"], schedule_identity(optimizer), directory)
+    _check_global_batch(payload.get("global_batch_size"), global_batch, directory)
     saved = payload["objects"]
     _check_names(saved, payload.get("kinds"), objects, directory)
     # models first: a model that does not fit is the cause of an optimizer state that does not
@@ -132,6 +143,15 @@ def _check_schedule(saved: dict | None, now: dict | None, directory: Path) -> No
             f"({what}): resume with the same trace, data set, seed, shuffle and permutation, or start from an "
             "empty directory"
         )
+
+
+def _check_global_batch(saved: object, now: int | None, directory: Path) -> None:
+    if saved is None or now is None or saved == now:
+        return
+    raise InvalidValue(
+        f"the checkpoint {checkpoint.newest_file(directory)} was written by a run of global batch {saved!r} "
+        f"(init({saved!r}, ...)), this one plans {now} per update: a resize keeps the global batch, so resume with "
+        f"init({saved!r}, ...), or start from an empty directory")
 
 
 def _check_names(saved: dict, kinds: dict | None, objects: dict, directory: Path) -> None:
