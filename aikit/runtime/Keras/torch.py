@@ -1,0 +1,170 @@
+"""Keras on torch: eager, one process, one device; no device read where a graph would have none.
+
+Keras 3.15's torch trainer runs each step eagerly on one device (no ``DistributedDataParallel``,
+no ``keras.distribution`` for torch), and its ``ops.cond`` is a Python ``if`` on the predicate:
+on a device tensor, a host read (a sync on a GPU) every micro-step. Here the GA window's position
+is known on the host (:func:`host_value`: a variable's value read once and then followed through
+its tensor's version counter, so read again only after something else assigned it: a load, a
+reset), and a condition on a device value (is the update finite?) runs both branches and keeps
+one with ``where`` (:func:`cond`): no read, for the price of a copy of the variables at the update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+
+import keras
+import numpy as np
+import torch
+
+from aikit.core.errors import InvalidType, InvalidValue
+
+ops = keras.ops
+INT_MAX = 2**63 - 1
+PER_REPLICA_DECLARATION = False  # a loss hands its weight to apply() in the same eager step
+
+_known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tensor -> (its version, its value)
+
+
+def replicas() -> int:
+    return 1
+
+
+def replicas_sum(value):
+    return value
+
+
+def host_value(variable) -> int:
+    """``variable``'s integer value, read from the device only when it changed outside :func:`assign_known`."""
+    tensor = variable.value
+    known = _known.get(tensor)
+    if known is None or known[0] != tensor._version:
+        known = (tensor._version, int(tensor))
+        _known[tensor] = known
+    return known[1]
+
+
+def assign_known(variable, value: int) -> None:
+    """Assign an integer the host knows, so that :func:`host_value` need not read it back."""
+    variable.assign(value)
+    _known[variable.value] = (variable.value._version, value)
+
+
+def cond(pred, true_fn, false_fn, variables):
+    """A Python ``if`` on a host bool; on a device value both branches, the variables they assign
+    kept by ``where`` (no read)."""
+    if isinstance(pred, bool):
+        return true_fn() if pred else false_fn()
+    with torch.no_grad():
+        return _select(pred, true_fn, false_fn, variables)
+
+
+def _select(pred, true_fn, false_fn, variables):
+    before = [v.value.clone() for v in variables]
+    taken = true_fn()
+    after_true = [v.value.clone() for v in variables]
+    for variable, value in zip(variables, before, strict=True):
+        variable.assign(value)
+    other = false_fn()
+    for variable, value in zip(variables, after_true, strict=True):
+        variable.assign(ops.where(pred, value, variable.value))
+    return None if taken is None else ops.where(pred, taken, other)
+
+
+def window_ends(accumulated, steps) -> bool:
+    """Whether this micro-step ends the update, decided on the host (no read per micro-step)."""
+    return host_value(accumulated) + 1 >= host_value(steps)
+
+
+def advance(accumulated, is_update: bool) -> None:
+    assign_known(accumulated, 0 if is_update else host_value(accumulated) + 1)
+
+
+def eager(value) -> bool:
+    return not torch.compiler.is_compiling()
+
+
+def check_apply_context(built: bool) -> None:
+    """Nothing to refuse: a torch step has no replica context."""
+
+
+def needs_merge_call() -> bool:
+    return False
+
+
+# --- distribution: one device (aikit.keras.elastic) ---
+
+ONE_DEVICE = ("Keras 3.15's torch trainer, one device: it has no DistributedDataParallel and no keras.distribution; "
+              "for data parallel run Keras with KERAS_BACKEND=jax (keras.distribution) or tensorflow "
+              "(tf.distribute), or train the torch model with aikit.elastic.Torch under torchrun")
+
+
+def found_devices(strategy) -> tuple[int, str, int, dict]:
+    """One device: the one Keras' torch backend trains on."""
+    if strategy is not None:
+        raise InvalidType(f"strategy={strategy!r:.60} is tf.distribute's (Keras on TensorFlow); Keras on torch "
+                          "trains on one device: leave strategy out")
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()
+                     and torch.distributed.get_world_size() > 1):
+        raise InvalidValue(f"this process is one of {world} a launcher started, but aikit's Keras adapter on "
+                           f"torch trains in one process: {ONE_DEVICE}")
+    return 1, ONE_DEVICE, 0, {}
+
+
+def distribute(found: dict, devices: int, global_batch: int) -> dict:
+    return {}
+
+
+def describe(published: dict) -> str:
+    return f"device: {keras.distribution.list_devices()[0]}"
+
+
+def placement(strategy, published: dict):
+    if strategy is not None:
+        found_devices(strategy)  # refused, by name
+    return None
+
+
+def scope(placement):
+    return contextlib.nullcontext()
+
+
+def placed(model, placement):
+    return model
+
+
+def fresh_optimizer(optimizer, placement):
+    return optimizer
+
+
+def check_placed(keras_model, user: str) -> None:
+    """Nothing to refuse: one device."""
+
+
+def model_replicas(keras_model) -> int:
+    return 1
+
+
+def feeding_devices(plan) -> int:
+    return 1
+
+
+def check_batches(keras_model, samples: int, step_batch: int) -> None:
+    """Nothing to refuse: one device takes any batch."""
+
+
+def train_micro_step(keras_model, x, y, rows) -> float:
+    (mine,) = rows
+    return float(np.ravel(keras_model.train_on_batch(x[mine], y[mine]))[0])
+
+
+def parts_per_micro_step(keras_model) -> int:
+    return 1
+
+
+def chief_decides(keras_model, decide, size: int) -> list[float]:
+    """One process: its own decision."""
+    return list(decide())
