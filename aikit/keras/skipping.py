@@ -106,8 +106,8 @@ class SkippedUpdates:
         """Count the update this micro-step made, if it was one and was skipped."""
         skipped = ops.logical_and(is_update, ops.logical_not(applied))
         self._skipped.assign_add(ops.cast(skipped, "int64"))
-        self._skipped_in_a_row.assign(ops.where(skipped, self._skipped_in_a_row + 1,
-                                                ops.where(is_update, 0, self._skipped_in_a_row)))
+        in_a_row = self._skipped_in_a_row.value
+        self._skipped_in_a_row.assign(ops.where(skipped, in_a_row + 1, ops.where(is_update, 0, in_a_row)))
 
     def _check_skips(self) -> None:
         """After an ``apply`` run eagerly on one replica: the first skip warned about once, a run

@@ -19,8 +19,12 @@ from aikit.core.errors import InvalidState
 BACKEND = keras.backend.backend()
 BACKENDS = ("tensorflow", "jax", "torch")
 
-if BACKEND == "tensorflow" or BACKEND == "jax" or BACKEND == "torch":
-    pass
+if BACKEND == "tensorflow":
+    from aikit.runtime.Keras import tensorflow as seam
+elif BACKEND == "jax":
+    from aikit.runtime.Keras import jax as seam
+elif BACKEND == "torch":
+    from aikit.runtime.Keras import torch as seam
 else:
     raise InvalidState(
         f"aikit's Keras adapter trains on Keras' tensorflow, jax or torch backend, but Keras runs on {BACKEND!r}, "
@@ -28,6 +32,8 @@ else:
     )
 
 ops = keras.ops
+
+__all__ = ["BACKEND", "BACKENDS", "check_backend", "keras", "ops", "seam", "to_numpy"]
 
 
 def check_backend(user: str) -> None:
@@ -44,4 +50,6 @@ def check_backend(user: str) -> None:
 
 def to_numpy(value):
     """A tensor or variable's value on the host (a read: between updates, never inside a step)."""
-    return value.numpy() if isinstance(value, keras.Variable) else keras.ops.convert_to_numpy(value)
+    if isinstance(value, keras.Variable):  # (TensorFlow's .value is its tf.Variable: read it through numpy())
+        return value.numpy() if BACKEND == "tensorflow" else keras.ops.convert_to_numpy(value.value)
+    return keras.ops.convert_to_numpy(value)
