@@ -1,13 +1,15 @@
-"""The LR range test for Keras 3 models (TensorFlow backend), with the torch finder's options.
+"""The LR range test for Keras 3 models, on every backend, with the torch finder's options.
 
-On one device, a short training loop of its own (``tf.GradientTape``) rather than ``fit``: the
+On one device, a short training loop of its own rather than ``fit`` (its gradients from the
+backend's seam: ``tf.GradientTape``, ``jax.value_and_grad``, torch's autograd): the
 test needs to set the LR before every update, accumulate micro-batches into one update and stop
 on a diverging loss, and it must leave the model and optimizer as it found them. A model built
-under a ``tf.distribute`` strategy with several replicas (``MirroredStrategy``, ...) trains
-through ``model.fit`` instead, which splits every batch over the replicas and all-reduces, with
-a callback that sets each update's LR and reads its loss. The loop, LR sequence, smoothing,
+under a ``tf.distribute`` strategy with several replicas (``MirroredStrategy``, ...), or on JAX
+under a ``keras.distribution`` over several devices, trains through ``model.fit`` instead,
+which splits every batch over the replicas and all-reduces, with a callback that sets each update's LR and reads its loss. The loop, LR sequence, smoothing,
 stop rule and suggestions are ``aikit.core.lr_range``'s; this module trains one update and
-validates, in TensorFlow.
+validates, with ``keras.ops``. On JAX the callback reaches the model through ``Callback.model``,
+which syncs the state Keras' jitted steps carry.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from aikit.core import lr_range
-from aikit.core.errors import InvalidState, InvalidType, InvalidValue, TrainingFailed
+from aikit.core.errors import InvalidState, InvalidValue, TrainingFailed
 from aikit.core.validate import positive_int
 from aikit.keras.optimizers import Optimizer as GAOptimizer
 from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
-from aikit.runtime.Keras.backend import keras
+from aikit.runtime.Keras.backend import check_backend, keras, seam, to_numpy
 
 _SPARE_STEPS = 1000  # fit steps beyond the test's for updates a LossScaleOptimizer skips (fit stops when it is done)
 
@@ -53,6 +54,7 @@ class LRFinder(RangeTestResults):
 
     def __init__(self, model, optimizer=None, criterion=None, memory_cache: bool = True,
                  cache_dir: str | None = None):
+        check_backend("aikit.keras.lr_finder.LRFinder")
         optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if optimizer is None:
             raise InvalidValue("the model has no optimizer: compile it with one or pass optimizer=")
@@ -81,10 +83,10 @@ class LRFinder(RangeTestResults):
         self.history = {"lr": [], "loss": []}
         self.best_loss = None
         if not optimizer.built:
-            with model.distribute_strategy.scope():  # a distributed model's slots are mirrored
+            with seam.model_scope(model):  # a distributed model's slots are mirrored, or laid out on its mesh
                 optimizer.build(model.trainable_variables)
         self._cache = _ArrayCache(memory_cache, cache_dir)
-        self._cache.store("keras", model.get_weights() + [v.numpy() for v in optimizer.variables])
+        self._cache.store("keras", model.get_weights() + [to_numpy(v) for v in optimizer.variables])
 
     def reset(self) -> None:
         """Restore the model's weights and the optimizer's variables (its LR and state)."""
@@ -112,9 +114,9 @@ class LRFinder(RangeTestResults):
     ) -> None:
         """Train ``num_iter`` updates while the LR climbs to ``end_lr``; fill ``self.history``.
 
-        ``train_data`` and ``val_data`` are ``tf.data.Dataset`` of ``(x, y)`` or
-        ``(x, y, sample_weight)`` batches, or tuples of arrays ``(x, y)`` batched by
-        ``batch_size`` (the training one shuffled unless ``shuffle=False``). The training
+        ``train_data`` and ``val_data`` are tuples of arrays ``(x, y)`` (or ``(x, y, sample_weight)``),
+        batched by ``batch_size`` (the training one shuffled unless ``shuffle=False``), or on
+        TensorFlow ``tf.data.Dataset`` of such batches. The training
         data is repeated as needed. Everything else is as in the torch finder: the recorded
         loss is the update's mean training loss over ``accumulation_steps`` micro-batches, or
         the mean loss over the whole validation set, smoothed; the test stops on divergence or
@@ -125,18 +127,18 @@ class LRFinder(RangeTestResults):
         ``accumulation_steps`` must be 1; raise ``batch_size`` instead), with the compiled loss
         and optimizer (no ``criterion``).
         """
-        lr_now = float(self.optimizer.learning_rate.numpy())
+        lr_now = float(to_numpy(self.optimizer.learning_rate))
         test = lr_range.RangeTest(self, [lr_now if start_lr is None else start_lr], end_lr, num_iter, step_mode,
                                   smooth_f, diverge_th, validate=val_data is not None, val_average="seen",
                                   progress_bar=progress_bar)
         accumulation_steps = positive_int(accumulation_steps, "accumulation_steps")
         batch_size = positive_int(batch_size, "batch_size")
-        train = _dataset(train_data, "train_data", batch_size, shuffle).repeat()
-        val = None if val_data is None else _dataset(val_data, "val_data", batch_size, shuffle=False)
+        train = seam.batches(train_data, "train_data", batch_size, shuffle, repeat=True)
+        val = None if val_data is None else seam.batches(val_data, "val_data", batch_size, shuffle=False)
         ga = self.optimizer if isinstance(self.optimizer, GAOptimizer) else None
         if ga is not None:
             self._check_ga(ga, accumulation_steps)
-        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        replicas = seam.model_replicas(self.model)
         if replicas > 1:
             self._check_fit_path(replicas, accumulation_steps)
         update = _Update(self.model, self.optimizer, self.criterion, train, val, accumulation_steps)
@@ -162,7 +164,7 @@ class LRFinder(RangeTestResults):
             )
 
     def _check_fit_path(self, replicas: int, accumulation_steps: int) -> None:
-        strategy = type(self.model.distribute_strategy).__name__
+        strategy = type(getattr(self.model, "distribute_strategy", keras.distribution.distribution())).__name__
         where = f"under {strategy} ({replicas} replicas) the test trains through fit"
         if accumulation_steps != 1:
             raise InvalidValue(f"{where}, one batch per update: use accumulation_steps=1 and a larger batch_size, "
@@ -175,23 +177,22 @@ class LRFinder(RangeTestResults):
 
 class _Update:
     """One test's :class:`aikit.core.lr_range.Trainer`: the optimizer's LR, one update over
-    ``accumulation_steps`` micro-batches (a ``tf.GradientTape`` of its own), the validation
-    pass. Its tf.functions are its own, so the finder is not in their reference cycle (and
+    ``accumulation_steps`` micro-batches (gradients from the backend's seam), the validation
+    pass. Its functions are its own, so the finder is not in their reference cycle (and
     its disk cache goes with it after ``del``)."""
 
     empty_validation = "val_data yields no samples: give a validation set with data, or leave val_data out"
 
-    def __init__(self, model, optimizer, criterion, train: tf.data.Dataset, val: tf.data.Dataset | None,
-                 accumulation_steps: int):
+    def __init__(self, model, optimizer, criterion, train, val, accumulation_steps: int):
         self.model, self.optimizer, self.criterion = model, optimizer, criterion
         self.train, self.val, self.accumulation_steps = train, val, accumulation_steps
         self._batches = None
-        self._gradients = tf.function(self._gradients_of, reduce_retracing=True)
-        self._apply = tf.function(self._apply_gradients, reduce_retracing=True)
-        self._evaluate = tf.function(self._loss_of_batch, reduce_retracing=True)
+        self._gradients = seam.gradient_function(model, self._loss_of_batch)
+        self._apply = seam.compiled(self._apply_gradients)
+        self._evaluate = seam.compiled(self._loss_of_batch)
 
     def lrs(self) -> list[float]:
-        return [float(self.optimizer.learning_rate.numpy())]
+        return [float(to_numpy(self.optimizer.learning_rate))]
 
     def set_lrs(self, lrs: Sequence[float]) -> None:
         (lr,) = lrs  # a Keras optimizer has one LR
@@ -205,32 +206,32 @@ class _Update:
             self._batches = iter(self.train)
         ga = isinstance(self.optimizer, GAOptimizer)
         steps = self.optimizer.steps if ga else self.accumulation_steps
-        updates = int(self.optimizer.iterations.numpy())  # counts updates applied, not skipped ones
+        updates = int(to_numpy(self.optimizer.iterations))  # counts updates applied, not skipped ones
         total_loss, total_grads = 0.0, None
         for _ in range(steps):
             batch = next(self._batches, None)
             if batch is None:
                 raise InvalidValue("train_data yields no batches: give the range test data to train on")
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            grads, loss = self._gradients(x, y, sample_weight, 1 if ga else steps)
+            grads, loss = self._gradients(x, y, sample_weight, 1 if ga else steps, self.optimizer.scale_loss)
             if ga:  # the GA optimizer sums and averages the micro-batches itself
                 self._apply(grads)
                 loss = loss / steps
             else:
                 total_grads = grads if total_grads is None else [a + b for a, b in zip(total_grads, grads,
                                                                                        strict=True)]
-            total_loss += float(loss)
+            total_loss += float(to_numpy(loss))
         if not ga:
             self._apply(total_grads)
-        applied = int(self.optimizer.iterations.numpy()) > updates
+        applied = int(to_numpy(self.optimizer.iterations)) > updates
         return total_loss if applied or not math.isfinite(total_loss) else None
 
     def evaluate(self) -> tuple[float, int]:
         running_loss, samples = 0.0, 0
         for batch in self.val:
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            count = int(tf.shape(tf.nest.flatten(x)[0])[0])
-            running_loss += float(self._evaluate(x, y, sample_weight, False)) * count
+            count = int(keras.ops.shape(keras.tree.flatten(x)[0])[0])
+            running_loss += float(to_numpy(self._evaluate(x, y, sample_weight, False))) * count
             samples += count
         return running_loss, samples
 
@@ -239,13 +240,7 @@ class _Update:
         if self.criterion is None:
             return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
         loss = self.criterion(y, y_pred, sample_weight)
-        return loss + tf.add_n(self.model.losses) if self.model.losses else loss
-
-    def _gradients_of(self, x, y, sample_weight, accumulation_steps: int):
-        with tf.GradientTape() as tape:
-            loss = self._loss_of_batch(x, y, sample_weight, True) / accumulation_steps
-            scaled = self.optimizer.scale_loss(loss)  # a LossScaleOptimizer's mixed precision
-        return tape.gradient(scaled, self.model.trainable_variables), loss
+        return loss + keras.ops.sum(keras.ops.stack(self.model.losses)) if self.model.losses else loss
 
     def _apply_gradients(self, grads):
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
@@ -271,9 +266,10 @@ class _RangeTestCallback(keras.callbacks.Callback):
         self.skipped = 0
 
     def on_train_batch_begin(self, batch, logs=None):
+        _ = self.model  # on JAX: the state Keras' steps carry synced into the variables, before the LR is set
         if not self.losses:  # the first micro-step of an update
             self.test.begin_update()
-            self.updates = int(self.optimizer.iterations.numpy())
+            self.updates = int(to_numpy(self.optimizer.iterations))
         self.sums_before = self._loss_sums()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -282,7 +278,7 @@ class _RangeTestCallback(keras.callbacks.Callback):
         if self.ga is not None and self.ga.accumulated:  # the update is not made yet
             return
         loss, self.losses = sum(self.losses) / len(self.losses), []
-        if int(self.optimizer.iterations.numpy()) == self.updates and math.isfinite(loss):
+        if int(to_numpy(self.optimizer.iterations)) == self.updates and math.isfinite(loss):
             self.skipped += 1
             if self.skipped > lr_range.MAX_SKIPPED:
                 raise TrainingFailed(f"{lr_range.MAX_SKIPPED} updates in a row were skipped for inf/NaN gradients "
@@ -294,7 +290,7 @@ class _RangeTestCallback(keras.callbacks.Callback):
 
     def _loss_sums(self) -> tuple[float, float]:
         tracker = next(m for m in self.model.metrics if m.name == "loss")
-        return float(tracker.total.numpy()), float(tracker.count.numpy())
+        return float(to_numpy(tracker.total)), float(to_numpy(tracker.count))
 
 
 class _FunctionLoss(keras.losses.Loss):
@@ -306,26 +302,6 @@ class _FunctionLoss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return self.fn(y_true, y_pred)
-
-
-def _dataset(data, name: str, batch_size: int, shuffle: bool) -> tf.data.Dataset:
-    if isinstance(data, tf.data.Dataset):
-        return data
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        lengths = [len(part) for part in data]
-        if len(set(lengths)) > 1:
-            parts = ", ".join(f"{part} {length}" for part, length in zip(("x", "y", "sample_weight"), lengths,
-                                                                          strict=False))
-            raise InvalidValue(f"`{name}` holds arrays of different lengths ({parts}): give one entry per sample in "
-                               "each")
-        dataset = tf.data.Dataset.from_tensor_slices(tuple(data))
-        if shuffle:
-            dataset = dataset.shuffle(len(data[0]), reshuffle_each_iteration=True)
-        return dataset.batch(batch_size)
-    raise InvalidType(
-        f"`{name}` has unsupported type: {type(data)}. Expected a tf.data.Dataset of (x, y) "
-        "batches or a tuple (x, y) of arrays."
-    )
 
 
 class _ArrayCache(StateCache):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import warnings
 
+import keras
 import numpy as np
 import pytest
 from common import EXACT, PerTokenMean, data, difference, mlp
 
-import keras
 from aikit.keras import Optimizer, TokenMean
 
 OPTIMIZERS = {

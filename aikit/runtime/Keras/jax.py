@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
+from aikit.runtime.Keras.batches import ArrayBatches
 
 ops = keras.ops
 INT_MAX = 2**63 - 1 if jax.config.jax_enable_x64 else 2**31 - 1  # without x64 an int64 variable is int32
@@ -235,3 +236,36 @@ def chief_decides(keras_model, decide, size: int) -> list[float]:
     if jax.process_index() == 0:
         packed[:] = decide()
     return np.asarray(multihost_utils.broadcast_one_to_all(packed)).tolist()
+
+
+# --- the LR finder's own loop: data, functions, gradients ---
+
+def batches(data, name: str, batch_size: int, shuffle: bool, repeat: bool = False):
+    return ArrayBatches(data, name, batch_size, shuffle, repeat)
+
+
+def compiled(function):
+    return function
+
+
+def gradient_function(model, loss_of):
+    """``(x, y, sample_weight, divisor) -> (gradients, loss / divisor)``: ``jax.value_and_grad`` of
+    the loss as a pure function of the trainable variables' values (a ``StatelessScope``)."""
+
+    def gradients(x, y, sample_weight, divisor, scale_loss):
+        variables = model.trainable_variables
+
+        def scaled_loss(values):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+                loss = loss_of(x, y, sample_weight, True) / divisor
+                return scale_loss(loss), loss
+
+        (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)([v.value for v in variables])
+        return grads, loss
+
+    return gradients
+
+
+def model_scope(model):
+    """Where ``model``'s state is made: the distribution's scope, if one is set."""
+    return scope(keras.distribution.distribution())

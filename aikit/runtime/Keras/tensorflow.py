@@ -234,3 +234,50 @@ def chief_decides(keras_model, decide, size: int) -> list[float]:
 
     agreed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
     return agreed.numpy().tolist()
+
+
+# --- the LR finder's own loop: data, compiled functions, gradients ---
+
+def batches(data, name: str, batch_size: int, shuffle: bool, repeat: bool = False):
+    """``data`` as a ``tf.data.Dataset`` of batches (a dataset given is used as it is)."""
+    if isinstance(data, tf.data.Dataset):
+        return data.repeat() if repeat else data
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        lengths = [len(part) for part in data]
+        if len(set(lengths)) > 1:
+            parts = ", ".join(f"{part} {length}" for part, length in zip(("x", "y", "sample_weight"), lengths,
+                                                                          strict=False))
+            raise InvalidValue(f"`{name}` holds arrays of different lengths ({parts}): give one entry per sample in "
+                               "each")
+        dataset = tf.data.Dataset.from_tensor_slices(tuple(data))
+        if shuffle:
+            dataset = dataset.shuffle(len(data[0]), reshuffle_each_iteration=True)
+        dataset = dataset.batch(batch_size)
+        return dataset.repeat() if repeat else dataset
+    raise InvalidType(
+        f"`{name}` has unsupported type: {type(data)}. Expected a tf.data.Dataset of (x, y) "
+        "batches or a tuple (x, y) of arrays."
+    )
+
+
+def compiled(function):
+    """``function`` as a graph (``tf.function``, shape-generic after two shapes)."""
+    return tf.function(function, reduce_retracing=True)
+
+
+def gradient_function(model, loss_of):
+    """``(x, y, sample_weight, divisor) -> (gradients, loss / divisor)`` of ``model``'s trainable
+    variables, through ``tf.GradientTape``; ``loss_of(x, y, sample_weight, training)``."""
+
+    def gradients(x, y, sample_weight, divisor, scale_loss):
+        with tf.GradientTape() as tape:
+            loss = loss_of(x, y, sample_weight, True) / divisor
+            scaled = scale_loss(loss)
+        return tape.gradient(scaled, model.trainable_variables), loss
+
+    return compiled(gradients)
+
+
+def model_scope(model):
+    """Where ``model``'s state is made: its strategy's scope."""
+    return model.distribute_strategy.scope()

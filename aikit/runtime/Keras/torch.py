@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
+from aikit.runtime.Keras.batches import ArrayBatches
 
 ops = keras.ops
 INT_MAX = 2**63 - 1
@@ -168,3 +169,33 @@ def parts_per_micro_step(keras_model) -> int:
 def chief_decides(keras_model, decide, size: int) -> list[float]:
     """One process: its own decision."""
     return list(decide())
+
+
+# --- the LR finder's own loop: data, functions, gradients ---
+
+def batches(data, name: str, batch_size: int, shuffle: bool, repeat: bool = False):
+    return ArrayBatches(data, name, batch_size, shuffle, repeat)
+
+
+def compiled(function):
+    return function
+
+
+def gradient_function(model, loss_of):
+    """``(x, y, sample_weight, divisor) -> (gradients, loss / divisor)`` by torch's autograd."""
+
+    def gradients(x, y, sample_weight, divisor, scale_loss):
+        variables = model.trainable_variables
+        for variable in variables:
+            variable.value.grad = None
+        loss = loss_of(x, y, sample_weight, True) / divisor
+        scale_loss(loss).backward()
+        grads = [variable.value.grad for variable in variables]
+        with torch.no_grad():
+            return grads, loss.detach()
+
+    return gradients
+
+
+def model_scope(model):
+    return contextlib.nullcontext()
