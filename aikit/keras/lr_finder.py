@@ -6,7 +6,8 @@ test needs to set the LR before every update, accumulate micro-batches into one 
 on a diverging loss, and it must leave the model and optimizer as it found them. A model built
 under a ``tf.distribute`` strategy with several replicas (``MirroredStrategy``, ...), or on JAX
 under a ``keras.distribution`` over several devices, trains through ``model.fit`` instead,
-which splits every batch over the replicas and all-reduces, with a callback that sets each update's LR and reads its loss. The loop, LR sequence, smoothing,
+which splits every batch over the replicas and all-reduces, with a callback that sets each
+update's LR and reads its loss. The loop, LR sequence, smoothing,
 stop rule and suggestions are ``aikit.core.lr_range``'s; this module trains one update and
 validates, with ``keras.ops``. On JAX the callback reaches the model through ``Callback.model``,
 which syncs the state Keras' jitted steps carry.

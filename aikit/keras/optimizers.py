@@ -268,14 +268,15 @@ class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
             if grad is not None:
                 self.assign_add(total, grad if weight is None else _weighed(grad, weight))
 
+        is_update = None
         if seam.needs_merge_call():  # TensorFlow's replicas: the update taken across them
             seam.merge_update(self, sums, variables)
         else:
-            self._maybe_update(lambda: self._update_if_finite(lambda: self._replicas_nonfinite(sums),
-                                                              lambda: self._update(sums, variables),
-                                                              lambda: self._skip(sums)))
-        if self._checks_finite and seam.eager(self._skipped_in_a_row.value):
-            self._check_skips()
+            is_update = self._maybe_update(lambda: self._update_if_finite(lambda: self._replicas_nonfinite(sums),
+                                                                          lambda: self._update(sums, variables),
+                                                                          lambda: self._skip(sums)))
+        if self._checks_finite and is_update is not False and seam.eager(self._skipped_in_a_row.value):
+            self._check_skips()  # (torch: only after an update, which the host knows: no read per micro-step)
 
     def _take_declared(self):
         """The weight a loss declared in this step (JAX, torch), handed over once."""
@@ -336,7 +337,7 @@ class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
         for i, variable in enumerate(saved):
             variable.assign(store[str(i)])
 
-    def _maybe_update(self, update) -> None:
+    def _maybe_update(self, update):
         """Run ``update`` when this micro-step completes the update (it says whether it applied
         it), and count the micro-step and a skipped update."""
         is_update = seam.window_ends(self._accumulated, self._steps)
@@ -344,6 +345,7 @@ class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
         self._count_skip(is_update, applied)
         seam.advance(self._accumulated, is_update)
         self._iterations.assign_add(1)
+        return is_update
 
     def _skip(self, sums) -> None:
         """A skipped update (replica context): the sums and the loss terms cleared, nothing applied."""
