@@ -100,6 +100,8 @@ class Model:
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, **kwargs: Any):
         """Keras' ``evaluate``, by default in batches of the planned micro-batch per device."""
+        if batch_size is None and hasattr(x, "__len__") and not _batched(x):
+            seam.check_batches(self.model, len(x), self.step_batch_size)
         with seam.scope(self.strategy):
             return self.model.evaluate(x, y, batch_size=batch_size or self._batch_size(None, x), **kwargs)
 
