@@ -28,6 +28,7 @@ REDUCE_TESTS = "tests/torch/test_reduce_at_update.py"
 RESIZE_TESTS = "tests/resize/test_resize_state.py"
 KERAS_TESTS = "tests/tf/test_keras_ga_optimizer.py"
 RUNAI_TESTS = "tests/torch/test_ga_prebuilt.py tests/torch/test_runai_ga_torch.py"
+KERAS_BACKEND_TESTS = "tests/test_keras_backends.py -k jax"  # tests/keras in a process on JAX
 KERAS_RUNAI_TESTS = "tests/tf/test_keras_ga_prebuilt.py tests/tf/test_runai_ga_keras.py"
 HOROVOD_TESTS = "tests/horovod/test_horovod_ga.py"
 HOROVOD_SINGLE = "tests/horovod/test_horovod_single.py"
@@ -127,8 +128,13 @@ MUTANTS = [
     ("keras: the sum switch ignored", "aikit/keras/optimizers.py",
      "accumulated_divisor(self._accumulated + 1, self.reduction)",
      "accumulated_divisor(self._accumulated + 1, \"mean\")", KERAS_RUNAI_TESTS),
-    ("keras: load_weights overwrites steps", "aikit/keras/optimizers.py",
+    ("keras: load_weights overwrites steps", "aikit/keras/saved.py",
      "        self._steps.assign(steps)\n\n    def save_own_variables", "\n    def save_own_variables", KERAS_TESTS),
+    ("keras: the JAX step's branches keep only the model's variables (the optimizer's state not carried)",
+     "aikit/keras/optimizers.py", "        return [*self._trainable_variables, *self.variables]",
+     "        return [*self._trainable_variables]", KERAS_BACKEND_TESTS),
+    ("keras: an update on every micro-step", "aikit/runtime/Keras/jax.py",
+     "    return accumulated + 1 >= steps", "    return accumulated + 1 >= 1", KERAS_BACKEND_TESTS),
     # the overlapped all-reduce (engine.Buckets), under torchrun and horovodrun
     ("overlap: a bucket started before its last gradient", "aikit/runtime/Torch/buckets.py",
      "and not self.waiting[len(self.started)]:",

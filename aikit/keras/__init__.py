@@ -10,7 +10,7 @@ paths (``aikit.ga.TF``, ``aikit.elastic.TF``, ``aikit.lr_finder.TF``, ``aikit.au
 these modules.
 """
 
-from aikit.optional import keras  # noqa: F401  isort: skip  (first: a missing keras names its extra)
+import aikit.runtime.Keras  # noqa: F401  isort: skip  (first: a missing keras, or TensorFlow, names its extra)
 from aikit.keras import optimizers
 from aikit.keras.noise import NoiseOptimizer
 from aikit.keras.optimizers import Optimizer

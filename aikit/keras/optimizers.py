@@ -41,15 +41,13 @@ import: the classes built from a ``learning_rate``, so not the ``Optimizer`` bas
 from __future__ import annotations
 
 import inspect
-import warnings
-
-import numpy as np
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, mean_scale, reduction_name
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW, checked_max_skips
-from aikit.core.validate import checked_bool, checked_int, positive_int
+from aikit.core.validate import checked_bool, positive_int
 from aikit.ga.exports import served
+from aikit.keras.saved import SavedVariables
 from aikit.keras.skipping import SkippedUpdates
 from aikit.runtime.Keras.backend import check_backend, keras, ops, seam, to_numpy
 
@@ -67,7 +65,7 @@ def checked_steps(steps: object) -> int:
 
 
 @keras.saving.register_keras_serializable(package="aikit")
-class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
+class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
     """Accumulate gradients over ``steps`` calls, then apply their mean with ``optimizer``.
 
     Args:
@@ -297,45 +295,6 @@ class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
                 "optimizer was not built for: it accumulates the variables of its first apply() or build(); "
                 "apply gradients for those, or build a new optimizer for the new variables"
             ) from None
-
-    def load_own_variables(self, store) -> None:
-        """Load the saved variables but keep this optimizer's ``steps`` (the plan it was compiled
-        with; a model saved under another plan must not change it), as the torch wrapper does.
-        Saved mid-update, the state loads only into the same ``steps`` (the gradients summed
-        belong to an update of that many micro-steps: finishing it with another count would
-        make one update of the wrong size); checked before any variable changes."""
-        steps = self.steps
-        saved = self._saved_variables
-        if len(store.keys()) == len(saved):  # else Keras loads nothing (and warns)
-            index = {id(v): i for i, v in enumerate(saved)}
-            saved_steps = int(np.asarray(store[str(index[id(self._steps)])]))
-            accumulated = int(np.asarray(store[str(index[id(self._accumulated)])]))
-            positive_int(saved_steps, "the saved GA steps")
-            checked_int(accumulated, "the saved GA micro-steps accumulated", 0, saved_steps - 1,
-                        f"an integer in [0, {saved_steps}) for steps={saved_steps}", "load an intact file")
-            if accumulated and saved_steps != steps:
-                raise InvalidValue(
-                    f"the weights were saved {accumulated} micro-steps into an update of steps={saved_steps}, but "
-                    f"this optimizer has steps={steps}: resume with steps={saved_steps}, or save between updates "
-                    "(optimizer.accumulated == 0) to change steps"
-                )
-        self._load_saved(store)
-        self._steps.assign(steps)
-
-    def save_own_variables(self, store) -> None:
-        """The variables Keras saved before the skip counts were variables (a count is this
-        object's, as torch's ``skipped``): files written before and after load alike."""
-        for i, variable in enumerate(self._saved_variables):
-            store[str(i)] = to_numpy(variable)
-
-    def _load_saved(self, store) -> None:
-        saved = self._saved_variables
-        if len(store.keys()) != len(saved):
-            warnings.warn(f"Skipping variable loading for optimizer '{self.name}', because it has {len(saved)} "
-                          f"variables whereas the saved optimizer has {len(store.keys())} variables.", stacklevel=2)
-            return
-        for i, variable in enumerate(saved):
-            variable.assign(store[str(i)])
 
     def _maybe_update(self, update):
         """Run ``update`` when this micro-step completes the update (it says whether it applied

@@ -6,7 +6,14 @@ step), the ``tf.distribute`` strategy (:mod:`~aikit.runtime.Keras.strategies`) a
 the trace-driven and adaptive fits share (:mod:`~aikit.runtime.Keras.training`).
 
 Importing this package loads Keras (on the backend ``KERAS_BACKEND`` names: aikit sets none) and
-nothing of aikit.
+nothing of aikit; on Keras' default backend, TensorFlow, a missing TensorFlow names its extra.
 """
 
-from aikit.optional import keras  # noqa: F401  (first: a missing keras names its extra)
+import os
+import sys
+
+from aikit.optional import require
+
+if "keras" not in sys.modules and os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+    require("tensorflow", "this part of aikit", "set KERAS_BACKEND=jax (the jax extra) or torch before importing keras")
+require("keras", "aikit's Keras adapter")
