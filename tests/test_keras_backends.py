@@ -27,3 +27,28 @@ def test_the_keras_tests_pass_on_every_backend(backend):
                           text=True, timeout=900)
     assert done.returncode == 0, f"tests/keras on {backend}:\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
     assert " passed" in done.stdout.splitlines()[-1], done.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_jax_data_parallel_over_two_processes_on_localhost():
+    """Two JAX processes joined by keras.distribution.initialize: aikit's init counts both
+    processes' devices (2, rank 0 the master), each process feeds its share of every micro-step,
+    and both end on the one-device big batch's weights."""
+    import json
+    import socket
+
+    pytest.importorskip("jax")
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    workers = [subprocess.Popen([sys.executable, "tests/keras/jax_process_worker.py", str(port), str(rank)],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for rank in (0, 1)]
+    outputs = [worker.communicate(timeout=300) for worker in workers]
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert [(r["rank"], r["gpus"], r["steps"], r["processes"], r["master"]) for r in results] == \
+        [(0, 2, 2, 2, True), (1, 2, 2, 2, False)]
+    assert max(r["difference"] for r in results) < 1e-12

@@ -129,7 +129,9 @@ def distribute(found: dict, devices: int, global_batch: int) -> dict:
         )
     chosen = None
     if devices > 1 or jax.process_count() > 1:
-        chosen = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:devices])
+        # over several processes each feeds its own share (the plan's), as Horovod's ranks do: no auto-sharding
+        chosen = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:devices],
+                                                 auto_shard_dataset=jax.process_count() == 1)
     _ours[:] = [chosen]
     keras.distribution.set_distribution(chosen)
     return {"distribution": chosen}
