@@ -16,6 +16,8 @@ TORCH = ["torch>=2.1", "safetensors>=0.4.3"]  # safetensors: ElasticState checkp
 # extra that names it, or no framework extra and `keras`)
 TF = ["tensorflow>=2.16", "keras>=3.3"]
 TF_CPU = ["tensorflow-cpu>=2.16", "keras>=3.3"]
+# Keras 3 on JAX (KERAS_BACKEND=jax): JAX for CPU, as `pip install jax` brings it (jax[cuda12] for GPUs)
+JAX = ["jax>=0.4.34", "keras>=3.8"]
 LIGHTNING = ["lightning>=2.2"]
 HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.0"]  # Trainer needs accelerate
 # Ray Train v2's elastic workers (ScalingConfig(num_workers=(min, max))) and NO_UPLOAD reports
@@ -38,6 +40,7 @@ setup(
         "torch": [*TORCH, *DATA, *PLOT],
         "tf": [*TF, *DATA, *PLOT],
         "tf-cpu": [*TF_CPU, *DATA, *PLOT],
+        "jax": [*JAX, *DATA, *PLOT],
         "data": DATA,
         "plot": PLOT,
         "lightning": [*LIGHTNING, *TORCH],

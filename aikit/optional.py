@@ -19,6 +19,7 @@ EXTRAS = {
     "torch": ("PyTorch", "torch"),
     "tensorflow": ("TensorFlow", "tf"),
     "keras": ("Keras 3", "tf"),
+    "jax": ("JAX", "jax"),
     "sklearn": ("scikit-learn", "data"),
     "matplotlib": ("matplotlib", "plot"),
     "lightning": ("PyTorch Lightning", "lightning"),

@@ -58,10 +58,9 @@ def torch_range_test(args) -> dict[str, float]:
 
 
 def keras_range_test(args) -> dict[str, float]:
-    from aikit.lr_finder.TF import LRFinder
-    from aikit.runtime.TF.keras_backend import keras_on_tensorflow
+    import keras
 
-    keras = keras_on_tensorflow()
+    from aikit.keras.lr_finder import LRFinder
     x, y, _, _ = digits()
     keras.utils.set_random_seed(0)
     model = keras.Sequential([

@@ -28,6 +28,7 @@ REDUCE_TESTS = "tests/torch/test_reduce_at_update.py"
 RESIZE_TESTS = "tests/resize/test_resize_state.py"
 KERAS_TESTS = "tests/tf/test_keras_ga_optimizer.py"
 RUNAI_TESTS = "tests/torch/test_ga_prebuilt.py tests/torch/test_runai_ga_torch.py"
+KERAS_BACKEND_TESTS = "tests/test_keras_backends.py -k jax"  # tests/keras in a process on JAX
 KERAS_RUNAI_TESTS = "tests/tf/test_keras_ga_prebuilt.py tests/tf/test_runai_ga_keras.py"
 HOROVOD_TESTS = "tests/horovod/test_horovod_ga.py"
 HOROVOD_SINGLE = "tests/horovod/test_horovod_single.py"
@@ -124,13 +125,18 @@ MUTANTS = [
     ("resize: unchecked objects not put back", "aikit/elastic/Torch/loading.py",
      "        for name, state in before.items():\n            objects[name].load_state_dict(state)\n",
      "", RESIZE_TESTS + " -k 'failed_restore or puts_back'"),
-    ("keras: divides by steps, not micro-steps accumulated", "aikit/ga/TF/optimizers.py",
+    ("keras: divides by steps, not micro-steps accumulated", "aikit/keras/optimizers.py",
      "accumulated_divisor(self._accumulated + 1,", "accumulated_divisor(self._steps,", KERAS_TESTS),
-    ("keras: the sum switch ignored", "aikit/ga/TF/optimizers.py",
+    ("keras: the sum switch ignored", "aikit/keras/optimizers.py",
      "accumulated_divisor(self._accumulated + 1, self.reduction)",
      "accumulated_divisor(self._accumulated + 1, \"mean\")", KERAS_RUNAI_TESTS),
-    ("keras: load_weights overwrites steps", "aikit/ga/TF/optimizers.py",
-     "        self._steps.assign(steps)\n\n    def _maybe_update", "\n    def _maybe_update", KERAS_TESTS),
+    ("keras: load_weights overwrites steps", "aikit/keras/saved.py",
+     "        self._steps.assign(steps)\n\n    def save_own_variables", "\n    def save_own_variables", KERAS_TESTS),
+    ("keras: the JAX step's branches keep only the model's variables (the optimizer's state not carried)",
+     "aikit/keras/optimizers.py", "        return [*self._trainable_variables, *self.variables]",
+     "        return [*self._trainable_variables]", KERAS_BACKEND_TESTS),
+    ("keras: an update on every micro-step", "aikit/runtime/Keras/jax.py",
+     "    return accumulated + 1 >= steps", "    return accumulated + 1 >= 1", KERAS_BACKEND_TESTS),
     # the overlapped all-reduce (engine.Buckets), under torchrun and horovodrun
     ("overlap: a bucket started before its last gradient", "aikit/runtime/Torch/buckets.py",
      "and not self.waiting[len(self.started)]:",
@@ -220,10 +226,10 @@ MUTANTS = [
      "            self.updates += self.updated\n", "            self.updates += 1\n", TRACE_TESTS),
     ("skip: a run of skips fails one skip late", "aikit/core/skips.py",
      "and self.in_a_row >= self.max_in_a_row:", "and self.in_a_row > self.max_in_a_row:", GA_TESTS),
-    ("skip: the Keras update applied whatever its gradient", "aikit/ga/TF/skipping.py",
+    ("skip: the Keras update applied whatever its gradient", "aikit/keras/skipping.py",
      "        if not self._checks_finite:\n            update()", "        if True:\n            update()",
      KERAS_TESTS),
-    ("skip: each Horovod rank decides alone (Keras)", "aikit/elastic/TF/horovod.py",
+    ("skip: each Horovod rank decides alone (Keras)", "aikit/keras/elastic/horovod.py",
      "        return hvd.allreduce(count, op=hvd.Sum) if hvd.size() > 1 else count\n", "        return count\n",
      "tests/horovod/test_horovod_tf.py"),
     ("skip: a micro-step without a backward not noticed", "aikit/runtime/Torch/backward_marks.py",

@@ -2,7 +2,8 @@
 # aikit as users install it: build the sdist and the wheel, `twine check` them, then install the
 # wheel into a fresh virtual environment per extra — none, torch, tf-cpu (into an environment that
 # has tensorflow-cpu already: no second TensorFlow may come with it), and torch+tf-cpu with the
-# trainer integrations and Ray — and, from a folder outside the checkout, run every CLI command and every
+# trainer integrations and Ray, and jax (Keras on JAX, no TensorFlow: KERAS_BACKEND=jax runs its Keras
+# examples) — and, from a folder outside the checkout, run every CLI command and every
 # example's quickest mode, and check that a missing optional dependency names the extra to install.
 # The tf extra (the full `tensorflow`) is checked in the wheel's metadata, not installed: on this
 # CPU machine the test stack is tensorflow-cpu.
@@ -148,6 +149,15 @@ tf_examples() {
     quiet "$python" examples/autolrs_digits.py --framework keras --steps 120 --tau 30 --tau-max 30 --trials 3 --out autolrs
 }
 
+jax_examples() {  # Keras on JAX as its users install it: the jax extra, no TensorFlow in the environment
+    local python="$WORK/jax/bin/python"
+    if "$python" -m pip list --format=freeze | grep -iE '^tensorflow'; then
+        echo "the jax extra brought TensorFlow" >&2; exit 1
+    fi
+    KERAS_BACKEND=jax quiet "$python" examples/keras_elastic_digits.py  # exits 1 below 95 % held-out
+    KERAS_BACKEND=jax quiet "$python" examples/lr_finder_digits.py --framework keras --out lr
+}
+
 integration_examples() {  # each example's quickest mode (tests/integrations cover the other modes)
     local python="$WORK/all/bin/python"
     quiet "$python" -c "import aikit.elastic.Torch, aikit.elastic.TF, aikit.integrations.lightning, aikit.integrations.huggingface, aikit.integrations.ray"
@@ -164,7 +174,7 @@ WHEEL="$WORK/dist/${DIST//-/_}-$VERSION-py3-none-any.whl"  # file names spell th
 step "tf and tf-cpu extras in the metadata" tf_extras
 mkdir "$WORK/run" && cp -r "$ROOT/examples" "$WORK/run/"  # examples as a user copies them, no checkout around
 cd "$WORK/run"
-for env in core torch tf all; do
+for env in core torch tf jax all; do
     first=""
     case "$env" in
         core) spec="$WHEEL" ;;
@@ -182,6 +192,7 @@ done
 step "core: missing extras named" core
 step "torch: examples" torch_examples
 step "tf: examples" tf_examples
+step "jax: examples" jax_examples
 step "all: integration examples" integration_examples
 cpu_now
 echo "wheel test: passed in $((SECONDS - total)) s ($CPU_NOW s CPU)"

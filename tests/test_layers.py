@@ -29,12 +29,19 @@ LAYERS = {
     "aikit.elastic": 4,
     "aikit.lr_finder": 4,
     "aikit.autolrs": 4,
+    # the Keras adapter, on every backend, in one home: its GA at the GA's layer, the rest above it
+    "aikit.keras": 3,
+    "aikit.keras.elastic": 4,
+    "aikit.keras.lr_finder": 4,
+    "aikit.keras.autolrs": 4,
     "aikit.integrations": 5,
     "aikit.cli": 6,
     "aikit.datasets": 6,
     "aikit.plot_adaptive": 6,
 }
-APART = {"aikit.elastic", "aikit.lr_finder", "aikit.autolrs"}  # one layer, and none imports another
+# one layer, and none imports another: each capability (its torch and Keras packages alike) keeps to itself
+APART = {"aikit.elastic": "elastic", "aikit.keras.elastic": "elastic", "aikit.lr_finder": "lr_finder",
+         "aikit.keras.lr_finder": "lr_finder", "aikit.autolrs": "autolrs", "aikit.keras.autolrs": "autolrs"}
 FRAMEWORKS = {"torch", "torch_xla", "tensorflow", "keras", "horovod", "jax", "lightning", "transformers"}
 # modules that load no framework: the core, the package inits above the adapters, and what
 # every layer may import without one
@@ -48,13 +55,16 @@ def framework_free(module: str) -> bool:
 
 
 def package(module: str) -> str | None:
-    """The layered package ``module`` belongs to (``aikit.elastic.Torch.sampler`` ->
-    ``aikit.elastic``), or None for a module no layer holds."""
+    """The layered package ``module`` belongs to, the longest one of :data:`LAYERS` that holds it
+    (``aikit.elastic.Torch.sampler`` -> ``aikit.elastic``, ``aikit.keras.elastic.model`` ->
+    ``aikit.keras.elastic``), or None for a module no layer holds."""
     parts = module.split(".")
-    name = ".".join(parts[:2])
     if parts[0] != "aikit":
         return None
-    return name if name in LAYERS else ("aikit" if module == "aikit" else None)
+    if module == "aikit":
+        return "aikit"
+    held = [".".join(parts[:n]) for n in range(len(parts), 1, -1) if ".".join(parts[:n]) in LAYERS]
+    return held[0] if held else None
 
 
 def module_name(path: Path) -> str:
@@ -107,7 +117,7 @@ def violations(sources: dict[str, tuple[str, bool]]) -> list[str]:
                 continue
             if LAYERS[theirs] > LAYERS[own]:
                 found.append(f"{where}: imports {target}, a higher layer ({theirs} > {own})")
-            elif own in APART and theirs in APART:
+            elif own in APART and theirs in APART and APART[own] != APART[theirs]:
                 found.append(f"{where}: imports {target}, a sibling of {own} in the same layer")
     return found
 
@@ -136,6 +146,9 @@ def test_every_import_of_aikit_points_down():
     ("aikit.runtime.published", "from tensorflow import keras\n", "must load no framework"),
     ("aikit.runtime.Torch.planted", "from ...ga.Torch import optim\n", "a higher layer"),
     ("aikit.newpackage.planted", "import aikit.core\n", "in no layer"),
+    ("aikit.keras.planted", "from aikit.keras.elastic import init\n", "a higher layer"),
+    ("aikit.keras.autolrs", "from aikit.keras.lr_finder import LRFinder\n", "a sibling"),
+    ("aikit.keras.elastic.planted", "import aikit.lr_finder.results\n", "a sibling"),
 ])
 def test_an_upward_sideways_or_hidden_import_is_named(module, source, complaint):
     """Each rule, broken once: the checker names the module and the rule."""
@@ -150,6 +163,9 @@ def test_downward_and_own_package_imports_pass():
         "aikit.integrations.fine": ("import aikit.autolrs.Torch\nimport aikit.elastic.Torch\n", False),
         "aikit.elastic.Torch": ("from . import sampler\nimport aikit.ga.Torch\n", True),
         "aikit.cli": ("import aikit\nfrom aikit.core import plan\n", False),
+        "aikit.elastic.TF": ("from aikit.keras import elastic\n", True),
+        "aikit.keras.lr_finder": ("from aikit.lr_finder.results import RangeTestResults\nimport aikit.keras\n", False),
+        "aikit.ga.TF.optimizers": ("from aikit.keras import optimizers\n", False),
     }
     assert violations(sources) == []
 
@@ -211,7 +227,7 @@ def test_moved_modules_keep_their_old_public_paths(statement):
 
 @pytest.mark.slow
 def test_the_keras_strategies_keep_their_old_public_path():
-    loaded = loaded_after("import aikit.elastic.TF.strategies as old, aikit.runtime.TF.strategies as new; "
+    loaded = loaded_after("import aikit.elastic.TF.strategies as old, aikit.runtime.Keras.strategies as new; "
                           "assert old is new")
     assert "aikit.elastic.TF.strategies" in loaded
 

@@ -3,8 +3,9 @@
 After either ``init``, the plan's attributes (``steps``, ``batch_size``, ``global_batch_size``,
 ``gpus``, ``master``) and the plan itself (``plan``) can also be read here, as Run:AI's AIkit
 Elastic writes them (``aikit.elastic.batch_size``); after the Keras ``init`` also its
-``strategy``, and under Horovod ``hvd``. They are those of the latest ``init``, kept by
-:mod:`aikit.runtime.published`. Once ``aikit.elastic.TF`` is imported, ``aikit.elastic.models``
+``strategy`` (TensorFlow) or ``distribution`` (JAX), and under Horovod ``hvd``. They are those
+of the latest ``init``, kept by :mod:`aikit.runtime.published`. Once ``aikit.keras.elastic``
+(``aikit.elastic.TF``) is imported, ``aikit.elastic.models``
 is its ``model`` module, as Run:AI's AIkit Elastic writes ``aikit.elastic.models.Model(model)``.
 """
 
@@ -14,16 +15,16 @@ import sys
 
 from aikit.runtime.published import PUBLIC, latest_extras, latest_plan
 
-_KERAS_MODELS = "aikit.elastic.TF.model"
+_KERAS_MODELS = "aikit.keras.elastic.model"
 
 
 def __getattr__(name: str):
     if name == "models":
         if _KERAS_MODELS not in sys.modules:
-            raise AttributeError("aikit.elastic.models is the Keras Model wrapper's module: import aikit.elastic.TF "
-                                 "first (Run:AI's AIkit Elastic's `import runai.elastic.keras`)")
+            raise AttributeError("aikit.elastic.models is the Keras Model wrapper's module: import aikit.keras.elastic "
+                                 "(or aikit.elastic.TF) first (Run:AI's AIkit Elastic's `import runai.elastic.keras`)")
         return sys.modules[_KERAS_MODELS]
-    if name in (*PUBLIC, "plan", "strategy", "hvd"):
+    if name in (*PUBLIC, "plan", "strategy", "distribution", "hvd"):
         plan = latest_plan()
         if plan is None:
             raise AttributeError(

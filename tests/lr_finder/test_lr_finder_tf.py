@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import math
 
+import keras
 import matplotlib
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from aikit.core.lr_range import lr_sequence, read_history
-from aikit.runtime.TF.keras_backend import keras_on_tensorflow
-
-keras = keras_on_tensorflow()
-import tensorflow as tf  # noqa: E402
-
-from aikit.lr_finder.TF import LRFinder  # noqa: E402
+from aikit.lr_finder.TF import LRFinder
 
 matplotlib.use("Agg")
 

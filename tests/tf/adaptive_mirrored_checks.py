@@ -22,7 +22,9 @@ from aikit.core.trace import load_trace
 from aikit.elastic.TF import fit_adaptive, fit_trace
 from aikit.ga.TF.noise import NoiseOptimizer
 from aikit.ga.TF.optimizers import Optimizer
-from aikit.runtime.TF.training import train_micro_step
+from aikit.runtime.Keras.backend import seam
+
+train_micro_step = seam.train_micro_step
 
 keras.config.set_floatx("float64")
 keras.config.set_dtype_policy("float64")

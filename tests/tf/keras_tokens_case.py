@@ -6,13 +6,12 @@ the whole window."""
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from aikit.datasets import IGNORE, pad_batch, stdlib_text
-from aikit.runtime.TF.keras_backend import keras_on_tensorflow
 
-keras = keras_on_tensorflow()
 SEQUENCES, CONTEXT = 32, 16
 
 

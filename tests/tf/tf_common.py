@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
-
-from aikit.runtime.TF.keras_backend import keras_on_tensorflow
-
-keras = keras_on_tensorflow()
 
 
 def mlp(seed: int = 1, inputs: int = 4, outputs: int = 3) -> keras.Model:

@@ -1,8 +1,8 @@
-"""``aikit.elastic.TF.strategies``, the path users write for :mod:`aikit.runtime.TF.strategies`:
+"""``aikit.elastic.TF.strategies``, the path users write for :mod:`aikit.runtime.Keras.strategies`:
 importing it gives that very module (no copy of its code lives here)."""
 
 import sys
 
-from aikit.runtime.TF import strategies
+from aikit.runtime.Keras import strategies
 
 sys.modules[__name__] = strategies

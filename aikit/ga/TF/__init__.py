@@ -1,8 +1,7 @@
-"""Gradient accumulation for Keras 3 (TensorFlow backend): ``optimizers.Optimizer(optimizer, steps)``,
-or Run:AI's prebuilt form of any Keras optimizer, ``optimizers.Adam(steps, learning_rate=...)``."""
+"""The seed's path of aikit's Keras GA, :mod:`aikit.keras` (on every Keras backend):
+``aikit.ga.TF.optimizers.Optimizer(optimizer, steps)``, Run:AI's ``aikit.ga.TF.optimizers.Adam(steps, ...)``."""
 
-from aikit.optional import tensorflow  # noqa: F401  isort: skip  (first: a missing tensorflow names its extra)
-from aikit.ga.TF import optimizers
-from aikit.ga.TF.optimizers import Optimizer
+from aikit.keras import optimizers
+from aikit.keras.optimizers import Optimizer
 
 __all__ = ["Optimizer", "optimizers"]

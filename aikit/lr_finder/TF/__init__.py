@@ -1,6 +1,6 @@
-"""LR range test for Keras 3 models on TensorFlow: ``from aikit.lr_finder.TF import LRFinder``."""
+"""The seed's path of the Keras LR range test, :mod:`aikit.keras.lr_finder` (on every Keras backend):
+``from aikit.lr_finder.TF import LRFinder``."""
 
-from aikit.optional import tensorflow  # noqa: F401  isort: skip  (first: a missing tensorflow names its extra)
-from aikit.lr_finder.TF.lr_finder import LRFinder
+from aikit.keras.lr_finder import LRFinder
 
 __all__ = ["LRFinder"]

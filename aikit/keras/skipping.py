@@ -1,7 +1,8 @@
 """The Keras GA wrapper's skip of an update whose gradient is inf or NaN, in its graph.
 
-As Keras' ``LossScaleOptimizer`` and a torch ``GradScaler`` skip one: a ``tf.cond`` at the update
-(no read from the device) leaves the weights, the wrapped optimizer's ``iterations`` and its LR
+As Keras' ``LossScaleOptimizer`` and a torch ``GradScaler`` skip one: a condition at the update
+(no read from the device: a ``tf.cond``, a ``jax.lax.cond``, on torch both branches kept by
+``where``) leaves the weights, the wrapped optimizer's ``iterations`` and its LR
 schedule as they were and clears the sums; ``skipped`` and ``skipped_in_a_row`` count the skips.
 Under a multi-replica strategy each replica counts its sums that are not finite and the counts
 are summed to one number in the update, so every replica takes the same branch (a replica's own
@@ -18,30 +19,45 @@ from __future__ import annotations
 
 import warnings
 
-import tensorflow as tf
-
 from aikit.core.skips import checked_max_skips, nonfinite_warning, too_many_skips, user_stacklevel
 from aikit.core.validate import checked_bool
-from aikit.runtime.TF.keras_backend import keras_on_tensorflow
-
-keras = keras_on_tensorflow()
-ops = keras.ops
+from aikit.runtime.Keras.backend import keras, ops, seam, to_numpy
 
 KERAS_COUNTS = "optimizer.iterations did not advance, optimizer.skipped counts the skips"
 
 
+class SkipCounts:
+    """``skipped`` and ``skipped_in_a_row``: variables of the optimizer's state (JAX's step carries
+    them), held outside Keras' tracking so that they stay out of the variables it saves (a count of
+    this object's, as torch's ``skipped``: weights saved before load as they were)."""
+
+    def __init__(self, name: str) -> None:
+        self.skipped, self.in_a_row = (keras.Variable(0, name=f"{name}_{what}", dtype="int64", trainable=False,
+                                                      aggregation="only_first_replica")
+                                       for what in ("skipped", "in_a_row"))
+
+
 class SkippedUpdates:
-    """What :class:`aikit.ga.TF.optimizers.Optimizer` counts and decides of a non-finite update."""
+    """What :class:`aikit.keras.optimizers.Optimizer` counts and decides of a non-finite update."""
 
     def _init_skips(self, skip_nonfinite: bool, max_skips_in_a_row: int | None) -> None:
         self.skip_nonfinite = checked_bool(skip_nonfinite, "skip_nonfinite")
         self.max_skips_in_a_row = checked_max_skips(max_skips_in_a_row)
-        # tf.Variables, not Keras': not in `variables`, so saved weights stay as they were (a count of
-        # this object's, as torch's `skipped`)
-        self._skipped, self._skipped_in_a_row = (
-            tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name}_{what}",
-                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA) for what in ("skipped", "in_a_row"))
+        self._counts = SkipCounts(self.name)
         self._warned = False
+
+    @property
+    def _skip_counts(self) -> list:
+        counts = self.__dict__.get("_counts")
+        return [] if counts is None else [counts.skipped, counts.in_a_row]
+
+    @property
+    def _skipped(self):
+        return self._counts.skipped
+
+    @property
+    def _skipped_in_a_row(self):
+        return self._counts.in_a_row
 
     @property
     def _checks_finite(self) -> bool:
@@ -51,40 +67,47 @@ class SkippedUpdates:
     @property
     def skipped(self) -> int:
         """Updates skipped for an inf/NaN gradient (the weights and ``iterations`` left as they were)."""
-        return int(self._skipped.numpy())
+        return int(to_numpy(self._skipped))
 
     @property
     def skipped_in_a_row(self) -> int:
         """Updates skipped for an inf/NaN gradient since the last update applied."""
-        return int(self._skipped_in_a_row.numpy())
+        return int(to_numpy(self._skipped_in_a_row))
 
     def _replicas_nonfinite(self, sums):
         """How many of the replicas' ``sums`` hold an inf or NaN, from a replica context (every
         replica must take the same branch; a subclass that averages elsewhere sums there too)."""
-        return replicas_sum(nonfinite_count(sums))
+        return seam.replicas_sum(self._nonfinite_count(sums))
+
+    @staticmethod
+    def _nonfinite_count(sums):
+        """How many of this replica's ``sums`` hold an inf or NaN (float32: what a reduction sums)."""
+        counts = [ops.cast(ops.logical_not(ops.all(ops.isfinite(s.value))), "float32") for s in sums if s is not None]
+        return ops.sum(ops.stack(counts)) if counts else ops.zeros((), "float32")
 
     def _update_if_finite(self, nonfinite, update, skip):
         """``update()`` if ``nonfinite()`` (the replicas' count of non-finite sums) is 0, else
-        ``skip()``: one ``tf.cond``; whether it updated, a tensor."""
+        ``skip()``: one condition of the backend's; whether it updated, a tensor."""
         if not self._checks_finite:
             update()
             return ops.convert_to_tensor(True)
-        def updated() -> None:  # a tf.cond branch returns nothing, whatever its call returned
+
+        def updated() -> None:  # a branch returns nothing, whatever its call returned
             update()
 
         def skipped() -> None:
             skip()
 
         finite = ops.equal(nonfinite(), 0)
-        ops.cond(finite, updated, skipped)
+        seam.cond(finite, updated, skipped, self._state_variables())
         return finite
 
     def _count_skip(self, is_update, applied) -> None:
         """Count the update this micro-step made, if it was one and was skipped."""
         skipped = ops.logical_and(is_update, ops.logical_not(applied))
         self._skipped.assign_add(ops.cast(skipped, "int64"))
-        self._skipped_in_a_row.assign(ops.where(skipped, self._skipped_in_a_row + 1,
-                                                ops.where(is_update, 0, self._skipped_in_a_row)))
+        in_a_row = self._skipped_in_a_row.value
+        self._skipped_in_a_row.assign(ops.where(skipped, in_a_row + 1, ops.where(is_update, 0, in_a_row)))
 
     def _check_skips(self) -> None:
         """After an ``apply`` run eagerly on one replica: the first skip warned about once, a run
@@ -108,16 +131,3 @@ class SkippedUpdates:
             warning = nonfinite_warning(detail, self.max_skips_in_a_row, KERAS_COUNTS)
             warnings.warn(warning, stacklevel=user_stacklevel())
 
-
-def nonfinite_count(sums):
-    """How many of this replica's ``sums`` hold an inf or NaN (float32: what a reduction sums)."""
-    counts = [ops.cast(ops.logical_not(ops.all(ops.isfinite(s.value))), "float32") for s in sums if s is not None]
-    return ops.sum(ops.stack(counts)) if counts else ops.zeros((), "float32")
-
-
-def replicas_sum(value):
-    """``value`` summed over the replicas from a replica context (itself on one replica)."""
-    context = tf.distribute.get_replica_context()
-    if context is None or tf.distribute.get_strategy().num_replicas_in_sync == 1:
-        return value
-    return context.all_reduce("sum", value)
