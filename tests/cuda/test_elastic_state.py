@@ -64,10 +64,6 @@ def test_a_run_on_the_device_resumes_from_its_commit_to_the_same_bits(device, tm
     assert resumed.scaler.get_scale() == first.scaler.get_scale()
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="aikit: ElasticState.restore() sets a plain tensor value to the "
-    "tensor read from the commit, on the CPU whatever device it was committed from (the models' and optimizers' "
-    "tensors go back to their parameters' device); reported by the GPU check's author"))], indirect=True)
 def test_a_plain_tensor_value_comes_back_on_its_device(device, tmp_path):
     best = torch.tensor([1.5, -2.0], device=device)
     state = ElasticState(tmp_path / "run", best=best, verbose=False)

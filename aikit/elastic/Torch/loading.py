@@ -22,7 +22,8 @@ from aikit.runtime.Torch import random_state
 def load(objects: dict, saved: dict) -> None:
     """Load every kept object of ``objects`` (by name; a plain value is replaced in the dict):
     first the objects aikit cannot check beforehand (schedulers, scalers; put back as they were
-    if one fails), then models, then optimizers, then plain values."""
+    if one fails), then models, then optimizers, then plain values (a tensor on the device of the
+    one it replaces)."""
     order = {name: (2 if isinstance(obj, torch.optim.Optimizer) else 1 if isinstance(obj, torch.nn.Module)
                     else 0 if hasattr(obj, "load_state_dict") else 3, name)
              for name, obj in objects.items()}
@@ -45,7 +46,15 @@ def load(objects: dict, saved: dict) -> None:
         if hasattr(objects[name], "load_state_dict"):
             objects[name].load_state_dict(saved[name])
         else:
-            objects[name] = saved[name]
+            objects[name] = on_device_of(objects[name], saved[name])
+
+
+def on_device_of(current: object, value: object) -> object:
+    """``value`` read from a commit (on the CPU), on ``current``'s device where both are tensors:
+    a plain tensor kept on the GPU comes back there, as the models' and optimizers' tensors do."""
+    if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
+        return value.to(current.device)
+    return value
 
 
 def set_rng_state(state: dict, rank: int) -> None:
