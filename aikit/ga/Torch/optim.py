@@ -290,6 +290,14 @@ class Optimizer(WrappingOptimizer):
         self.updated = self._update(short=True)
         return self.updated
 
+    def restart(self) -> None:
+        """Drop the micro-steps accumulated towards the next update, to run it again from its first
+        micro-batch at a new plan (:class:`aikit.elastic.Torch.AutoBatch`, after out of memory)."""
+        self.engine.discard()
+        self.engine.factor, self.engine.carried = None, 1.0  # no micro-batch's weight folded in any more
+        self.optimizer.zero_grad()
+        self.window = Window()
+
     def _update(self, short: bool) -> bool | None:
         """The real update on the accumulated, weighted gradient; False if it was skipped (inf/NaN),
         None where a fused optimizer under AMP decided on the device (read when asked)."""
