@@ -41,6 +41,7 @@ ENGINE_TESTS = "tests/torch/test_engines.py"
 RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
 RAY_TESTS = "tests/ray/test_ray_fixed.py"
 SKIP_TESTS = "tests/torch/test_skipped_updates.py"
+AUTO_TESTS = "tests/core/test_device_batch.py tests/torch/test_auto_batch.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -234,6 +235,16 @@ MUTANTS = [
      "new = None if self.schedule.held else controller.propose()", SKIP_TESTS + " -k adaptive"),
     ("skip: the LR finder records a point for a skipped update", "aikit/runtime/Torch/amp.py",
      "    return not bool(flag) if stepped is None else stepped\n", "    return True\n", SKIP_TESTS + " -k lr_finder"),
+    # the per-device batch found by running the user's step, the global batch kept (issue 38)
+    ("auto: a re-plan keeps the old GA steps (the global batch shrinks)", "aikit/elastic/Torch/auto_batch.py",
+     "        self.optimizer.steps = smaller.steps\n", "", AUTO_TESTS),
+    ("auto: an update that ran out of memory keeps its partial gradients", "aikit/elastic/Torch/auto_batch.py",
+     "            self.optimizer.restart()\n", "", AUTO_TESTS),
+    ("auto: the replicas run the largest any found", "aikit/core/device_batch.py",
+     "    return None if any(f is None for f in found) else min(found)",
+     "    return None if any(f is None for f in found) else max(found)", AUTO_TESTS),
+    ("auto: the bisection stops one candidate short", "aikit/core/device_batch.py",
+     "    while index - failed > 1:", "    while index - failed > 2:", AUTO_TESTS),
     ("skip: a run of skips fails one skip late", "aikit/core/skips.py",
      "and self.in_a_row >= self.max_in_a_row:", "and self.in_a_row > self.max_in_a_row:", GA_TESTS),
     ("skip: the Keras update applied whatever its gradient", "aikit/ga/TF/skipping.py",
