@@ -35,3 +35,9 @@ def test_the_auto_search_finds_the_largest_device_batch_under_a_memory_cap(cuda_
     assert any(not fitted for fitted in tries.values())  # CUDA's allocator truly refused
     assert tries[plan.device_batch] and not any(fits for size, fits in tries.items() if size > plan.device_batch)
     assert plan.device_batch * sample < cap  # what fits is under the cap
+
+
+def test_a_search_where_the_largest_fits_tries_once_and_keeps_one_ga_step(device):
+    tried = []
+    plan = elastic.init(64, "auto", trial=lambda batch: tried.append(torch.ones(batch, 8, device=device).sum()))
+    assert len(tried) == 1 and (plan.global_batch_size, plan.steps, plan.device_batch) == (64, 1, 64)
