@@ -41,6 +41,8 @@ RESTORE_TESTS = "tests/resize/test_restore_checks.py"
 ENGINE_TESTS = "tests/torch/test_engines.py"
 RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
 RAY_TESTS = "tests/ray/test_ray_fixed.py"
+SKIP_TESTS = "tests/torch/test_skipped_updates.py"
+AUTO_TESTS = "tests/core/test_device_batch.py tests/torch/test_auto_batch.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -56,13 +58,12 @@ MUTANTS = [
      "    if reduction_name(reduction) == \"sum\":\n        return 1\n",
      "    if reduction_name(reduction) == \"sum\":\n        return micro_steps\n", CORE_TESTS),
     ("engine: clipping before AMP unscaling", "aikit/runtime/Torch/accumulator.py",
-     "            scale_before = self.scaler.get_scale()\n"
-     "            self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's\n"
-     "        if self.max_grad_norm is not None:",
-     "            scale_before = self.scaler.get_scale()\n"
-     "        if self.max_grad_norm is not None:", GA_TESTS),
-    ("engine: a successful AMP update reported as skipped", "aikit/runtime/Torch/accumulator.py",
-     "stepped = self.scaler.get_scale() >= scale_before", "stepped = self.scaler.get_scale() > scale_before",
+     "        if amp.enabled(self.scaler):\n            self.scaler.unscale_(",
+     "        if self.max_grad_norm is not None:\n"
+     "            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)\n"
+     "        if amp.enabled(self.scaler):\n            self.scaler.unscale_(", GA_TESTS),
+    ("engine: a successful AMP update reported as skipped", "aikit/runtime/Torch/amp.py",
+     "    stepped = not bool(unscaled)  # the one read\n", "    stepped = not bool(unscaled.sum() + 1)\n",
      GA_TESTS),
     ("engine: folded factor forgotten at the update", "aikit/runtime/Torch/accumulator.py",
      "scale, self.carried = scale * self.carried, 1.0", "scale, self.carried = scale, 1.0", GA_TESTS),
@@ -211,19 +212,45 @@ MUTANTS = [
      "            self._hold_if_due()  # before the next update's split decides whether the epoch goes on\n", "",
      ADAPTIVE_TESTS),
     ("adaptive: a held run still decides", "aikit/core/adaptive/run.py",
-     "new = None if self.schedule.held else controller.propose()", "new = controller.propose()", ADAPTIVE_TESTS),
+     "new = None if self.schedule.held or not applied else controller.propose()", "new = controller.propose()",
+     ADAPTIVE_TESTS),
     ("adaptive: a held update's noise is recorded", "aikit/core/adaptive/run.py",
      "            noise = None  # a held update measures nothing", "            pass  # a held update measures nothing",
      ADAPTIVE_TESTS),
     # an update whose gradient is inf or NaN: skipped as a GradScaler skips one (issue 40)
     ("skip: a non-finite gradient applied (the skip removed)", "aikit/runtime/Torch/accumulator.py",
      "            if self.skip_nonfinite and grads and not self._finite(total_norm(grads) if norm is None else norm):\n"
-     "                return False\n", "", GA_TESTS),
+     "                return self._outcome(False)\n", "", GA_TESTS),
     ("skip: a skipped update counted as an update", "aikit/runtime/Torch/accumulator.py",
-     "                return False\n            self.optimizer.step()\n",
+     "                return self._outcome(False)\n            self.optimizer.step()\n",
      "                pass\n            self.optimizer.step()\n", GA_TESTS),
     ("skip: a skipped trace update advances the warmup", "aikit/elastic/Torch/trace_optim.py",
      "            self.updates += self.updated\n", "            self.updates += 1\n", TRACE_TESTS),
+    # an update AMP skipped advances nothing that counts updates, fused optimizers' too (issue 38)
+    ("skip: a fused optimizer's skipped update advances the scheduler", "aikit/runtime/Torch/accumulator.py",
+     "            self.applied += updates - skipped\n", "            self.applied += updates\n", SKIP_TESTS),
+    ("skip: a fused skip read as applied by a trace optimizer", "aikit/elastic/Torch/trace_optim.py",
+     "self.updated = self.engine.settle() if stepped is None else stepped",
+     "self.updated = True if stepped is None else stepped", SKIP_TESTS + " -k trace"),
+    ("skip: a non-fused AMP skip stepped anyway", "aikit/runtime/Torch/amp.py",
+     "    if stepped:\n        optimizer.step()\n", "    optimizer.step()\n", SKIP_TESTS),
+    ("skip: AutoLRS counts a skipped update as a step of its search", "aikit/autolrs/Torch/autolrs.py",
+     "        if update_skipped(self.optimizer):", "        if False:", SKIP_TESTS + " -k autolrs"),
+    ("skip: the adaptive controller decides on a skipped update", "aikit/core/adaptive/run.py",
+     "new = None if self.schedule.held or not applied else controller.propose()",
+     "new = None if self.schedule.held else controller.propose()", SKIP_TESTS + " -k adaptive"),
+    ("skip: the LR finder records a point for a skipped update", "aikit/runtime/Torch/amp.py",
+     "    return not bool(flag) if stepped is None else stepped\n", "    return True\n", SKIP_TESTS + " -k lr_finder"),
+    # the per-device batch found by running the user's step, the global batch kept (issue 38)
+    ("auto: a re-plan keeps the old GA steps (the global batch shrinks)", "aikit/elastic/Torch/auto_batch.py",
+     "        self.optimizer.steps = smaller.steps\n", "", AUTO_TESTS),
+    ("auto: an update that ran out of memory keeps its partial gradients", "aikit/elastic/Torch/auto_batch.py",
+     "            self.optimizer.restart()\n", "", AUTO_TESTS),
+    ("auto: the replicas run the largest any found", "aikit/core/device_batch.py",
+     "    return None if any(f is None for f in found) else min(found)",
+     "    return None if any(f is None for f in found) else max(found)", AUTO_TESTS),
+    ("auto: the bisection stops one candidate short", "aikit/core/device_batch.py",
+     "    while index - failed > 1:", "    while index - failed > 2:", AUTO_TESTS),
     ("skip: a run of skips fails one skip late", "aikit/core/skips.py",
      "and self.in_a_row >= self.max_in_a_row:", "and self.in_a_row > self.max_in_a_row:", GA_TESTS),
     ("skip: the Keras update applied whatever its gradient", "aikit/keras/skipping.py",

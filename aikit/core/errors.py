@@ -69,3 +69,9 @@ class NoGradientWarning(RuntimeWarning):
     """An update with no gradient at all, or one of whose micro-steps had no backward: the
     update changed nothing, or is the mean over micro-steps of which some gave nothing (a
     forgotten ``backward()``). Warned once per optimizer."""
+
+
+class OutOfMemory(AikitError, MemoryError):
+    """No per-device batch fits: an ``auto`` search (``init(G, "auto", trial=...)``) whose
+    smallest micro-batch ran out of memory too, or an out-of-memory error ``AutoBatch`` cannot
+    re-plan; the message says what the allocator tried, the memory there was, and the fix."""

@@ -78,9 +78,9 @@ class SkipCount:
         """An update was applied: a run of skips ends."""
         self.in_a_row = 0
 
-    def amp_skipped(self) -> None:
-        """AMP's GradScaler skipped an update (lowering its scale: part of its work, not a failure)."""
-        self.skipped += 1
+    def amp_skipped(self, count: int = 1) -> None:
+        """AMP's GradScaler skipped ``count`` updates (lowering its scale: part of its work, not a failure)."""
+        self.skipped += count
 
     def nonfinite(self, detail: str) -> None:
         """An update skipped for a non-finite gradient: counted, warned once, refused in a long run."""

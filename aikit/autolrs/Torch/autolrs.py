@@ -37,6 +37,7 @@ from aikit.core.autolrs import (
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.validate import one_number, positive_int
 from aikit.runtime.Torch import collectives, random_state
+from aikit.runtime.Torch.amp import update_skipped
 from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, lr_free_kind
 
 log = logging.getLogger("aikit.autolrs")
@@ -113,8 +114,13 @@ class AutoLRS:
         return self._driver.kept
 
     def on_train_batch_end(self, loss: torch.Tensor | float) -> None:
-        """Report the loss of the step just taken and prepare the next step."""
+        """Report the loss of the step just taken and prepare the next step. A step that made no
+        update (one AMP skipped for inf/NaN gradients, seen in an aikit optimizer's ``updated`` or
+        Accelerate's ``step_was_skipped``; a GA optimizer's micro-step) is no step of the search:
+        nothing advances, and the next update runs at the same LR."""
         loss = _checked_loss(loss)
+        if update_skipped(self.optimizer):  # the same on every replica: their gradients are summed
+            return
         first_decision = None if self._first_step_checked else pack(self._driver.action, self._driver.kept)
         loss = self._training.replica_mean(loss, first_decision)
         self._first_step_checked = True

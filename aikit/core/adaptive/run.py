@@ -80,10 +80,12 @@ class AdaptiveRun:
         self._recorded = (batch, micro_batch, steps, None if timing is None else timing[0])
 
     def finish(self, epoch: int, lr: float, *, log_change: bool = True,
-               say: Callable[[str], None] | None = None) -> dict:
+               say: Callable[[str], None] | None = None, applied: bool = True) -> dict:
         """After the recorded update: its history row (returned, and kept in :attr:`history`), the
         controller's decision (logged where ``log_change``, and passed to ``say``), and the
-        batches decided up to ``lookahead`` updates ahead."""
+        batches decided up to ``lookahead`` updates ahead. An update not ``applied`` (AMP or the
+        finiteness check skipped it for inf/NaN) takes no decision: its samples were spent, so
+        it keeps its place in the trace, but it measured nothing a decision could rest on."""
         if self._recorded is None:
             raise InvalidValue("no update recorded since the last finish(): record() it first")
         (batch, micro, steps, seconds), self._recorded = self._recorded, None
@@ -92,7 +94,7 @@ class AdaptiveRun:
         row = history_row(epoch, update, batch, steps, micro, lr, seconds, controller.noise)
         self.history.append(row)
         old = controller.batch
-        new = None if self.schedule.held else controller.propose()
+        new = None if self.schedule.held or not applied else controller.propose()
         if new is not None and (log_change or say is not None):
             plan, gain = controller.plan(new), controller.changes[-1][3]
             message = (f"adaptive batch: update {update}: global batch {old} -> {new} from update "

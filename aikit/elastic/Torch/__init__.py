@@ -4,13 +4,16 @@ The device count comes from where the script runs (see :mod:`aikit.runtime.Torch
 also importable as ``aikit.elastic.Torch.distributed``, as :mod:`aikit.runtime.Torch.spmd` is as
 ``aikit.elastic.Torch.spmd``) or from ``gpus=``; the core plan decides GA steps and
 micro-batches, and this module then has ``steps``, ``batch_size``, ``global_batch_size``,
-``gpus``, ``master`` and ``plan``.
+``gpus``, ``master`` and ``plan``. ``init(G, "auto", trial=step)`` finds the largest per-device
+batch that fits (:mod:`aikit.elastic.Torch.auto_batch`).
 """
 
 from __future__ import annotations
 
 from aikit.optional import torch  # noqa: F401  isort: skip  (first: a missing torch names its extra)
 import sys
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import aikit.ga.Torch  # noqa: F401  (the seed writes aikit.ga.Torch.optim.Optimizer after this import)
 from aikit.core.errors import InvalidState, InvalidValue
@@ -18,6 +21,7 @@ from aikit.core.plan import Plan, devices_here, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
 from aikit.elastic.Torch.adascale import AdaScaleOptimizer
+from aikit.elastic.Torch.auto_batch import AutoBatch, find_device_batch
 from aikit.elastic.Torch.eth_easl import (
     ConstantOptimizer,
     CustomOptimizer,
@@ -37,6 +41,7 @@ __all__ = [
     "AdaScaleOptimizer",
     "AdaptiveOptimizer",
     "AdaptiveSampler",
+    "AutoBatch",
     "ConstantOptimizer",
     "CustomOptimizer",
     "CustomSampler",
@@ -53,8 +58,9 @@ __all__ = [
 ]
 
 
-def init(global_batch_size: int, max_device_batch: int | None = None, gpus: int | None = None,
-         policy: str = "ragged", *, max_gpu_batch_size: int | None = None) -> Plan:
+def init(global_batch_size: int, max_device_batch: int | str | None = None, gpus: int | None = None,
+         policy: str = "ragged", *, max_gpu_batch_size: int | None = None,
+         trial: Callable[[int], Any] | None = None, candidates: Iterable[int] | None = None) -> Plan:
     """Plan how ``global_batch_size`` samples per update run here, at most
     ``max_device_batch`` per device (Run:AI's AIkit Elastic's ``max_gpu_batch_size``, accepted by
     that name too), and publish the plan on this module. Under torch_xla's
@@ -64,9 +70,16 @@ def init(global_batch_size: int, max_device_batch: int | None = None, gpus: int 
 
     ``gpus`` picks how many of the devices found to use (one process with several GPUs, for
     DataParallel); more than this machine has is refused: ``aikit plan --gpus N`` or
-    :func:`aikit.core.plan.make_plan` plan for another machine."""
+    :func:`aikit.core.plan.make_plan` plan for another machine.
+
+    ``max_device_batch="auto"`` finds it: ``trial(batch)`` (one forward and backward of yours at
+    that per-device batch, on the largest inputs the run will see) runs at each plan's device
+    batch (or each of ``candidates``), largest first, until one does not run out of memory; every
+    replica runs the smallest any found (:mod:`aikit.elastic.Torch.auto_batch`; the search is
+    logged and kept as ``aikit.elastic.Torch.search``)."""
     g = positive_int(global_batch_size, "global_batch_size")
-    m = max_device_batch_of(max_device_batch, max_gpu_batch_size)
+    auto = isinstance(max_device_batch, str) and max_device_batch == "auto"
+    m = g if auto else max_device_batch_of(max_device_batch, max_gpu_batch_size)
     processes = distributed.world_size()
     if processes > 1 and gpus is not None and positive_int(gpus, "gpus") != processes:
         raise InvalidValue(
@@ -74,6 +87,11 @@ def init(global_batch_size: int, max_device_batch: int | None = None, gpus: int 
             f"every process is one device, so leave gpus=None or launch {gpus} processes"
         )
     devices = devices_here(gpus, distributed.device_count(), distributed.current().label, g, m)
+    if auto:
+        m, sys.modules[__name__].search = find_device_batch(g, devices, policy, trial, candidates)
+    elif trial is not None or candidates is not None:
+        raise InvalidValue(f"trial= and candidates= are for max_device_batch='auto', but max_device_batch={m}: "
+                           "leave them out, or pass max_device_batch='auto'")
     plan = make_plan(g, m, devices, policy=policy, rank=distributed.rank())
     if processes > 1 and plan.gpus != processes:
         raise InvalidValue(

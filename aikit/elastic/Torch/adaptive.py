@@ -191,8 +191,9 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
         return self.controller.noise.measured
 
     def _updated(self, lr: tuple[float, ...]) -> None:
-        """The update's history row, the controller's decision and the next batches decided."""
-        self.run.finish(self.epoch, lr[0], log_change=self.sampler.rank == 0)
+        """The update's history row, the controller's decision (none after a skipped update)
+        and the next batches decided."""
+        self.run.finish(self.epoch, lr[0], log_change=self.sampler.rank == 0, applied=self.updated)
         self._arm()
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:

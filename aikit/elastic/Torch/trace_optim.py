@@ -126,7 +126,6 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         self._agreement_pending = replicas > 1  # the replicas compare settings in their first collective
         self.updates = 0  # updates applied since training began (skips not counted): drives warmup
         self.updated = False  # whether the last update was applied (not skipped for an inf/NaN gradient)
-        self.applied = 0  # updates applied by this object (skips not counted): for UpdateScheduler
         self._start(self.sampler.epoch, 0, 0)
 
     @property
@@ -297,8 +296,8 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         lr = self._base_lrs()
         self.updated = False
         try:
-            self.updated = self.engine.step(self._gradient_scale())
-            self.applied += self.updated
+            stepped = self.engine.step(self._gradient_scale())
+            self.updated = self.engine.settle() if stepped is None else stepped  # the warmup clock needs it now
         finally:
             for group, values in zip(self.param_groups, saved, strict=True):
                 group.update(values)

@@ -155,8 +155,7 @@ class Optimizer(WrappingOptimizer):
         self.reduction = reduction
         self.window = Window()  # this update's micro-steps so far, and what they declared
         self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
-        self.updated = False  # whether the last step() call made a real update
-        self.applied = 0  # real updates applied by this object (skips not counted): for schedulers
+        self.updated = False  # whether the last step() call made a real update (None: read when asked)
         engines.current().keep_whole(Optimizer)  # Horovod's hvd.elastic.TorchState: its whole state_dict
 
     @property
@@ -291,15 +290,22 @@ class Optimizer(WrappingOptimizer):
         self.updated = self._update(short=True)
         return self.updated
 
-    def _update(self, short: bool) -> bool:
-        """The real update on the accumulated, weighted gradient; False if it was skipped (inf/NaN)."""
+    def restart(self) -> None:
+        """Drop the micro-steps accumulated towards the next update, to run it again from its first
+        micro-batch at a new plan (:class:`aikit.elastic.Torch.AutoBatch`, after out of memory)."""
+        self.engine.discard()
+        self.engine.factor, self.engine.carried = None, 1.0  # no micro-batch's weight folded in any more
+        self.optimizer.zero_grad()
+        self.window = Window()
+
+    def _update(self, short: bool) -> bool | None:
+        """The real update on the accumulated, weighted gradient; False if it was skipped (inf/NaN),
+        None where a fused optimizer under AMP decided on the device (read when asked)."""
         window, self.window = self.window, Window()
         scale = window.scale(self.engine, reduction=self.reduction, reducing=self.reduce, short=short,
                              world=world_size(),  # read at every update: an elastic resize changes it
                              global_batch_size=self.global_batch_size)
-        stepped = self.engine.step(scale)
-        self.applied += stepped
-        return stepped
+        return self.engine.step(scale)
 
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from aikit.lr_finder.results import RangeTestResults
 from aikit.lr_finder.state_cache import StateCache
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter, criterion_failed
 from aikit.runtime.Torch import collectives, distributed
+from aikit.runtime.Torch.amp import amp_step_read
 from aikit.runtime.Torch.gradient_sync import sync_skipper
 from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, STEP_SIZE_ESTIMATOR, eval_weights, in_train_mode, lr_free_kind
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
@@ -226,10 +227,7 @@ class LRFinder(RangeTestResults):
         if ga is not None:
             stepped = ga.updated
         elif self._loss_scaler is not None:
-            scale = self.grad_scaler.get_scale()
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-            stepped = self.grad_scaler.get_scale() >= scale  # a lowered scale: inf/NaN gradients, skipped
+            stepped = amp_step_read(self.grad_scaler, self.optimizer)  # False: inf/NaN gradients, skipped
         else:
             self.optimizer.step()
             stepped = True

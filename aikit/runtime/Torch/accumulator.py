@@ -28,7 +28,7 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import mean_scale, term_count
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW, SkipCount
 from aikit.core.validate import checked_bool, checked_float
-from aikit.runtime.Torch import collectives
+from aikit.runtime.Torch import amp, collectives
 from aikit.runtime.Torch.backward_marks import BackwardMarks
 from aikit.runtime.Torch.buckets import Buckets
 from aikit.runtime.Torch.grads import mul_, or_zeros, read_norm, stacked, total_norm
@@ -56,6 +56,9 @@ class Accumulator:
         self.scaler = scaler
         self.skip_nonfinite = checked_bool(skip_nonfinite, "skip_nonfinite")
         self.skips = SkipCount(max_skips_in_a_row)  # updates skipped (AMP's too), non-finite ones in a row
+        self.applied = 0  # updates applied (skips not counted), as read by settle()
+        self.stepped = False  # whether the last update was applied, as read by settle()
+        self._unread: tuple[int, torch.Tensor, torch.Tensor] | None = None  # fused AMP updates not read yet
         self.marks = BackwardMarks(optimizer)  # which micro-steps' backward reached the parameters
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
@@ -260,11 +263,12 @@ class Accumulator:
         parameters (``expect_backward`` False: an empty micro-batch, which needs none)."""
         self.marks.micro_step(expect_backward)
 
-    def step(self, scale: float | torch.Tensor) -> bool:
+    def step(self, scale: float | torch.Tensor) -> bool | None:
         """Multiply the accumulated gradients by ``scale``, unscale (AMP), clip, update, clear.
 
-        Returns False when the update was skipped for an inf/NaN gradient (by AMP's scaler, or
-        by the finiteness check: the gradients cleared, nothing stepped)."""
+        Returns whether the update was applied: False when it was skipped for an inf/NaN gradient
+        (by AMP's scaler, or by the finiteness check: the gradients cleared, nothing stepped);
+        None where a fused optimizer under AMP decided on the device (:meth:`settle` reads it)."""
         params = self.params()
         grads = [p.grad for p in params if p.grad is not None]
         self.marks.check(bool(grads))  # a forgotten backward() warned about
@@ -272,10 +276,10 @@ class Accumulator:
         scale, self.carried = scale * self.carried, 1.0
         if (isinstance(scale, torch.Tensor) or scale != 1) and grads:  # a tensor (a count on the device): not read
             mul_(grads, scale)
-        norm = None  # the update's total gradient norm, where clipping computes it
-        if self.scaler is not None:
-            scale_before = self.scaler.get_scale()
+        norm = found = None  # the update's total gradient norm, where clipping computes it; AMP's inf/NaN flag
+        if amp.enabled(self.scaler):
             self.scaler.unscale_(self.optimizer)  # before clipping: the norm is the true gradient's
+            found = amp.found_inf(self.scaler, self.optimizer)
         if self.max_grad_norm is not None:
             if any(g.is_sparse for g in grads):
                 self.optimizer.zero_grad()
@@ -284,20 +288,39 @@ class Accumulator:
                     "or similar): use dense gradients, or max_grad_norm=None and clip the dense parameters yourself"
                 )
             norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        if self.scaler is None:
+        if found is None:
             if self.skip_nonfinite and grads and not self._finite(total_norm(grads) if norm is None else norm):
-                return False
+                return self._outcome(False)
             self.optimizer.step()
             stepped = True
         else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN: skipped
-            if not stepped:
+            stepped = amp.amp_step(self.scaler, self.optimizer, found)
+            if stepped is None:  # kept on the device: the skips summed there, the last flag kept
+                flag = (found > 0).to(torch.int64)
+                updates, skips, _ = self._unread or (0, 0, None)
+                self._unread = (updates + 1, skips + flag, flag)
+            elif not stepped:
                 self.skips.amp_skipped()
         self.optimizer.zero_grad()
         self.marks.restart()
+        return None if stepped is None else self._outcome(stepped)
+
+    def _outcome(self, stepped: bool) -> bool:
+        self.settle()  # the updates before first (none unread: one path per optimizer)
+        self.applied += stepped
+        self.stepped = stepped
         return stepped
+
+    def settle(self) -> bool:
+        """Whether the last update was applied, the fused updates AMP decided on the device read
+        first (their flags in one read; nothing to read otherwise) and their skips counted."""
+        if self._unread is not None:
+            (updates, skips, last), self._unread = self._unread, None
+            skipped, last_skipped = torch.stack([skips, last]).tolist()  # the one read
+            self.applied += updates - skipped
+            self.stepped = not last_skipped
+            self.skips.amp_skipped(skipped)
+        return self.stepped
 
     def _finite(self, norm: torch.Tensor) -> bool:
         """Whether the update's gradient, of total ``norm``, is finite (the one read from the

@@ -1,0 +1,113 @@
+"""``init(G, "auto", trial=step)`` and ``AutoBatch`` (issue 38): the largest per-device batch that
+fits, found by the allocator truly failing (a subprocess under ``RLIMIT_AS``: auto_batch_case.py),
+the global batch kept through the search and through an out-of-memory error mid-training, and
+the refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import aikit.elastic.Torch as elastic
+from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.plan import make_plan
+from aikit.ga.Torch.optim import Optimizer
+
+CASE = Path(__file__).with_name("auto_batch_case.py")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc: Linux")
+
+
+def run_case(name: str) -> dict:
+    done = subprocess.run([sys.executable, str(CASE), name], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(Path(__file__).parents[2]), "PATH": "/usr/bin:/bin",
+                               # a fixed mmap threshold: glibc's moving one keeps freed memory mapped, as slack
+                               "MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {"log": done.stderr}
+
+
+def test_the_search_finds_the_largest_device_batch_that_fits_and_a_longer_window_re_plans_with_nothing_lost():
+    found = run_case("search")
+    g, steps, device_batch, _ = found["plan"]
+    assert g == 48 and device_batch < g and steps == -(-g // device_batch)  # the global batch kept, GA steps from it
+    tries = dict(map(tuple, found["tries"]))
+    assert tries[device_batch] and not any(fits for size, fits in tries.items() if size > device_batch)
+    assert any(not fits for fits in tries.values())  # the allocator truly failed
+    assert f"auto batch: per-device batch {device_batch} fits ({len(tries)} tries in" in found["log"]
+    replans = found["replans"]  # (update, device batch, new): the long window (update 2) did not fit
+    assert replans and {u for u, _, _ in replans} <= {0, 2} and 2 in {u for u, _, _ in replans}
+    assert all(new < old for _, old, new in replans) and found["final"] == replans[-1][2]
+    assert "DefaultCPUAllocator: can't allocate memory" in found["said"]
+    assert found["updates"] == 4
+    assert found["same"] is True or found["same"] < 1e-12  # every window's samples once: the big-batch SGD step
+
+
+def test_a_search_where_nothing_fits_names_the_memory_it_tried():
+    found = run_case("nothing_fits")
+    assert found["error"] == "OutOfMemory"
+    message = found["message"]
+    assert "even per-device batch 1 ran out of memory" in message and "you tried to allocate" in message
+    assert "RLIMIT_AS" in message and "48 out of memory" in message and "give max_device_batch a number" in message
+
+
+def test_candidates_that_cannot_make_the_global_batch_are_refused_with_those_that_can():
+    with pytest.raises(InvalidValue, match=r"candidates \[20\] cannot make global batch 50 .*policy 'error'.*"
+                                           r"divides it: 50, 25, 10, 5, 2, 1, \.\.\.\): use those, or a global batch "
+                                           r"near 50 such as 48 or 51, or policy 'ragged'"):
+        elastic.init(50, "auto", policy="error", trial=lambda batch: None, candidates=[20, 10])
+
+
+def test_auto_needs_a_trial_and_a_number_takes_none():
+    with pytest.raises(InvalidType, match="needs trial="):
+        elastic.init(48, "auto")
+    with pytest.raises(InvalidValue, match="trial= and candidates= are for max_device_batch='auto'"):
+        elastic.init(48, 16, trial=lambda batch: None)
+
+
+def test_an_error_that_is_not_out_of_memory_is_raised_as_it_is():
+    def trial(batch: int) -> None:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        elastic.init(48, "auto", trial=trial)
+
+
+def test_the_candidates_tried_are_plans_of_the_global_batch_largest_first():
+    tried = []
+    plan = elastic.init(48, "auto", trial=lambda batch: tried.append(batch) or batch <= 10)
+    assert tried == [48] and plan.steps == 1  # 48 did not fail: it fits
+    sizes = []
+
+    def trial(batch: int) -> None:
+        sizes.append(batch)
+        if batch > 10:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    plan = elastic.init(48, "auto", trial=trial)
+    assert plan.device_batch == 10 and plan.steps == 5 and plan.global_batch_size == 48
+    assert sizes[:3] == [48, 24, 12] and set(sizes) <= {48, 24, 16, 12, 10, 8, 7, 6, 5, 4, 3, 2, 1}
+
+
+def test_a_resumed_run_whose_saved_device_batch_no_longer_fits_says_so_once(caplog):
+    net = torch.nn.Linear(2, 1)
+    plan = make_plan(48, 12, 1)
+    auto = elastic.AutoBatch(Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 4, global_batch_size=48), net,
+                             plan)
+    with caplog.at_level(logging.WARNING, logger="aikit.elastic"):
+        auto.load_state_dict({"device_batch": 24})
+        auto.load_state_dict({"device_batch": 12})
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "saved at per-device batch 24, which no longer fits here: re-planned to 4 GA steps of 12" in said
+    assert auto.plan == plan and auto.state_dict() == {"device_batch": 12}
+
+
+def test_auto_batch_needs_the_ga_optimizer_with_the_global_batch():
+    net = torch.nn.Linear(2, 1)
+    with pytest.raises(InvalidValue, match="global_batch_size=48"):
+        elastic.AutoBatch(Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 4), net, make_plan(48, 12, 1))
