@@ -19,7 +19,9 @@ TF_CPU = ["tensorflow-cpu>=2.16", "keras>=3.3"]
 # Keras 3 on JAX (KERAS_BACKEND=jax): JAX for CPU, as `pip install jax` brings it (jax[cuda12] for GPUs)
 JAX = ["jax>=0.4.34", "keras>=3.8"]
 LIGHTNING = ["lightning>=2.2"]
-HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.0"]  # Trainer needs accelerate
+# Trainer needs accelerate; aikit.integrations.accelerate its find_executable_batch_size's reduce_batch_size_fn
+# (tested with 1.15.0; the decorator form dropped it before accelerate#4160, aikit calls the direct form)
+HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.15"]
 # Ray Train v2's elastic workers (ScalingConfig(num_workers=(min, max))) and NO_UPLOAD reports
 RAY = ["ray[train]>=2.60"]
 DOCS = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"]

@@ -24,6 +24,7 @@ EXTRAS = {
     "matplotlib": ("matplotlib", "plot"),
     "lightning": ("PyTorch Lightning", "lightning"),
     "transformers": ("Hugging Face Transformers", "huggingface"),
+    "accelerate": ("Hugging Face Accelerate", "huggingface"),
     "ray": ("Ray Train", "ray"),
     "safetensors": ("safetensors", "torch"),
     "horovod": ("Horovod", "horovod"),

@@ -43,6 +43,8 @@ RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
 RAY_TESTS = "tests/ray/test_ray_fixed.py"
 SKIP_TESTS = "tests/torch/test_skipped_updates.py"
 AUTO_TESTS = "tests/core/test_device_batch.py tests/torch/test_auto_batch.py"
+ACCELERATE_TESTS = "tests/integrations/test_accelerate.py"
+TRAINER_TESTS = "tests/integrations/test_huggingface.py -k global_batch"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -203,6 +205,25 @@ MUTANTS = [
      "        return planned_global_batch()\n", "        return None\n", RAY_STATE_TESTS),
     ("ray: a run started from Ray's checkpoint commits into it", "aikit/integrations/ray.py",
      "            self.__dict__[\"directory\"] = directory\n", "            pass\n", RAY_STATE_TESTS),
+    # Accelerate and the Hugging Face Trainer keeping the global batch (aikit.integrations.accelerate, .huggingface)
+    ("accelerate: GA steps not set from the plan (observed // batch of the try itself: 1)",
+     "aikit/integrations/accelerate.py", "        self.accelerator.gradient_accumulation_steps = plan.steps\n",
+     "        self.accelerator.gradient_accumulation_steps = max(1, self.device_batch // device_batch)\n",
+     ACCELERATE_TESTS + " -k 'not two'"),
+    ("accelerate: Accelerate's x0.9 back-off kept", "aikit/integrations/accelerate.py",
+     "        smaller = smaller_plan(self.plan)\n",
+     "        smaller = self._plan(max(1, int(self.plan.device_batch * 0.9)))\n", ACCELERATE_TESTS + " -k 'not two'"),
+    ("accelerate: token counts not summed across processes", "aikit/integrations/accelerate.py",
+     'total = self.accelerator.reduce(torch.stack([c.reshape(()) for c in counts]).sum(), "sum")',
+     'total = torch.stack([c.reshape(()) for c in counts]).sum()', ACCELERATE_TESTS + " -k two"),
+    ("accelerate: the loss not multiplied back by the GA steps", "aikit/integrations/accelerate.py",
+     "        return loss_sum * (scale * self.steps)\n", "        return loss_sum * scale\n",
+     ACCELERATE_TESTS + " -k 'not two'"),
+    ("trainer: GA steps left as the arguments set them", "aikit/integrations/huggingface.py",
+     "args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.steps",
+     "args.per_device_train_batch_size = plan.device_batch", TRAINER_TESTS),
+    ("trainer: a retry runs the batch the Trainer proposes", "aikit/integrations/huggingface.py",
+     "        if fresh:  # the Trainer's batch", "        if True:  # the Trainer's batch", TRAINER_TESTS),
     ("resize: a commit's global batch not recorded", "aikit/elastic/Torch/resize.py",
      "            \"global_batch_size\": planned_global_batch(),", "            \"global_batch_size\": None,",
      RAY_STATE_TESTS),

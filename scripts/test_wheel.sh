@@ -125,6 +125,7 @@ core() {
     fails_naming data "$python" -c "from aikit.datasets import digits; digits()"
     fails_naming lightning "$python" -c "import aikit.integrations.lightning"
     fails_naming huggingface "$python" -c "import aikit.integrations.huggingface"
+    fails_naming huggingface "$python" -c "import aikit.integrations.accelerate"
     fails_naming ray "$python" -c "import aikit.integrations.ray"
 }
 
@@ -160,9 +161,10 @@ jax_examples() {  # Keras on JAX as its users install it: the jax extra, no Tens
 
 integration_examples() {  # each example's quickest mode (tests/integrations cover the other modes)
     local python="$WORK/all/bin/python"
-    quiet "$python" -c "import aikit.elastic.Torch, aikit.elastic.TF, aikit.integrations.lightning, aikit.integrations.huggingface, aikit.integrations.ray"
+    quiet "$python" -c "import aikit.elastic.Torch, aikit.elastic.TF, aikit.integrations.lightning, aikit.integrations.huggingface, aikit.integrations.accelerate, aikit.integrations.ray"
     quiet "$python" examples/lightning_digits.py --epochs 1
     quiet "$python" examples/huggingface_digits.py --epochs 1
+    quiet "$python" examples/accelerate_digits.py --epochs 1 --fits 20
     quiet "$python" examples/ray_elastic_digits.py --epochs 1 --lose-at 3 --target 0  # a local Ray cluster, a worker lost
 }
 

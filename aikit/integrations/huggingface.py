@@ -2,23 +2,28 @@
 
 ``TrainingArguments(output_dir, **plan_arguments(256, 64))`` trains 256 samples per update on
 however many processes torchrun (or ``accelerate launch``) started, at most 64 per device;
-``Trainer(..., callbacks=[AutoLRSCallback(val_fn, 1e-3, 1.0)])`` lets AutoLRS set the LR.
+``Trainer(..., callbacks=[AutoLRSCallback(val_fn, 1e-3, 1.0)])`` lets AutoLRS set the LR;
+``keep_global_batch(trainer)`` keeps the 256 when ``auto_find_batch_size=True`` shrinks the
+per-device batch after an out-of-memory error (the Trainer alone keeps its GA steps and
+multiplies the batch by 0.9: transformers PR #33281, open).
 """
 
 from __future__ import annotations
 
 from aikit.optional import transformers  # noqa: F401  isort: skip  (first: a missing transformers names its extra)
+import functools
 from collections.abc import Callable
 
 import torch
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 import aikit.autolrs.Torch
 import aikit.elastic.Torch
-from aikit.core.errors import InvalidState, InvalidValue
-from aikit.core.plan import nearest_even_batches
+from aikit.core.device_batch import device_batches, smaller_plan
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue, TrainingFailed
+from aikit.core.plan import make_plan, nearest_even_batches
 
-__all__ = ["AutoLRSCallback", "plan_arguments"]
+__all__ = ["AutoLRSCallback", "keep_global_batch", "plan_arguments"]
 
 
 def plan_arguments(global_batch_size: int, max_device_batch: int | None = None, gpus: int | None = None, *,
@@ -45,6 +50,61 @@ def plan_arguments(global_batch_size: int, max_device_batch: int | None = None, 
             f"batch: use global_batch_size {below} or {above}"
         )
     return {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.steps}
+
+
+def keep_global_batch(trainer: Trainer) -> Trainer:
+    """``trainer`` (returned) with ``auto_find_batch_size=True`` keeping its global batch: after an
+    out-of-memory error the next try runs the next even plan of the same global batch (half the
+    per-device batch where that is the next divisor, twice the GA steps), not 0.9 times the batch
+    at the same GA steps (a smaller global batch, silently: transformers PR #33281).
+
+    The global batch is the Trainer's own (``per_device_train_batch_size`` x
+    ``gradient_accumulation_steps`` x data-parallel processes), as :func:`plan_arguments` set it.
+    The Trainer offers no hook between an out-of-memory error and its next try (its
+    ``find_executable_batch_size`` passes Accelerate no ``reduce_batch_size_fn``), so this wraps
+    the two methods of *this* trainer that frame a try, ``train`` and ``_inner_training_loop``
+    (no class or module is patched): each try runs the plan's per-device batch with
+    ``args.gradient_accumulation_steps`` set to its GA steps; the batch the Trainer proposes is
+    used only to start a ``train()`` call (below it on a resume: the checkpoint's batch).
+    """
+    if not isinstance(trainer, Trainer):
+        raise InvalidType(f"keep_global_batch takes a transformers.Trainer, got {type(trainer).__name__}")
+    args = trainer.args
+    if not args.auto_find_batch_size:
+        raise InvalidValue("keep_global_batch steps down the plans of the global batch after an out-of-memory error, "
+                           "which the Trainer catches only with TrainingArguments(auto_find_batch_size=True): set it")
+    parallel = max(1, args.n_gpu)  # one process's batch is per-device x its DataParallel GPUs
+    global_batch = trainer.get_total_train_batch_size(args)
+    devices = global_batch // (args.per_device_train_batch_size * args.gradient_accumulation_steps)
+    sizes = device_batches(global_batch, devices, "error")
+    plan, fresh = None, True
+    train, inner = trainer.train, trainer._inner_training_loop
+
+    @functools.wraps(train)
+    def planned_train(*arguments, **options):
+        nonlocal fresh
+        fresh = True
+        return train(*arguments, **options)
+
+    @functools.wraps(inner)
+    def planned_try(batch_size=None, *arguments, **options):
+        nonlocal plan, fresh
+        if fresh:  # the Trainer's batch: the arguments' or a resumed checkpoint's
+            start = max(1, (batch_size or args.train_batch_size) // parallel)
+            plan = make_plan(global_batch, next(s for s in sizes if s <= start), devices, policy="error")
+        else:  # the last try ran out of memory
+            tried, plan = plan.device_batch, smaller_plan(plan)
+            if plan is None:
+                raise TrainingFailed(
+                    f"out of memory even at {tried} sample per device (global batch {global_batch} on {devices} "
+                    "device(s)): the model's step does not fit at all: free memory (gradient checkpointing, mixed "
+                    "precision, a smaller model) or shard the model (FSDP, DeepSpeed)")
+        fresh = False
+        args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.steps
+        return inner(plan.device_batch * parallel, *arguments, **options)
+
+    trainer.train, trainer._inner_training_loop = planned_train, planned_try
+    return trainer
 
 
 class AutoLRSCallback(TrainerCallback):

@@ -4,6 +4,7 @@ takes the decisions of the AutoLRS hook driven by hand."""
 
 from __future__ import annotations
 
+import accelerate_case
 import pytest
 import torch
 from integration_common import AUTOLRS as COMMON_AUTOLRS
@@ -13,7 +14,8 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from aikit.autolrs.Torch import AutoLRS  # noqa: E402
-from aikit.integrations.huggingface import AutoLRSCallback, plan_arguments  # noqa: E402
+from aikit.core.errors import InvalidType, InvalidValue, TrainingFailed  # noqa: E402
+from aikit.integrations.huggingface import AutoLRSCallback, keep_global_batch, plan_arguments  # noqa: E402
 
 AUTOLRS = {**COMMON_AUTOLRS, "val_tau": 8}
 
@@ -105,3 +107,56 @@ def test_autolrs_callback_equals_the_hook_called_by_hand(tmp_path):
     assert_same_search(callback.autolrs, by_hand)
     assert callback.lr == by_hand.lr and len(calls) >= 4  # both runs scored trials on validation
     assert_same_weights(model, reference)
+
+
+class OutOfMemoryNet(nn.Module):
+    """accelerate_case's MLP on the digits as a Trainer model: out of memory above ``fits`` samples."""
+
+    def __init__(self, fits: int):
+        super().__init__()
+        self.net = accelerate_case.Net(fits)
+
+    def forward(self, x, labels=None):
+        logits = self.net(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def trainer_on_digits(tmp_path, fits: int, **arguments):
+    model = OutOfMemoryNet(fits)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), num_train_epochs=accelerate_case.EPOCHS, use_cpu=True, report_to="none",
+        save_strategy="no", disable_tqdm=True, max_grad_norm=0.0, lr_scheduler_type="constant", learning_rate=0.2,
+        train_sampling_strategy="sequential", dataloader_drop_last=True, logging_strategy="no",
+        auto_find_batch_size=True, **arguments)
+    return transformers.Trainer(model=model, args=args, train_dataset=Samples(*accelerate_case.data(ignore=False)),
+                                optimizers=(accelerate_case.optimizer(model), None))
+
+
+def test_auto_find_batch_size_keeps_the_global_batch(tmp_path):
+    trainer = keep_global_batch(trainer_on_digits(tmp_path, fits=20, **plan_arguments(128, 64)))
+    trainer.train()
+    assert trainer.model.net.sizes[-1] == 16 and trainer.get_total_train_batch_size(trainer.args) == 128
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (16, 8)
+    for got, want in zip(trainer.model.net.parameters(), accelerate_case.by_hand(ignore=False).parameters(),
+                         strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_auto_find_batch_size_alone_loses_the_global_batch(tmp_path):
+    """What keep_global_batch changes: the Trainer alone goes 64 -> 57 -> 51 -> 45 at GA 2."""
+    trainer = trainer_on_digits(tmp_path, fits=50, **plan_arguments(128, 64))
+    trainer.train()
+    assert trainer.get_total_train_batch_size(trainer.args) == 90
+
+
+def test_keep_global_batch_refuses_what_cannot_work(tmp_path):
+    with pytest.raises(InvalidValue, match=r"auto_find_batch_size=True\): set it"):
+        keep_global_batch(transformers.Trainer(
+            model=OutOfMemoryNet(20), args=transformers.TrainingArguments(str(tmp_path), use_cpu=True,
+                                                                         report_to="none")))
+    with pytest.raises(InvalidType, match=r"takes a transformers\.Trainer, got str"):
+        keep_global_batch("trainer")
+    trainer = keep_global_batch(trainer_on_digits(tmp_path, fits=0, per_device_train_batch_size=4,
+                                                  gradient_accumulation_steps=1))
+    with pytest.raises(TrainingFailed, match=r"out of memory even at 1 sample per device \(global batch 4 on 1"):
+        trainer.train()

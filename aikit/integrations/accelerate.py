@@ -1,0 +1,166 @@
+"""Hugging Face Accelerate with aikit's plan: the global batch kept when the per-device batch changes.
+
+Accelerate leaves the global batch to arithmetic the user writes: ``Accelerator(gradient_accumulation_steps=k)``
+beside a loader's ``batch_size``. Its ``find_executable_batch_size`` retries after an out-of-memory
+error at 0.9 times the batch (PR #3684), and its example recomputes GA as ``observed // batch``:
+128 -> 115 gives one GA step, a global batch of 115. :class:`GlobalBatch` keeps ``G``: every
+per-device batch it hands out is the device batch of an even plan of ``G`` over Accelerate's
+processes (:func:`aikit.core.device_batch.device_batches`), it sets the accelerator's GA steps to
+the plan's, and its :meth:`~GlobalBatch.reduce_batch_size` (``find_executable_batch_size``'s
+``reduce_batch_size_fn``) steps to the next such plan: 128, 64, 32, ... on one process.
+
+A mean over loss terms (a language model's tokens) is exact only when every micro-batch's sum is
+divided by the update's count over all processes, not by its own (transformers #34191):
+:meth:`GlobalBatch.updates` groups the micro-batches of each update and sums their counts over the
+processes in one all-reduce of one number, a tensor never read on the host (Accelerate's own recipe
+calls ``.item()``, a host sync per update).
+"""
+
+from __future__ import annotations
+
+from aikit.optional import accelerate  # noqa: F401  isort: skip  (first: a missing accelerate names its extra)
+import contextlib
+import functools
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import find_executable_batch_size as accelerate_find_executable_batch_size
+
+from aikit.core.device_batch import device_batches, smaller_plan
+from aikit.core.errors import InvalidType, InvalidValue, TrainingFailed
+from aikit.core.ga import mean_scale
+from aikit.core.plan import Plan, make_plan
+from aikit.core.validate import positive_int
+
+__all__ = ["GlobalBatch", "Update", "even_device_batches"]
+
+
+def even_device_batches(global_batch_size: int, devices: int, max_device_batch: int | None = None) -> list[int]:
+    """The per-device batches of the even plans of ``global_batch_size`` on ``devices`` (every
+    device the same batch in every GA step: what a plain ``DataLoader(batch_size=b)`` feeds), at
+    most ``max_device_batch``, largest first."""
+    sizes = device_batches(global_batch_size, devices, "error")
+    if max_device_batch is None:
+        return sizes
+    limit = positive_int(max_device_batch, "max_device_batch")
+    return [size for size in sizes if size <= limit]  # never empty: 1 is every even plan's last
+
+
+class GlobalBatch:
+    """``global_batch_size`` samples per update on the processes of ``accelerator``, at most
+    ``max_device_batch`` per process and GA step (None: the whole share of one process).
+
+    The constructor plans (the largest even plan) and changes nothing; :meth:`use` sets the
+    accelerator's ``gradient_accumulation_steps``; :meth:`find_executable_batch_size` is
+    Accelerate's, stepping down the plans of ``G`` on out-of-memory errors.
+    """
+
+    def __init__(self, accelerator: Accelerator, global_batch_size: int, max_device_batch: int | None = None):
+        if not isinstance(accelerator, Accelerator):
+            raise InvalidType(f"GlobalBatch needs the run's accelerate.Accelerator, got {type(accelerator).__name__}: "
+                              "GlobalBatch(accelerator, global_batch_size)")
+        self.accelerator = accelerator
+        self.global_batch_size = positive_int(global_batch_size, "global_batch_size")
+        self.devices = accelerator.num_processes
+        self.plan = self._plan(even_device_batches(self.global_batch_size, self.devices, max_device_batch)[0])
+        self.tried: list[int] = []  # the per-device batches that ran out of memory, in order
+
+    def _plan(self, device_batch: int) -> Plan:
+        return make_plan(self.global_batch_size, device_batch, self.devices, policy="error",
+                         rank=self.accelerator.process_index)
+
+    @property
+    def device_batch(self) -> int:
+        """The per-device batch of the current plan: the ``DataLoader``'s ``batch_size``."""
+        return self.plan.device_batch
+
+    @property
+    def steps(self) -> int:
+        """The current plan's GA steps per update."""
+        return self.plan.steps
+
+    def use(self, device_batch: int) -> Plan:
+        """The plan at ``device_batch``, made current: the accelerator's GA steps set to its steps."""
+        sizes = even_device_batches(self.global_batch_size, self.devices)
+        if positive_int(device_batch, "device_batch") not in sizes:
+            raise InvalidValue(
+                f"device_batch {device_batch} is no even plan's per-device batch of global batch "
+                f"{self.global_batch_size} on {self.devices} process(es): use one of {sizes[:12]} (GlobalBatch's "
+                "find_executable_batch_size hands out only these)")
+        plan = self._plan(device_batch)
+        self.plan = plan
+        self.accelerator.gradient_accumulation_steps = plan.steps
+        return plan
+
+    def reduce_batch_size(self) -> int:
+        """``find_executable_batch_size``'s ``reduce_batch_size_fn``: the next smaller per-device
+        batch whose plan holds the global batch (more GA steps), not 0.9 times the last."""
+        self.tried.append(self.plan.device_batch)
+        smaller = smaller_plan(self.plan)
+        if smaller is None:
+            error = sys.exc_info()[1]  # Accelerate calls this while handling the out-of-memory error
+            raise TrainingFailed(
+                f"out of memory even at 1 sample per process (global batch {self.global_batch_size} on "
+                f"{self.devices} process(es); tried per-device batches {self.tried}"
+                f"{f'; the last failed with {str(error).splitlines()[0][:200]!r}' if error else ''}): the model's "
+                "step does not fit at all: free memory (gradient checkpointing, mixed precision, a smaller model) or "
+                "shard the model (FSDP, DeepSpeed)")
+        self.plan = smaller
+        return smaller.device_batch
+
+    def find_executable_batch_size(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``accelerate.utils.find_executable_batch_size`` over the plans of the global batch:
+        ``function(device_batch, ...)`` runs with the accelerator's GA steps set to the plan's and,
+        when it runs out of memory, again at the next plan's per-device batch."""
+
+        @functools.wraps(function)
+        def planned(device_batch: int, *args, **kwargs):
+            self.use(device_batch)
+            return function(device_batch, *args, **kwargs)
+
+        return accelerate_find_executable_batch_size(planned, starting_batch_size=self.device_batch,
+                                                     reduce_batch_size_fn=self.reduce_batch_size)
+
+    def updates(self, batches: Iterable, count: Callable[[Any], Any]) -> Iterator[Update]:
+        """The updates of ``batches`` (this process's loader): each the plan's GA steps of
+        micro-batches, with ``count(batch)`` (its loss terms: tokens whose label is not ignored,
+        or its samples) summed over the micro-batches and over every process, left on the device.
+        A last update short of micro-batches is left out: it would not hold the global batch."""
+        batches = iter(batches)
+        while len(micro_batches := list(islice(batches, self.steps))) == self.steps:
+            counts = [torch.as_tensor(count(batch), device=self.accelerator.device) for batch in micro_batches]
+            if any(c.dtype.is_floating_point or c.numel() != 1 for c in counts):
+                raise InvalidValue(f"count(batch) must be a whole number of loss terms (an int or a 1-element "
+                                   f"integer tensor), got {counts[0]!r:.80}: e.g. (batch['labels'] != -100).sum()")
+            total = self.accelerator.reduce(torch.stack([c.reshape(()) for c in counts]).sum(), "sum")
+            yield Update(self.accelerator, micro_batches, total, self.steps)
+
+
+class Update:
+    """One update's micro-batches and ``total``, their loss terms over every process (a tensor).
+
+    :meth:`loss` turns a micro-batch's *summed* loss into what ``accelerator.backward`` needs for
+    the update to be the mean over all ``total`` terms: Accelerate divides every backward by its GA
+    steps and DDP averages over the processes, so both are multiplied back (core.ga's ``mean_scale``).
+    """
+
+    def __init__(self, accelerator: Accelerator, micro_batches: list, total: torch.Tensor, steps: int):
+        self.accelerator, self.micro_batches, self.total, self.steps = accelerator, micro_batches, total, steps
+
+    def accumulate(self, model: torch.nn.Module) -> Iterator[Any]:
+        """The micro-batches, every one but the last under ``accelerator.no_sync(model)``: one
+        gradient all-reduce per update."""
+        for index, batch in enumerate(self.micro_batches):
+            last = index == len(self.micro_batches) - 1
+            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                yield batch
+
+    def loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
+        """``loss_sum`` (the micro-batch's loss summed over its terms) scaled for ``accelerator.backward``."""
+        total = self.total.clamp(min=1).to(loss_sum.dtype)  # an integer count: divided in the loss's precision
+        scale = mean_scale(total, averaging_replicas=self.accelerator.num_processes)
+        return loss_sum * (scale * self.steps)
