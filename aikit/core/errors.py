@@ -69,3 +69,12 @@ class NoGradientWarning(RuntimeWarning):
     """An update with no gradient at all, or one of whose micro-steps had no backward: the
     update changed nothing, or is the mean over micro-steps of which some gave nothing (a
     forgotten ``backward()``). Warned once per optimizer."""
+
+
+class ProbeUnresolved(InvalidValue):
+    """A critical-batch probe whose held-out set cannot tell a recovery from a failure (the base
+    branch's progress, times epsilon, within its standard error); ``samples`` and ``seconds`` are
+    what the probe spent before it could tell."""
+
+    samples: int = 0
+    seconds: float = 0.0

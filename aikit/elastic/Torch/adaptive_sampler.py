@@ -4,10 +4,12 @@ whose trace a :class:`~aikit.core.goodput.GoodputController` writes while traini
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator, Sized
 
 from aikit.core.adaptive import AdaptiveSchedule
+from aikit.core.critical_batch import ProbeController, ProbePolicy
 from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.goodput import BatchSplit, GoodputController
 from aikit.core.plan import largest_even_batch
@@ -54,6 +56,10 @@ class AdaptiveSampler(CustomSampler):
             samples of the run (``schedule.held_from``): no more decisions and no more noise
             measured (nor the extra micro-step that costs on one device), the LR rule's noise kept
             as it was (docs/adaptive.md has what it measured). None: decide throughout (Pollux's).
+        batch_policy: a :class:`~aikit.core.critical_batch.ProbePolicy`: the batch grows where
+            its critical-batch probes say (:class:`~aikit.core.critical_batch.ProbeController`;
+            attach the training they branch from with ``TorchBranches``), not by goodput; the
+            noise is still measured, as a diagnostic.
 
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``ref_batch_size``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
@@ -87,6 +93,7 @@ class AdaptiveSampler(CustomSampler):
         max_change: float = 2.0,
         base_batch: int | None = None,
         hold_after: int | None = None,
+        batch_policy: ProbePolicy | None = None,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
@@ -103,10 +110,11 @@ class AdaptiveSampler(CustomSampler):
             raise InvalidValue("AdaptiveSampler needs ref_batch_size, the global batch the LR was tuned for (the run "
                                "starts there)")
         _check_bounds(split, size, ref_name, ref, max_batch, min_batch)  # ref named as the caller wrote it
-        controller = GoodputController(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch,
-                                       min_batch=min_batch, threshold=threshold, decay=decay, max_change=max_change,
-                                       policy="error", min_estimates=min_estimates, interval=interval,
-                                       fixed_micro_batch=not grows, noise_every=split.noise_every)
+        make = GoodputController if batch_policy is None else functools.partial(ProbeController, batch_policy)
+        controller = make(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch, min_batch=min_batch,
+                          threshold=threshold, decay=decay, max_change=max_change, policy="error",
+                          min_estimates=min_estimates, interval=interval, fixed_micro_batch=not grows,
+                          noise_every=split.noise_every)
         self.schedule = AdaptiveSchedule(size, controller, seed, shuffle, lookahead, hold_after)
         self.devices = 1
         self.rank = _checked_rank(rank, num_replicas)
