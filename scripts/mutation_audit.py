@@ -37,6 +37,7 @@ TOKEN_TESTS = "tests/lm/test_token_weights.py"
 TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
 AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
 ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
+PROBE_TESTS = "tests/core/test_critical_batch.py"
 RESTORE_TESTS = "tests/resize/test_restore_checks.py"
 ENGINE_TESTS = "tests/torch/test_engines.py"
 RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
@@ -215,6 +216,17 @@ MUTANTS = [
     ("adaptive: a held update's noise is recorded", "aikit/core/adaptive/run.py",
      "            noise = None  # a held update measures nothing", "            pass  # a held update measures nothing",
      ADAPTIVE_TESTS),
+    # the critical-batch probe (issue 36)
+    ("probe: a branch starts where the last one ended (no rollback)", "aikit/core/critical_batch/probe.py",
+     "                    branches.restore(snapshot)\n                    branches.train(indices, k * batch",
+     "                    branches.train(indices, k * batch", PROBE_TESTS),
+    ("probe: larger factors tried after one failed", "aikit/core/critical_batch/probe.py",
+     "                if not recovered:\n                    break", "                if not recovered:\n"
+     "                    continue", PROBE_TESTS),
+    ("probe: the base branch's progress not checked against the held-out error", "aikit/core/critical_batch/probe.py",
+     "if not progress > 0 or self.epsilon * progress < self.z * error:", "if not progress > 0:", PROBE_TESTS),
+    ("probe: the policy grows without the LR the probe chose", "aikit/core/critical_batch/policy.py",
+     "            self.lr_scale *= RULE_FACTORS[result.rule](result.factor)\n", "", PROBE_TESTS),
     # an update whose gradient is inf or NaN: skipped as a GradScaler skips one (issue 40)
     ("skip: a non-finite gradient applied (the skip removed)", "aikit/runtime/Torch/accumulator.py",
      "            if self.skip_nonfinite and grads and not self._finite(total_norm(grads) if norm is None else norm):\n"
