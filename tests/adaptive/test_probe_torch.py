@@ -5,6 +5,8 @@ same bits."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from adaptive_common import dataset, with_weights
 from torch import nn
@@ -86,13 +88,17 @@ def test_every_branch_is_rolled_back_bit_for_bit():
     assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
-def test_a_probed_run_replays_from_its_trace_and_lr_column(tmp_path):
+def test_a_probed_run_replays_from_its_trace_and_lr_column(tmp_path, caplog):
     data, model = dataset(noise=0.1), make_model()
     start = [p.detach().clone() for p in model.parameters()]
     sampler, optimizer = probed(data, model)
-    history = train(model, data, 2, sampler, optimizer)
+    with caplog.at_level(logging.INFO, logger="aikit.adaptive"):
+        history = train(model, data, 2, sampler, optimizer)
     policy = sampler.controller.batch_policy
     assert policy.rows and max(sampler.trace) > BASE  # a probe grew the batch
+    grown = next(row for row in policy.rows if row["critical_batch"] > row["batch"])
+    assert f"the probe's critical batch {grown['critical_batch']} (growth factor x" in caplog.text
+    assert "goodput" not in caplog.text  # a probe's growth is not the goodput model's prediction
     assert {row["lr"] for row in optimizer.history} == {0.02, 0.02 * policy.lr_scale}
     sampler.write_trace(tmp_path / "trace.csv")
     optimizer.write_lr_schedule(tmp_path / "lr.csv")

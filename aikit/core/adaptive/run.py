@@ -95,10 +95,10 @@ class AdaptiveRun:
         old = controller.batch
         new = None if self.schedule.held else controller.propose()
         if new is not None and (log_change or say is not None):
-            plan, gain = controller.plan(new), controller.changes[-1][3]
+            plan = controller.plan(new)
             message = (f"adaptive batch: update {update}: global batch {old} -> {new} from update "
                        f"{update + 1 + self.schedule.lookahead} ({plan.steps} GA steps x {plan.batch_size} per device "
-                       f"on {controller.devices} replica(s)), predicted goodput gain {(gain - 1) * 100:.1f}%, "
+                       f"on {controller.devices} replica(s)), {controller.change_reason()}, "
                        f"noise scale {row['noise_scale']:.4g}, lr {lr:.4g}")
             if log_change:
                 log.info(message)

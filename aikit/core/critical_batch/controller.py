@@ -53,6 +53,11 @@ class ProbeController(GoodputController):
         self.batch = new
         return new
 
+    def change_reason(self) -> str:
+        row = self.batch_policy.rows[-1]
+        return (f"the probe's critical batch {row['critical_batch']} (growth factor x{self.changes[-1][3]:g}, LR rule "
+                f"{row['rule']}, LR x{row['lr_scale']:.3g} the base's)")
+
     def _runs_one(self, batch: int) -> bool:
         return bool(self._runs(np.array([batch]))[0])
 
