@@ -12,7 +12,7 @@ from adaptive_common import dataset, with_weights
 from torch import nn
 
 from aikit.autolrs.Torch import ReplaySchedule
-from aikit.core.critical_batch import CriticalBatchProbe, ProbePolicy
+from aikit.core.critical_batch import PROBED_NOISE_EVERY, CriticalBatchProbe, ProbePolicy
 from aikit.elastic.Torch import (
     AdaptiveOptimizer,
     AdaptiveSampler,
@@ -103,7 +103,8 @@ def test_a_probed_run_replays_from_its_trace_and_lr_column(tmp_path, caplog):
     sampler.write_trace(tmp_path / "trace.csv")
     optimizer.write_lr_schedule(tmp_path / "lr.csv")
     model = with_weights(make_model(), start)
-    replay = CustomSampler(data, str(tmp_path / "trace.csv"), max_device_batch=MAX, noise_every=4, seed=5)
+    replay = CustomSampler(data, str(tmp_path / "trace.csv"), max_device_batch=MAX, noise_every=PROBED_NOISE_EVERY,
+                           seed=5)
     replay_opt = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), replay)
     scheduler = UpdateScheduler(ReplaySchedule(replay_opt, tmp_path / "lr.csv"))
     replayed = train(model, data, 2, replay, replay_opt, scheduler=scheduler)
@@ -136,3 +137,16 @@ def test_a_probed_run_resumes_through_elastic_state_to_the_same_bits(tmp_path):
     assert [{**row, "probe_seconds": 0} for row in sampler.controller.batch_policy.rows] == untimed
     for got, want in zip(rest, full[-len(rest):], strict=True):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_probed_run_measures_the_noise_rarely_and_still_logs_it():
+    # the noise is a diagnostic there: every 64th update in two parts, not every 4th (the goodput
+    # controller's, which decides from it)
+    data, model = dataset(noise=0.1), make_model()
+    sampler, optimizer = probed(data, model, first=10**9)
+    train(model, data, 3, sampler, optimizer)  # 96 updates of 8, each one micro-batch but the measured
+    split = [row["step"] for row in optimizer.history if row["ga_steps"] == 2]
+    assert split == [0, 64] and len(optimizer.history) == 96
+    assert all(row["noise_scale"] == row["noise_scale"] for row in optimizer.history)  # logged from the first on
+    goodput = AdaptiveSampler(data, ref_batch_size=BASE, max_batch=MAX, max_device_batch=MAX, seed=5)
+    assert goodput.controller.split.noise_every == 4

@@ -19,8 +19,8 @@ acts on it; framework-free (numpy), the adapters supply the training:
 
 from __future__ import annotations
 
-from aikit.core.critical_batch.controller import ProbeController
+from aikit.core.critical_batch.controller import PROBED_NOISE_EVERY, ProbeController
 from aikit.core.critical_batch.policy import ProbePolicy
 from aikit.core.critical_batch.probe import Branches, CriticalBatchProbe, ProbeResult
 
-__all__ = ["Branches", "CriticalBatchProbe", "ProbeController", "ProbePolicy", "ProbeResult"]
+__all__ = ["PROBED_NOISE_EVERY", "Branches", "CriticalBatchProbe", "ProbeController", "ProbePolicy", "ProbeResult"]

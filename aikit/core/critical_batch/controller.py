@@ -17,6 +17,10 @@ from aikit.core.critical_batch.probe import Branches
 from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.goodput import GoodputController
 
+PROBED_NOISE_EVERY = 64
+"""A probed run measures the noise on every 64th update only (an adapter's default): there it is a
+logged diagnostic, not what decides, and each measurement costs an update one more micro-step."""
+
 
 class ProbeController(GoodputController):
     """Grows the batch where the probes say, after an update (:meth:`propose`), once the adapter

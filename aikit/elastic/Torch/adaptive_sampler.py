@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterator, Sized
 
 from aikit.core.adaptive import AdaptiveSchedule
-from aikit.core.critical_batch import ProbeController, ProbePolicy
+from aikit.core.critical_batch import PROBED_NOISE_EVERY, ProbeController, ProbePolicy
 from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.goodput import BatchSplit, GoodputController
 from aikit.core.plan import largest_even_batch
@@ -18,6 +18,8 @@ from aikit.core.validate import non_negative_int, positive_int
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
 from aikit.runtime.originals import either
 from aikit.runtime.Torch import distributed
+
+NOISE_EVERY = 4  # the goodput controller's noise: every fourth update of one part measures it
 
 
 class AdaptiveSampler(CustomSampler):
@@ -38,6 +40,8 @@ class AdaptiveSampler(CustomSampler):
             runs in two micro-batches or more even where one would hold it: one device measures
             the gradient noise from the two halves of one update there (other updates of one
             part measure none), at the cost of one more micro-step every ``noise_every`` updates.
+            Default 4; with a ``batch_policy`` 64 (:data:`PROBED_NOISE_EVERY`): there the noise
+            only is a logged diagnostic, so it is measured rarely and costs about nothing.
         min_batch: the smallest global batch (default ``ref_batch_size``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
@@ -89,7 +93,7 @@ class AdaptiveSampler(CustomSampler):
         interval: int = 10,
         dataset_size: int | None = None,
         max_device_batch: int | None = None,
-        noise_every: int = 4,
+        noise_every: int | None = None,
         max_change: float = 2.0,
         base_batch: int | None = None,
         hold_after: int | None = None,
@@ -104,6 +108,8 @@ class AdaptiveSampler(CustomSampler):
         grows = max_device_batch is not None
         per_device = max_device_batch if grows else micro_batch  # with grows a bound, which may exceed the data set
         size, num_replicas, per_device = checked_settings(size, num_replicas, per_device, bound=grows)
+        if noise_every is None:
+            noise_every = NOISE_EVERY if batch_policy is None else PROBED_NOISE_EVERY
         split = BatchSplit(per_device, num_replicas, grows, positive_int(noise_every, "noise_every") if grows else None)
         ref, ref_name = either("base_batch", ref_batch_size, base_batch)
         if ref is None:
