@@ -75,3 +75,12 @@ class OutOfMemory(AikitError, MemoryError):
     """No per-device batch fits: an ``auto`` search (``init(G, "auto", trial=...)``) whose
     smallest micro-batch ran out of memory too, or an out-of-memory error ``AutoBatch`` cannot
     re-plan; the message says what the allocator tried, the memory there was, and the fix."""
+
+
+class ProbeUnresolved(InvalidValue):
+    """A critical-batch probe whose held-out set cannot tell a recovery from a failure (the base
+    branch's progress, times epsilon, within its standard error); ``samples`` and ``seconds`` are
+    what the probe spent before it could tell."""
+
+    samples: int = 0
+    seconds: float = 0.0

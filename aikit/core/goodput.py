@@ -374,6 +374,15 @@ class GoodputController:
         self.batch = best
         return best
 
+    def change_reason(self) -> str:
+        """Why the last change (``changes[-1]``) was made, for its log line."""
+        return f"predicted goodput gain {(self.changes[-1][3] - 1) * 100:.1f}%"
+
+    def lr_scale(self) -> float:
+        """The factor a batch policy puts on the LR rule's LR (1: the rule's alone; a
+        :class:`~aikit.core.critical_batch.ProbeController`'s: the LR its probes chose)."""
+        return 1.0
+
     def state_dict(self) -> dict:
         return {"batch": self.batch, "batches": list(self.batches), "changes": [list(c) for c in self.changes],
                 "throughput": self.throughput.state_dict(), "noise": self.noise.state_dict()}

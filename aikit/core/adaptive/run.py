@@ -38,10 +38,11 @@ def history_row(epoch: int, step: int, batch: int, ga_steps: int, micro_batch: i
 def learning_rate(controller: GoodputController, base_lr: float, batch: int, rule: str, step: int = 0,
                   warmup_steps: int = 0) -> float:
     """The LR of an update at ``batch``: :func:`aikit.core.scaling.adaptive_lr` over
-    ``controller.ref_batch_size`` with the controller's smoothed noise (None before a first estimate)."""
+    ``controller.ref_batch_size`` with the controller's smoothed noise (None before a first estimate),
+    times the controller's :meth:`~aikit.core.goodput.GoodputController.lr_scale` (a probe policy's LR)."""
     noise = controller.noise
     return adaptive_lr(base_lr, batch, controller.ref_batch_size, rule, noise.smoothed if noise.updates else None,
-                       step, warmup_steps)
+                       step, warmup_steps) * controller.lr_scale()
 
 
 class AdaptiveRun:
@@ -96,10 +97,10 @@ class AdaptiveRun:
         old = controller.batch
         new = None if self.schedule.held or not applied else controller.propose()
         if new is not None and (log_change or say is not None):
-            plan, gain = controller.plan(new), controller.changes[-1][3]
+            plan = controller.plan(new)
             message = (f"adaptive batch: update {update}: global batch {old} -> {new} from update "
                        f"{update + 1 + self.schedule.lookahead} ({plan.steps} GA steps x {plan.batch_size} per device "
-                       f"on {controller.devices} replica(s)), predicted goodput gain {(gain - 1) * 100:.1f}%, "
+                       f"on {controller.devices} replica(s)), {controller.change_reason()}, "
                        f"noise scale {row['noise_scale']:.4g}, lr {lr:.4g}")
             if log_change:
                 log.info(message)

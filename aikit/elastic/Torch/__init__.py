@@ -30,6 +30,7 @@ from aikit.elastic.Torch.eth_easl import (
     RootRuleOptimizer,
     SeesawOptimizer,
 )
+from aikit.elastic.Torch.probe import TorchBranches
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
@@ -50,6 +51,7 @@ __all__ = [
     "LinearRuleOptimizer",
     "RootRuleOptimizer",
     "SeesawOptimizer",
+    "TorchBranches",
     "TraceOptimizer",
     "distributed",
     "init",

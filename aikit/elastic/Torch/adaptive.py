@@ -40,6 +40,7 @@ import torch
 
 from aikit.core.adaptive import AdaptiveRun, UpdateClock, update_timing
 from aikit.core.autolrs import write_schedule
+from aikit.core.critical_batch import ProbeController
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.goodput import GoodputController
 from aikit.core.gradient_noise import NoiseEstimate, update_estimates
@@ -59,7 +60,9 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
     gradient noise and letting the sampler's controller pick the next batches.
 
     ``rule`` scales the LR from ``sampler``'s ``ref_batch_size`` to each update's batch:
-    ``"adascale"`` (default: AdaScale's gain from the measured noise, Johnson et al. 2020),
+    ``"adascale"`` (default, but ``"constant"`` where the sampler has a ``batch_policy``, whose
+    probes choose the LR: :meth:`~aikit.core.goodput.GoodputController.lr_scale`; AdaScale's
+    gain from the measured noise, Johnson et al. 2020),
     ``"sqrt"``, ``"linear"`` or ``"constant"`` (:data:`aikit.core.scaling.RULES`), through its
     :class:`~aikit.core.lr_policy.LRPolicy` with the controller's smoothed noise. ``clock`` times
     the updates (seconds). Other arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`.
@@ -78,7 +81,7 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
         self,
         optimizer: torch.optim.Optimizer,
         sampler: AdaptiveSampler,
-        rule: str = "adascale",
+        rule: str | None = None,
         log_steps: int | None = None,
         *,
         warmup_steps: int = 0,
@@ -91,6 +94,8 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
     ) -> None:
         if not isinstance(sampler, AdaptiveSampler):
             raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
+        if rule is None:  # a probe policy chooses the LR itself (ProbeController.lr_scale)
+            rule = "constant" if isinstance(sampler.controller, ProbeController) else "adascale"
         self.run = AdaptiveRun(sampler.schedule, rule)
         policy = LRPolicy(rule, sampler.controller.ref_batch_size, warmup_steps, adaptive=True,
                           user="AdaptiveOptimizer")
@@ -184,6 +189,10 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
             noise = estimates[0] if estimates else None  # None: an inf/NaN step AMP skips
         timing = update_timing(totals[groups:], self.sampler.num_replicas)
         self.run.record(batch, micro, int(plan.micro_steps[step]), timing, noise)
+
+    def _lr_of_update(self, base: float) -> float:
+        """The rule's LR times the controller's LR scale (1, or the LR a probe policy chose)."""
+        return super()._lr_of_update(base) * self.controller.lr_scale()
 
     def _noise(self) -> NoiseEstimate | None:
         """The controller's smoothed noise, which the policy's ``adascale`` gain reads (None before a

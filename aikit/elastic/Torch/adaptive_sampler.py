@@ -4,10 +4,12 @@ whose trace a :class:`~aikit.core.goodput.GoodputController` writes while traini
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator, Sized
 
 from aikit.core.adaptive import AdaptiveSchedule
+from aikit.core.critical_batch import PROBED_NOISE_EVERY, ProbeController, ProbePolicy
 from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.goodput import BatchSplit, GoodputController
 from aikit.core.plan import largest_even_batch
@@ -16,6 +18,8 @@ from aikit.core.validate import non_negative_int, positive_int
 from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
 from aikit.runtime.originals import either
 from aikit.runtime.Torch import distributed
+
+NOISE_EVERY = 4  # the goodput controller's noise: every fourth update of one part measures it
 
 
 class AdaptiveSampler(CustomSampler):
@@ -36,6 +40,8 @@ class AdaptiveSampler(CustomSampler):
             runs in two micro-batches or more even where one would hold it: one device measures
             the gradient noise from the two halves of one update there (other updates of one
             part measure none), at the cost of one more micro-step every ``noise_every`` updates.
+            Default 4; with a ``batch_policy`` 64 (:data:`PROBED_NOISE_EVERY`): there the noise
+            only is a logged diagnostic, so it is measured rarely and costs about nothing.
         min_batch: the smallest global batch (default ``ref_batch_size``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
@@ -54,6 +60,10 @@ class AdaptiveSampler(CustomSampler):
             samples of the run (``schedule.held_from``): no more decisions and no more noise
             measured (nor the extra micro-step that costs on one device), the LR rule's noise kept
             as it was (docs/adaptive.md has what it measured). None: decide throughout (Pollux's).
+        batch_policy: a :class:`~aikit.core.critical_batch.ProbePolicy`: the batch grows where
+            its critical-batch probes say (:class:`~aikit.core.critical_batch.ProbeController`;
+            attach the training they branch from with ``TorchBranches``), not by goodput; the
+            noise is still measured, as a diagnostic.
 
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``ref_batch_size``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
@@ -83,10 +93,11 @@ class AdaptiveSampler(CustomSampler):
         interval: int = 10,
         dataset_size: int | None = None,
         max_device_batch: int | None = None,
-        noise_every: int = 4,
+        noise_every: int | None = None,
         max_change: float = 2.0,
         base_batch: int | None = None,
         hold_after: int | None = None,
+        batch_policy: ProbePolicy | None = None,
     ) -> None:
         size = _dataset_size(dataset, dataset_size)
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
@@ -97,16 +108,19 @@ class AdaptiveSampler(CustomSampler):
         grows = max_device_batch is not None
         per_device = max_device_batch if grows else micro_batch  # with grows a bound, which may exceed the data set
         size, num_replicas, per_device = checked_settings(size, num_replicas, per_device, bound=grows)
+        if noise_every is None:
+            noise_every = NOISE_EVERY if batch_policy is None else PROBED_NOISE_EVERY
         split = BatchSplit(per_device, num_replicas, grows, positive_int(noise_every, "noise_every") if grows else None)
         ref, ref_name = either("base_batch", ref_batch_size, base_batch)
         if ref is None:
             raise InvalidValue("AdaptiveSampler needs ref_batch_size, the global batch the LR was tuned for (the run "
                                "starts there)")
         _check_bounds(split, size, ref_name, ref, max_batch, min_batch)  # ref named as the caller wrote it
-        controller = GoodputController(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch,
-                                       min_batch=min_batch, threshold=threshold, decay=decay, max_change=max_change,
-                                       policy="error", min_estimates=min_estimates, interval=interval,
-                                       fixed_micro_batch=not grows, noise_every=split.noise_every)
+        make = GoodputController if batch_policy is None else functools.partial(ProbeController, batch_policy)
+        controller = make(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch, min_batch=min_batch,
+                          threshold=threshold, decay=decay, max_change=max_change, policy="error",
+                          min_estimates=min_estimates, interval=interval, fixed_micro_batch=not grows,
+                          noise_every=split.noise_every)
         self.schedule = AdaptiveSchedule(size, controller, seed, shuffle, lookahead, hold_after)
         self.devices = 1
         self.rank = _checked_rank(rank, num_replicas)
