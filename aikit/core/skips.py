@@ -82,10 +82,15 @@ class SkipCount:
         """AMP's GradScaler skipped ``count`` updates (lowering its scale: part of its work, not a failure)."""
         self.skipped += count
 
-    def nonfinite(self, detail: str) -> None:
-        """An update skipped for a non-finite gradient: counted, warned once, refused in a long run."""
-        self.skipped += 1
-        self.in_a_row += 1
+    def nonfinite(self, detail: str, count: int = 1, last_in_a_row: int | None = None,
+                  updates: int | None = None) -> None:
+        """``count`` updates skipped for a non-finite gradient: counted, warned once, refused in a
+        long run. Read together from a device (a fused optimizer skipped them in its kernel), of
+        ``updates`` the last ``last_in_a_row`` were skipped in a row: a run is refused at the read
+        that finds it long enough and still going."""
+        trailing = count if last_in_a_row is None else last_in_a_row
+        self.skipped += count
+        self.in_a_row = self.in_a_row + trailing if trailing == (count if updates is None else updates) else trailing
         if not self._warned:
             self._warned = True
             warnings.warn(nonfinite_warning(detail, self.max_in_a_row), stacklevel=user_stacklevel())

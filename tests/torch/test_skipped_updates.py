@@ -17,7 +17,9 @@ from the device per update.
 
 from __future__ import annotations
 
+import math
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.autolrs.Torch import AutoLRS
+from aikit.core.errors import NonFiniteGradientWarning, TrainingFailed
 from aikit.elastic.Torch import AdaptiveOptimizer, AdaptiveSampler, CustomSampler, ElasticState, LinearRuleOptimizer
 from aikit.ga.Torch.optim import Optimizer, UpdateScheduler
 from aikit.lr_finder.Torch import LRFinder
@@ -396,3 +399,82 @@ def test_an_amp_update_reads_one_number_and_a_fused_one_none_until_asked(fused, 
         assert optimizer.updated is not overflow and optimizer.applied == 2 - overflow
         assert optimizer.skipped == overflow
     assert len(reads.where) == (1 if fused else 0), reads.where  # asked: the fused update's one read, once
+
+
+# --- without AMP: aikit's own finiteness check, its flag handed to a fused optimizer -------------------
+
+def nan_run(fused: bool, poisoned: set[int], max_skips_in_a_row: int | None = 10, updates: int = 12):
+    """float32 SGD-momentum/AdamW updates of STEPS micro-batches, no AMP; the updates in ``poisoned``
+    get a NaN gradient (their last micro-batch's loss times NaN). Returns the net, the optimizer,
+    the wrapped optimizer and the warnings."""
+    net = model()
+    inner = inner_optimizer("AdamW", net.parameters(), fused)
+    optimizer = Optimizer(inner, STEPS, max_skips_in_a_row=max_skips_in_a_row)
+    x, y = data(updates * MICRO * STEPS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for update, (xw, yw) in enumerate(zip(x.split(MICRO * STEPS), y.split(MICRO * STEPS), strict=True)):
+            for step, (xm, ym) in enumerate(zip(xw.split(MICRO), yw.split(MICRO), strict=True)):
+                loss = nn.functional.mse_loss(net(xm), ym)
+                (loss * (math.nan if update in poisoned and step == STEPS - 1 else 1.0)).backward()
+                optimizer.step()
+        assert optimizer.skipped >= 0  # asked: a fused optimizer's flags read (and warned about) here at the latest
+    return net, optimizer, inner, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("poisoned", [set(), {3}, {3, 4, 9}], ids=["none", "one", "three"])
+def test_a_fused_optimizer_skips_a_nan_update_in_its_kernel_as_the_foreach_one_skips_it(poisoned):
+    """The finiteness check's flag, made in the pass that applies the GA mean, skips the update inside
+    a fused AdamW's kernel (step count put back) with nothing read at the update: the same updates
+    applied as the foreach AdamW's, which reads the flag, and the skips counted once asked."""
+    foreach = nan_run(False, poisoned)
+    fused = nan_run(True, poisoned)
+    for got, want in zip(fused[0].parameters(), foreach[0].parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # fused and foreach kernels round apart
+    assert steps_of(fused[2]) == steps_of(foreach[2]) == {12 - len(poisoned)}
+    for _, optimizer, _, warned in (foreach, fused):
+        assert optimizer.skipped == len(poisoned) and optimizer.applied == 12 - len(poisoned)
+        assert len([w for w in warned if "aikit skipped an update" in w]) == (1 if poisoned else 0)
+    if poisoned:
+        assert "found on the device by the fused optimizer's check" in fused[3][0]
+
+
+def test_a_fused_optimizer_reads_nothing_at_a_finite_update_and_one_number_when_asked():
+    """After the first update (which makes the optimizer's state and is read), a fused optimizer's
+    update reads nothing from the device; asking ``updated`` reads its flags once; the foreach
+    optimizer reads the one flag at each update."""
+    for fused, at_update in ((True, 0), (False, 1)):
+        net = model()
+        optimizer = Optimizer(inner_optimizer("AdamW", net.parameters(), fused), STEPS)
+        x, y = data()
+        for update in range(3):
+            for step in range(STEPS):
+                xm, ym = x[(update * STEPS + step) * MICRO:][:MICRO], y[(update * STEPS + step) * MICRO:][:MICRO]
+                nn.functional.mse_loss(net(xm), ym).backward()
+                with HostReads() as reads:
+                    optimizer.step()
+            if update:
+                assert len(reads.where) == at_update, reads.where
+        with HostReads() as reads:
+            assert optimizer.updated and optimizer.applied == 3 and optimizer.skipped == 0
+        assert len(reads.where) == (1 if fused else 0), reads.where
+
+
+def test_a_fused_optimizer_stuck_on_nan_is_refused_at_the_next_read():
+    """Every update NaN from the second on: the fused optimizer's flags are read every
+    max_skips_in_a_row updates, so the run is refused by then, its weights as after the first."""
+    net = model()
+    optimizer = Optimizer(inner_optimizer("AdamW", net.parameters(), True), STEPS, max_skips_in_a_row=4)
+    x, y = data()
+    with pytest.warns(NonFiniteGradientWarning), pytest.raises(TrainingFailed, match=r"4 updates in a row"):
+        for update in range(WINDOWS):
+            for step in range(STEPS):
+                xm, ym = x[(update * STEPS + step) * MICRO:][:MICRO], y[(update * STEPS + step) * MICRO:][:MICRO]
+                (nn.functional.mse_loss(net(xm), ym) * (math.nan if update else 1.0)).backward()
+                optimizer.step()
+    assert update == 4  # the first update applied, then the fourth skip in a row read and refused at once
+    net, optimizer, inner, _ = nan_run(True, set(range(1, 12)), max_skips_in_a_row=None)
+    assert optimizer.skipped == 11 and steps_of(inner) == {1}
+    reference = nan_run(True, set(), updates=1)[0]
+    for got, want in zip(net.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(got, want)

@@ -297,7 +297,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         self.updated = False
         try:
             stepped = self.engine.step(self._gradient_scale())
-            self.updated = self.engine.settle() if stepped is None else stepped  # the warmup clock needs it now
+            self.updated = self.engine.outcomes.settle() if stepped is None else stepped  # the warmup clock: now
         finally:
             for group, values in zip(self.param_groups, saved, strict=True):
                 group.update(values)

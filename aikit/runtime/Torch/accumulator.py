@@ -10,9 +10,11 @@ optimizer's ``step()``. Its :class:`~aikit.runtime.Torch.buckets.Buckets` start 
 the update's last backward still runs, as DDP and Horovod do.
 
 An update whose gradient is not finite is skipped, as a GradScaler skips one (under AMP the
-scaler decides; without, one read of the gradient's total norm per update, the norm clipping
-uses: :mod:`aikit.core.skips` counts, warns and fails a run of them); a micro-step without a
-backward is warned about (:mod:`aikit.runtime.Torch.backward_marks`).
+scaler decides; without, a flag made in the pass that applies the update's scale, or the total
+norm clipping computes: read once per update, or handed to a fused optimizer's kernel and read
+when asked, :mod:`aikit.runtime.Torch.amp`; :mod:`aikit.core.skips` counts, warns and fails a run
+of them); a micro-step without a backward is warned about
+(:mod:`aikit.runtime.Torch.backward_marks`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from aikit.core.validate import checked_bool, checked_float
 from aikit.runtime.Torch import amp, collectives
 from aikit.runtime.Torch.backward_marks import BackwardMarks
 from aikit.runtime.Torch.buckets import Buckets
-from aikit.runtime.Torch.grads import mul_, or_zeros, read_norm, stacked, total_norm
+from aikit.runtime.Torch.grads import mul_, or_zeros, read_norm, scale_and_check_, stacked, total_norm
+from aikit.runtime.Torch.outcomes import Outcomes
 from aikit.runtime.Torch.output_weights import OutputWeights
 
 
@@ -56,9 +59,7 @@ class Accumulator:
         self.scaler = scaler
         self.skip_nonfinite = checked_bool(skip_nonfinite, "skip_nonfinite")
         self.skips = SkipCount(max_skips_in_a_row)  # updates skipped (AMP's too), non-finite ones in a row
-        self.applied = 0  # updates applied (skips not counted), as read by settle()
-        self.stepped = False  # whether the last update was applied, as read by settle()
-        self._unread: tuple[int, torch.Tensor, torch.Tensor] | None = None  # fused AMP updates not read yet
+        self.outcomes = Outcomes(self.skips)  # updates applied, some perhaps decided on the device
         self.marks = BackwardMarks(optimizer)  # which micro-steps' backward reached the parameters
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
@@ -268,13 +269,16 @@ class Accumulator:
 
         Returns whether the update was applied: False when it was skipped for an inf/NaN gradient
         (by AMP's scaler, or by the finiteness check: the gradients cleared, nothing stepped);
-        None where a fused optimizer under AMP decided on the device (:meth:`settle` reads it)."""
+        None where a fused optimizer decided on the device (``outcomes.settle()`` reads it)."""
         params = self.params()
         grads = [p.grad for p in params if p.grad is not None]
         self.marks.check(bool(grads))  # a forgotten backward() warned about
         self.discard()  # an update without the sum over replicas (one replica) started none
         scale, self.carried = scale * self.carried, 1.0
-        if (isinstance(scale, torch.Tensor) or scale != 1) and grads:  # a tensor (a count on the device): not read
+        checked = None  # the update's inf/NaN flag, where one pass scaled and checked the gradients
+        if grads and self.skip_nonfinite and self.scaler is None and self.max_grad_norm is None:
+            checked = scale_and_check_(grads, scale)
+        if (isinstance(scale, torch.Tensor) or scale != 1) and grads and checked is None:  # a tensor: not read
             mul_(grads, scale)
         norm = found = None  # the update's total gradient norm, where clipping computes it; AMP's inf/NaN flag
         if amp.enabled(self.scaler):
@@ -288,45 +292,37 @@ class Accumulator:
                     "or similar): use dense gradients, or max_grad_norm=None and clip the dense parameters yourself"
                 )
             norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        if found is None:
-            if self.skip_nonfinite and grads and not self._finite(total_norm(grads) if norm is None else norm):
-                return self._outcome(False)
+        if found is None and checked is not None and amp.decides_on_device(self.optimizer):
+            amp.step_unless(self.optimizer, checked)
+            self.outcomes.flag(checked, by_amp=False)
+            stepped = None
+        elif found is None:
+            if self.skip_nonfinite and grads and not self._finite(grads, norm, checked):
+                return self.outcomes.record(False)
             self.optimizer.step()
             stepped = True
         else:
             stepped = amp.amp_step(self.scaler, self.optimizer, found)
-            if stepped is None:  # kept on the device: the skips summed there, the last flag kept
-                flag = (found > 0).to(torch.int64)
-                updates, skips, _ = self._unread or (0, 0, None)
-                self._unread = (updates + 1, skips + flag, flag)
+            if stepped is None:
+                self.outcomes.flag(found, by_amp=True)
             elif not stepped:
                 self.skips.amp_skipped()
         self.optimizer.zero_grad()
         self.marks.restart()
-        return None if stepped is None else self._outcome(stepped)
+        if stepped is None:
+            if self.outcomes.due():
+                self.outcomes.settle()  # a run of non-finite skips refused in time
+            return None
+        return self.outcomes.record(stepped)
 
-    def _outcome(self, stepped: bool) -> bool:
-        self.settle()  # the updates before first (none unread: one path per optimizer)
-        self.applied += stepped
-        self.stepped = stepped
-        return stepped
-
-    def settle(self) -> bool:
-        """Whether the last update was applied, the fused updates AMP decided on the device read
-        first (their flags in one read; nothing to read otherwise) and their skips counted."""
-        if self._unread is not None:
-            (updates, skips, last), self._unread = self._unread, None
-            skipped, last_skipped = torch.stack([skips, last]).tolist()  # the one read
-            self.applied += updates - skipped
-            self.stepped = not last_skipped
-            self.skips.amp_skipped(skipped)
-        return self.stepped
-
-    def _finite(self, norm: torch.Tensor) -> bool:
-        """Whether the update's gradient, of total ``norm``, is finite (the one read from the
-        device); if not the update is skipped: gradients cleared, counted, warned once, and a
-        run of ``max_skips_in_a_row`` refused."""
-        value = read_norm(norm)
+    def _finite(self, grads: list[torch.Tensor], norm: torch.Tensor | None, checked: torch.Tensor | None) -> bool:
+        """Whether the update's gradient is finite (one read from the device: the flag ``checked``
+        made, else the total norm, clipping's ``norm`` where it made one); if not the update is
+        skipped: gradients cleared, counted, warned once, and a run of ``max_skips_in_a_row`` refused."""
+        if checked is not None and not checked.item():  # the one read: finite
+            self.skips.applied()
+            return True
+        value = read_norm(total_norm(grads) if norm is None else norm)  # after a flag, only to say what was skipped
         if math.isfinite(value):
             self.skips.applied()
             return True

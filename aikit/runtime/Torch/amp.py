@@ -7,7 +7,7 @@ read from the device, and none where the optimizer takes the flag itself:
 * a fused optimizer (``AdamW(fused=True)``, ``SGD(fused=True)``: ``_step_supports_amp_scaling``)
   gets the flag as a tensor and skips inside its kernel (its step count put back), so nothing is
   read at the update; whether it skipped stays on the device until someone asks (an
-  ``UpdateScheduler``, ``optimizer.updated``: the GA engine's ``settle()``), then one read for
+  ``UpdateScheduler``, ``optimizer.updated``: the GA engine's ``outcomes.settle()``), then one read for
   all the updates since. Accelerate tells a skip by whether ``optimizer.step`` ran, which a fused
   optimizer's always does (accelerate#4242: its scheduler advances on a skipped update). Only
   once the optimizer holds state (its first update applied): before, it is read as below, since
@@ -16,6 +16,10 @@ read from the device, and none where the optimizer takes the flag itself:
 * any other optimizer's ``step()`` runs on the host, so whether to call it is read: one number,
   the read GradScaler's own ``step`` makes (``found_inf.item()``), made here in its place rather
   than besides two reads of ``get_scale()`` (before and after) that told a skip from the scale.
+
+Without AMP aikit's own finiteness check (``skip_nonfinite``) makes the same flag, in the one pass
+that also applies the update's GA scale (:func:`aikit.runtime.Torch.grads.scale_and_check_`), and
+hands it to a fused optimizer the same way (:func:`step_unless`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,22 @@ def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
+def decides_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` can be handed an inf/NaN flag now: fused, and holding state (see above)."""
+    return takes_found_inf(optimizer) and bool(optimizer.state)
+
+
+def step_unless(optimizer: torch.optim.Optimizer, found: torch.Tensor) -> None:
+    """A fused optimizer's update, skipped inside its kernel where ``found`` (a 0-d float32 tensor
+    on its device) is nonzero, nothing read: what ``GradScaler.step`` does, without a scaler (the
+    flag of aikit's own finiteness check)."""
+    optimizer.grad_scale, optimizer.found_inf = None, found
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+
+
 def found_inf(scaler: Any, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """After ``scaler.unscale_(optimizer)``: the update's inf/NaN flag summed over its devices,
     on the scale's device (nothing read)."""
@@ -50,7 +70,7 @@ def amp_step(scaler: Any, optimizer: torch.optim.Optimizer, unscaled: torch.Tens
     if unscaled is None:
         scaler.unscale_(optimizer)
         unscaled = found_inf(scaler, optimizer)
-    if takes_found_inf(optimizer) and optimizer.state:
+    if decides_on_device(optimizer):
         scaler.step(optimizer)  # the flag handed to the kernel, which skips on the device
         scaler.update()
         return None

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+# the gradients AMP's unscale kernel multiplies exactly as ``_foreach_mul_`` does (its scale is a
+# float32 tensor, as a float32 computation casts a Python scale): float64 ones keep ``mul_``
+CHECKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def mul_(grads: list[torch.Tensor], factor: float) -> None:
     """Multiply gradients in place: one grouped kernel for the dense ones."""
@@ -13,6 +17,28 @@ def mul_(grads: list[torch.Tensor], factor: float) -> None:
     for g in grads:
         if g.is_sparse:
             g.mul_(factor)
+
+
+def scale_and_check_(grads: list[torch.Tensor], scale: float | torch.Tensor) -> torch.Tensor | None:
+    """Multiply ``grads`` by ``scale`` and flag an inf/NaN among them in one pass over them
+    (AMP's unscale kernel, which GradScaler runs), instead of a multiply and a norm: the flag, a
+    0-d float32 tensor on the first gradient's device (nonzero: not finite), not read. None
+    where that kernel does not apply (sparse, float64, a DTensor's shards): then ``mul_`` and
+    ``total_norm``."""
+    if not all(type(g) is torch.Tensor and g.layout == torch.strided and g.dtype in CHECKED_DTYPES for g in grads):
+        return None
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    found = torch.zeros((), dtype=torch.float32, device=grads[0].device)
+    for (device, _), group in groups.items():
+        flag = found if device == found.device else torch.zeros((), dtype=torch.float32, device=device)
+        inverse = (scale.to(device=device, dtype=torch.float32).reshape(()) if isinstance(scale, torch.Tensor)
+                   else torch.full((), scale, dtype=torch.float32, device=device))
+        torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inverse)
+        if flag is not found:
+            found += flag.to(found.device)
+    return found
 
 
 def or_zeros(params: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -112,14 +112,14 @@ class WrappingOptimizer(torch.optim.Optimizer):
     @property
     def skipped(self) -> int:
         """Updates skipped by this object for an inf/NaN gradient, AMP's GradScaler's included."""
-        self.engine.settle()
+        self.engine.outcomes.settle()
         return self.engine.skips.skipped
 
     @property
     def updated(self) -> bool:
         """Whether the last ``step()`` call made a real update (not one skipped for inf/NaN; a
         fused optimizer's skip under AMP is read from the device here, once)."""
-        return self.engine.settle() if self._applied_last is None else self._applied_last
+        return self.engine.outcomes.settle() if self._applied_last is None else self._applied_last
 
     @updated.setter
     def updated(self, updated: bool | None) -> None:
@@ -129,13 +129,13 @@ class WrappingOptimizer(torch.optim.Optimizer):
     def applied(self) -> int:
         """Real updates applied by this object (skips not counted): what ``UpdateScheduler`` counts.
         A fused optimizer's updates under AMP are read from the device here, once."""
-        self.engine.settle()
-        return self.engine.applied
+        self.engine.outcomes.settle()
+        return self.engine.outcomes.applied
 
     @applied.setter
     def applied(self, count: int) -> None:
-        self.engine.settle()
-        self.engine.applied = count
+        self.engine.outcomes.settle()
+        self.engine.outcomes.applied = count
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if "optimizer" not in self.__dict__:
