@@ -9,6 +9,7 @@ from tf_common import data, gradients, keras, max_difference, mlp
 
 import aikit.elastic
 import aikit.elastic.TF as elastic_tf
+import aikit.keras.elastic
 from aikit.core.ramp import seesaw_schedule
 from aikit.core.scaling import cosine_decay, scaled_lr
 from aikit.core.schedule import Schedule
@@ -134,7 +135,7 @@ def test_wrapped_model_saves_and_loads(tmp_path):
 def test_model_needs_init_and_a_keras_model(monkeypatch):
     with pytest.raises(TypeError, match=r"Model wraps a keras\.Model, got str"):
         elastic_tf.model.Model("not a model")
-    monkeypatch.setattr(elastic_tf, "plan", None)
+    monkeypatch.setattr(aikit.keras.elastic, "plan", None)  # where init publishes it (the seed path re-exports)
     with pytest.raises(RuntimeError, match=r"aikit.elastic.TF.init\(global_batch_size, max_device_batch\)"):
         elastic_tf.model.Model(mlp())
 
