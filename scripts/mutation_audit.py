@@ -300,6 +300,8 @@ MUTANTS = [
     ("auto: the replicas run the largest any found", "aikit/core/device_batch.py",
      "    return None if any(f is None for f in found) else min(found)",
      "    return None if any(f is None for f in found) else max(found)", AUTO_TESTS),
+    ("auto: each replica runs the size it found (no agreement)", "aikit/elastic/Torch/auto_batch.py",
+     "    found = _agreed(search.found)\n", "    found = search.found\n", AUTO_TESTS + " -k replicas"),
     ("auto: the bisection stops one candidate short", "aikit/core/device_batch.py",
      "    while index - failed > 1:", "    while index - failed > 2:", AUTO_TESTS),
     ("skip: a run of skips fails one skip late", "aikit/core/skips.py",

@@ -26,9 +26,9 @@ def address_space() -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
 
 
-def limit(on: bool) -> None:
+def limit(on: bool, budget: int = BUDGET) -> None:
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    resource.setrlimit(resource.RLIMIT_AS, (address_space() + BUDGET if on else hard, hard))
+    resource.setrlimit(resource.RLIMIT_AS, (address_space() + budget if on else hard, hard))
 
 
 def model() -> torch.nn.Module:

@@ -111,3 +111,16 @@ def test_auto_batch_needs_the_ga_optimizer_with_the_global_batch():
     net = torch.nn.Linear(2, 1)
     with pytest.raises(InvalidValue, match="global_batch_size=48"):
         elastic.AutoBatch(Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 4), net, make_plan(48, 12, 1))
+
+
+def test_replicas_with_different_memory_agree_on_the_smallest_size_any_found(torchrun, tmp_path, monkeypatch):
+    """Two gloo processes under torchrun, rank 1 with less memory (a real RLIMIT_AS each): both
+    get the same plan of the global batch, at the size rank 1 could run."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # as run_case: freed memory unmapped, no slack
+    torchrun(CASE.with_name("auto_batch_replicas.py"), tmp_path, timeout=120)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["plan"] == ranks[1]["plan"]  # one plan: the same GA steps and micro-batches on both
+    g, steps, device_batch = ranks[0]["plan"]
+    assert g == 48 and steps == -(-g // (2 * device_batch))
+    assert ranks[1]["own"] < ranks[0]["own"], ranks  # the limits truly differ
+    assert device_batch == ranks[1]["own"]  # the smallest any replica found
