@@ -5,6 +5,7 @@ is the micro-batch's LR times the gain; progress advances by the gain; a resume 
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from trace_common import MINIBATCH, dataset, make_model
 
+from aikit.core.errors import NonFiniteGradientWarning
 from aikit.elastic.Torch import AdaScaleOptimizer, CustomSampler
 from aikit.elastic.Torch.trace_optim import mean_sq_norms
 
@@ -179,3 +181,24 @@ def test_each_update_reads_its_gradient_norms_from_the_device_once_with_the_same
     assert len(reads) > 4 and found == expected
     assert [count for _, count in reads] == [1 if parts >= 2 else 0 for parts, _ in reads]
     assert any(parts == 1 for parts, _ in reads)  # an update without noise to measure reads nothing
+
+
+def test_a_skipped_update_makes_no_progress():
+    """An update skipped for a NaN gradient (no AMP) made no step: progress, the scale-invariant
+    iteration count an LR schedule reads, stays where it was; the others advance by their gain."""
+    data = dataset(60)
+    model = make_model()
+    sampler = CustomSampler(data, TRACE, minibatch_size=MINIBATCH)
+    optimizer = AdaScaleOptimizer(two_groups(model), sampler, ref_batchsize=16)
+    sampler.set_epoch(0)
+    optimizer.set_epoch(0)
+    advanced = []  # (updated, progress made) per update
+    with pytest.warns(NonFiniteGradientWarning):
+        for x, y in DataLoader(data, batch_sampler=sampler):
+            step, before = optimizer.step_index, optimizer.progress
+            (nn.functional.mse_loss(model(x), y[:, :1]) * (math.nan if step == 3 else 1.0)).backward()
+            optimizer.step()
+            if optimizer.step_index != step:
+                advanced.append((optimizer.updated, optimizer.progress - before))
+    assert len(advanced) >= 4 and [updated for updated, _ in advanced] == [step != 3 for step in range(len(advanced))]
+    assert advanced[3][1] == 0 and all(made >= 1 for updated, made in advanced if updated)

@@ -97,6 +97,10 @@ class AdaScaleOptimizer(EthEaslOptimizer):
         self.last_gain = self._gain(model, batch)  # the whole model's
         self.progress += self.last_gain
 
+    def _updated(self, lr: tuple[float, ...]) -> None:
+        if not self.updated:  # skipped (inf/NaN): no step made, so no progress
+            self.progress -= self.last_gain
+
     def _gain(self, noise: NoiseEstimate | None, batch: int) -> float:
         if noise is None or batch == 0:
             return 1.0
