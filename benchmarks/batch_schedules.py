@@ -344,6 +344,9 @@ def main() -> None:
     parser.add_argument("--plot", help="draw the adaptive run, its predicted and the measured best batch here")
     parser.add_argument("--json", help="write every curve here")
     parser.add_argument("--probe-rules", nargs="+", help="the LR rules the probe tries (default: the task's)")
+    parser.add_argument("--probe-epsilon", type=float, default=0.2, help="the probe's epsilon (default 0.2)")
+    parser.add_argument("--probe-updates", type=int, default=4,
+                        help="the probe's window in updates at 8x the base batch (default 4)")
     parser.add_argument("--quick", action="store_true", help="a smoke test in seconds: seed 0, a tiny grid and budget")
     parser.add_argument("--runs", nargs="+",
                         default=["fixed", "warmup", "cosine", "seesaw", "adaptive", "hold", "probe"])
@@ -410,7 +413,8 @@ def one_seed(task: Task, seed: int, args) -> dict:
         runs[f"hold from {base}"] = {**run, "history": optimizer.history}
         print(f"  hold from {base}: batch {sampler.controller.batch} held from update {sampler.schedule.held_from}")
     if "probe" in args.runs:
-        runs[f"probe from {base}"] = probe_run(task, base, tuned_lr[base], seed)[0]
+        runs[f"probe from {base}"] = probe_run(task, base, tuned_lr[base], seed, epsilon=args.probe_epsilon,
+                                               updates=args.probe_updates)[0]
     for text in args.variant:
         name, options = parse_variant(text)
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed, **options)

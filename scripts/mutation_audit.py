@@ -40,6 +40,7 @@ ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
 PROBE_TESTS = "tests/core/test_critical_batch.py"
 PROBE_TORCH_TESTS = "tests/adaptive/test_probe_torch.py"
 PROBE_KERAS_TESTS = "tests/keras/test_probe_keras.py"
+PROBE_REPLICA_TESTS = "tests/adaptive/test_probe_replicas.py -k shard"
 RESTORE_TESTS = "tests/resize/test_restore_checks.py"
 ENGINE_TESTS = "tests/torch/test_engines.py"
 RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
@@ -256,6 +257,9 @@ MUTANTS = [
      "aikit/elastic/Torch/adaptive_sampler.py",
      "noise_every = NOISE_EVERY if batch_policy is None else PROBED_NOISE_EVERY", "noise_every = NOISE_EVERY",
      PROBE_TORCH_TESTS),
+    ("probe: replicas that probed on different data train on apart (their decisions not compared)",
+     "aikit/elastic/Torch/adaptive.py",
+     "        if len(self._probe_decisions()) != probes:\n            self.compare_again()\n", "", PROBE_REPLICA_TESTS),
     ("probe: Keras' rollback leaves the optimizer's state as the last branch left it", "aikit/keras/elastic/probe.py",
      "*self.model.metrics_variables, *self.optimizer.variables)", "*self.model.metrics_variables)",
      PROBE_KERAS_TESTS),

@@ -35,8 +35,8 @@ def make_model(seed: int = 0, dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Dropout(dropout), nn.Linear(16, 1)).double()
 
 
-def probed(data, model, adam: bool = False, first: int = 64):
-    policy = ProbePolicy(CriticalBatchProbe(64, epsilon=0.5, rules=("sqrt", "linear"), z=0.0), first=first)
+def probed(data, model, adam: bool = False, first: int = 64, epsilon: float = 0.5, rules=("sqrt", "linear")):
+    policy = ProbePolicy(CriticalBatchProbe(64, epsilon=epsilon, rules=rules, z=0.0), first=first)
     sampler = AdaptiveSampler(data, ref_batch_size=BASE, max_batch=MAX, max_device_batch=MAX, seed=5,
                               batch_policy=policy)
     inner = torch.optim.Adam(model.parameters(), lr=0.01) if adam else torch.optim.SGD(model.parameters(), lr=0.02)
@@ -46,13 +46,15 @@ def probed(data, model, adam: bool = False, first: int = 64):
     return sampler, optimizer
 
 
-def train(model, data, epochs, sampler, optimizer, first_epoch=0, after_update=lambda: None, scheduler=None):
-    """Every update's weights, in order."""
+def train(model, data, epochs, sampler, optimizer, first_epoch=0, after_update=lambda: None, scheduler=None,
+          on_batch=lambda y: None):
+    """Every update's weights, in order (``on_batch(y)`` sees each micro-batch's targets)."""
     weights = []
     for epoch in range(first_epoch, epochs):
         sampler.set_epoch(epoch)
         optimizer.set_epoch(epoch)
         for x, y in torch.utils.data.DataLoader(data, batch_sampler=sampler):
+            on_batch(y)
             per_sample(model, x, y).mean().backward()
             if optimizer.step():
                 weights.append([p.detach().clone() for p in model.parameters()])

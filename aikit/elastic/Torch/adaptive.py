@@ -20,7 +20,10 @@ row and decision (:class:`~aikit.core.adaptive.AdaptiveRun`). This module adds w
   gradients (:meth:`aikit.runtime.Torch.accumulator.Accumulator.reduce`), and
   :func:`aikit.core.gradient_noise.update_estimates` turns them into ``|G|²`` and ``tr(Σ)``.
 * **Every replica decides the same.** The controller sees only all-reduced numbers, so every
-  replica proposes the same batch at the same update.
+  replica proposes the same batch at the same update. A probe (``batch_policy=``) decides alone
+  on each replica from the same weights and samples; its decision rides, fingerprinted, in the
+  next update's all-reduce, so replicas that probed on different data are refused there, by
+  name, before they train apart.
 * **Changes at well-defined updates.** A DataLoader draws indices ahead of training (its
   workers prefetch), so the batch of update ``u`` is fixed ``lookahead`` updates before ``u``
   is trained: a decision after update ``k`` takes effect at update ``k + 1 + lookahead``. The
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 
 from aikit.core.adaptive import AdaptiveRun, UpdateClock, update_timing
+from aikit.core.agreement import disagreement
 from aikit.core.autolrs import write_schedule
 from aikit.core.critical_batch import ProbeController
 from aikit.core.errors import InvalidType, InvalidValue
@@ -200,10 +204,36 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
         return self.controller.noise.measured
 
     def _updated(self, lr: tuple[float, ...]) -> None:
-        """The update's history row, the controller's decision (none after a skipped update)
-        and the next batches decided."""
+        """The update's history row, the controller's decision (none after a skipped update) and
+        the next batches decided; after a probe, the replicas compare its decision at the next
+        update's all-reduce."""
+        probes = len(self._probe_decisions())
         self.run.finish(self.epoch, lr[0], log_change=self.sampler.rank == 0, applied=self.updated)
+        if len(self._probe_decisions()) != probes:
+            self.compare_again()
         self._arm()
+
+    def _probe_decisions(self) -> list[tuple]:
+        """Every probe's decision so far (not its CPU time, each replica's own): empty without a probe policy."""
+        policy = getattr(self.controller, "batch_policy", None)
+        return [] if policy is None else [(row["samples"], row["batch"], row["critical_batch"], row["rule"],
+                                           row["lr_scale"], row["resolved"]) for row in policy.rows]
+
+    def settings(self) -> dict[str, object]:
+        probes = self._probe_decisions()
+        return {**super().settings(), "probe decisions": probes} if probes else super().settings()
+
+    def _agree(self, settings: dict[str, object], rows: list[list[int]]) -> None:
+        """A probe's decision differing between replicas is refused with its own fix."""
+        problem = disagreement(list(settings), rows)
+        if problem is not None and "probe decisions (" in problem:
+            self._agreement_pending = False
+            raise InvalidValue(
+                f"the replicas' critical-batch probes decided differently by update {len(self.controller.batches) - 1} "
+                f"({problem}): each replica probes alone, so it must branch on the same data as every other: give "
+                "TorchBranches the whole training set and the whole held-out set on every replica (not this replica's "
+                "shard), and every replica the same probe, policy and seed")
+        super()._agree(settings, rows)
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
         if self.updates % self.log_steps == 0:
