@@ -55,7 +55,7 @@ def device_batches(global_batch_size: int, devices: int, policy: str = "ragged",
         return found
     if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Iterable):
         raise InvalidType(f"candidates must be a list of per-device batches (ints), got {candidates!r:.60}")
-    sizes = [positive_int(c, "candidates[i]") for c in candidates]
+    sizes = [positive_int(c, f"candidates[{i}]") for i, c in enumerate(candidates)]
     if not sizes:
         raise InvalidValue("candidates is empty: give the per-device batches to try, e.g. [64, 32, 16], or leave it "
                            "out (every plan's device batch)")

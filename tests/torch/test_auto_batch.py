@@ -124,3 +124,10 @@ def test_replicas_with_different_memory_agree_on_the_smallest_size_any_found(tor
     assert g == 48 and steps == -(-g // (2 * device_batch))
     assert ranks[1]["own"] < ranks[0]["own"], ranks  # the limits truly differ
     assert device_batch == ranks[1]["own"]  # the smallest any replica found
+
+
+def test_auto_written_otherwise_and_a_bad_candidate_are_named():
+    with pytest.raises(InvalidValue, match=r"max_device_batch='AUTO': write max_device_batch='auto' \(lower case"):
+        elastic.init(48, "AUTO", trial=lambda batch: None)
+    with pytest.raises(InvalidValue, match=r"candidates\[1\] must be a positive integer, got 0"):
+        elastic.init(48, "auto", trial=lambda batch: None, candidates=[24, 0])
