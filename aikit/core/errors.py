@@ -65,6 +65,12 @@ class NonFiniteGradientWarning(RuntimeWarning):
     one: no weight changed. Warned once per optimizer; the message says what to check."""
 
 
+class SmallSplitWarning(UserWarning):
+    """A global batch whose even splits force a per-device batch far below the one asked for (a
+    prime global batch: one sample per device per GA step), kept but slow; the message gives the
+    nearest global batches that split."""
+
+
 class NoGradientWarning(RuntimeWarning):
     """An update with no gradient at all, or one of whose micro-steps had no backward: the
     update changed nothing, or is the mean over micro-steps of which some gave nothing (a

@@ -22,6 +22,7 @@ from aikit.optional import accelerate  # noqa: F401  isort: skip  (first: a miss
 import contextlib
 import functools
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -30,10 +31,10 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import find_executable_batch_size as accelerate_find_executable_batch_size
 
-from aikit.core.device_batch import device_batches, smaller_plan
-from aikit.core.errors import InvalidType, InvalidValue, TrainingFailed
+from aikit.core.device_batch import device_batches, smaller_plan, steps_note
+from aikit.core.errors import InvalidType, InvalidValue, SmallSplitWarning, TrainingFailed
 from aikit.core.ga import mean_scale
-from aikit.core.plan import Plan, make_plan
+from aikit.core.plan import Plan, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
 
 __all__ = ["GlobalBatch", "Update", "even_device_batches"]
@@ -67,6 +68,14 @@ class GlobalBatch:
         self.global_batch_size = positive_int(global_batch_size, "global_batch_size")
         self.devices = accelerator.num_processes
         self.plan = self._plan(even_device_batches(self.global_batch_size, self.devices, max_device_batch)[0])
+        wanted = min(self.global_batch_size // self.devices or 1,
+                     self.global_batch_size if max_device_batch is None else max_device_batch)
+        if 2 * self.plan.device_batch <= wanted:
+            below, above = nearest_even_batches(self.global_batch_size, wanted, self.devices)
+            warnings.warn(SmallSplitWarning(
+                f"global batch {self.global_batch_size} splits evenly over {self.devices} process(es) only as "
+                f"{steps_note(self.plan)} ({wanted} per device asked for): kept, but slow; a global batch of {below} "
+                f"or {above} splits at up to {wanted} per device"), stacklevel=2)
         self.tried: list[int] = []  # the per-device batches that ran out of memory, in order
 
     def _plan(self, device_batch: int) -> Plan:

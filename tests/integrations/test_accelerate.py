@@ -19,7 +19,7 @@ accelerate = pytest.importorskip("accelerate")
 from accelerate import Accelerator  # noqa: E402
 from accelerate.utils import find_executable_batch_size  # noqa: E402
 
-from aikit.core.errors import InvalidType, InvalidValue, TrainingFailed  # noqa: E402
+from aikit.core.errors import InvalidType, InvalidValue, SmallSplitWarning, TrainingFailed  # noqa: E402
 from aikit.integrations.accelerate import GlobalBatch  # noqa: E402
 
 WORKER = Path(__file__).with_name("accelerate_worker.py")
@@ -130,6 +130,14 @@ def test_bad_input_is_named(accelerator):
     global_batch = GlobalBatch(accelerator, 128, 32)
     with pytest.raises(InvalidValue, match=r"count\(batch\) must be a whole number"):
         next(global_batch.updates([torch.ones(2)] * 4, count=lambda batch: batch.sum()))
+
+
+def test_a_global_batch_that_splits_only_small_is_kept_and_warned_about(accelerator):
+    with pytest.warns(SmallSplitWarning, match=r"global batch 127 splits evenly over 1 process\(es\) only as 127 GA "
+                                               r"steps of 1 per device \(8 per device asked for\): kept, but slow; a "
+                                               r"global batch of 112 or 128"):
+        kept = GlobalBatch(accelerator, 127, max_device_batch=8)
+    assert kept.device_batch == 1 and kept.steps == 127
 
 
 @pytest.mark.slow
