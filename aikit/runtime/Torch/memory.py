@@ -13,13 +13,14 @@ libraries a ``RuntimeError`` with "CUDA error: out of memory" or cuDNN's
 from __future__ import annotations
 
 import gc
+import importlib
+import importlib.util
 
 import torch
 
-try:
-    import resource
-except ImportError:  # not POSIX: no address-space limit to tell
-    resource = None
+# POSIX only (no address-space limit to tell elsewhere); found, not caught: aikit.optional is the
+# one place that turns a missing import into a message
+resource = importlib.import_module("resource") if importlib.util.find_spec("resource") else None
 
 _WORDS = (
     "DefaultCPUAllocator: can't allocate memory",  # the CPU allocator (torch 2.13)
