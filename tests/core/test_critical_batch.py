@@ -161,6 +161,11 @@ def test_with_shrink_a_later_probe_moves_back_down_by_the_factor_at_the_inverse_
     assert policy.down_factor(64) == 2  # within the batch the run started at
     run.critical = 10**6
     assert policy.act(run, 64, 8000, max_batch=128) == 128 and policy.lr_scale == pytest.approx(2.0)
+    # at max_batch, where the batches below do not split over the world, nothing is probed
+    stuck = ProbePolicy(probe(epsilon=0.3), first=2000, shrink=True)
+    assert stuck.act(Progress(critical=256), 32, 2000, max_batch=128) == 128 and stuck.due(4000, 128, 128)
+    assert stuck.act(run, 128, 4000, max_batch=128, runs=lambda b: b != 64) is None
+    assert stuck.next_at == 16000 and len(stuck.rows) == 1
     # without shrink the same grown run only looks up, and at max_batch is not due
     grows = ProbePolicy(probe(epsilon=0.3), first=2000)
     assert grows.act(Progress(critical=256), 32, 2000, max_batch=128) == 128

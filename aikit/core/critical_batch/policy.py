@@ -93,7 +93,10 @@ class ProbePolicy:
         left = None if self.budget is None else self.budget - samples
         down = self.down_factor(batch)
         if down > 1 and (batch % down or down not in self.probe.factors(batch // down, max_batch, runs)):
-            down = 1  # the batch below does not split over the world (or the window): look up only
+            down = 1  # the batches below do not split over the world (or the window): look up only
+        if down == 1 and 2 * batch > max_batch:
+            self.next_at = samples * self.spacing ** 2  # nothing to probe at max_batch
+            return None
         base = batch // down  # the base branch trains there, at its LR (the rule's inverse factor)
         at = branches if down == 1 else _AtLR(branches, 1 / RULE_FACTORS[self.rules[0]](down))
         try:
