@@ -14,6 +14,9 @@ For each task and seed:
 * **adaptive**: aikit's ``AdaptiveSampler``/``AdaptiveOptimizer`` from their defaults at the base
   batch and its tuned LR (``max_batch``, ``max_device_batch``: the task's; the LR rule AdaScale for
   SGD, sqrt for AdamW), and any ``--variants``.
+* **probe**: the critical-batch probe policy from the base batch (``ProbePolicy``: first probe at
+  ``--probe-first`` of the budget), and any ``--probe-variant`` (e.g. ``'late:first=0.1,shrink=1'``:
+  the first probe at 10 %, moving back down where a later probe contradicts a growth).
 * **hold**: the controller as a batch-size warmup: an adaptive run deciding early (5 noise
   estimates, every 5 updates) that holds its batch after the first tenth of the budget
   (``hold_after``: nothing more decided or measured), at the linear rule's LR (sqrt for AdamW).
