@@ -14,6 +14,9 @@ For each task and seed:
 * **adaptive**: aikit's ``AdaptiveSampler``/``AdaptiveOptimizer`` from their defaults at the base
   batch and its tuned LR (``max_batch``, ``max_device_batch``: the task's; the LR rule AdaScale for
   SGD, sqrt for AdamW), and any ``--variants``.
+* **probe**: the critical-batch probe policy from the base batch (``ProbePolicy``: first probe at
+  ``--probe-first`` of the budget), and any ``--probe-variant`` (e.g. ``'late:first=0.1,shrink=1'``:
+  the first probe at 10 %, moving back down where a later probe contradicts a growth).
 * **hold**: the controller as a batch-size warmup: an adaptive run deciding early (5 noise
   estimates, every 5 updates) that holds its batch after the first tenth of the budget
   (``hold_after``: nothing more decided or measured), at the linear rule's LR (sqrt for AdamW).
@@ -55,6 +58,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.critical_batch import CriticalBatchProbe, ProbePolicy
+from aikit.core.errors import ProbeUnresolved
 from aikit.core.ramp import seesaw_schedule, staged_schedule
 from aikit.core.scaling import cosine_decay
 from aikit.core.trace import TraceExhaustedError, schedule_trace
@@ -278,23 +282,25 @@ def adaptive_run(task: Task, base: int, lr: float, seed: int, rule: str | None =
 
 
 def probe_run(task: Task, base: int, lr: float, seed: int, epsilon: float = 0.2, first: float = 0.02,
-              updates: int = 4) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
+              updates: int = 4, shrink: bool = False) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
     """aikit's critical-batch probe policy from ``base``: probes from ``first`` of the budget on
     (geometric, x2), a window of ``updates`` updates at 8x the batch, the held-out set the
-    validation set; the probes' CPU time counted in the run's."""
+    validation set, moving back down where a later probe says (``shrink``); the probes' CPU time
+    counted in the run's."""
     torch.manual_seed(seed)
     model, clock = task.model(), Clock()
     probe = CriticalBatchProbe(updates * 8 * base, epsilon=epsilon, rules=task.probe_rules)
-    policy = ProbePolicy(probe, first=max(1, int(first * task.budget)), budget=task.budget, seed=seed)
+    policy = ProbePolicy(probe, first=float(first), budget=task.budget, seed=seed, shrink=bool(shrink))
     sampler = AdaptiveSampler(len(task.train), ref_batch_size=base, max_batch=task.max_batch,
                               max_device_batch=task.max_device, seed=seed, batch_policy=policy)
     optimizer = AdaptiveOptimizer(task.optimizer(model, lr), sampler, clock=clock)
     sampler.controller.attach(TorchBranches(model, optimizer, task.sample_losses, task.train, task.validation))
     run = train(task, model, sampler, optimizer, clock, task.budget)
     run["probes"], run["history"] = policy.rows, optimizer.history
-    print(f"  probe from {base}: " + "; ".join(
+    print(f"  probe from {base} (first {first}, shrink {bool(shrink)}): " + "; ".join(
         f"at {r['samples']} batch {r['batch']} -> critical {r['critical_batch']} ({r['rule']}, {r['probe_samples']} "
-        f"samples, {r['probe_seconds']:.2f} s)" for r in policy.rows), flush=True)
+        f"samples, {r['probe_seconds']:.2f} s{'' if r['resolved'] else ', unresolved'})" for r in policy.rows),
+        flush=True)
     return run, sampler, optimizer
 
 
@@ -347,6 +353,10 @@ def main() -> None:
     parser.add_argument("--probe-epsilon", type=float, default=0.2, help="the probe's epsilon (default 0.2)")
     parser.add_argument("--probe-updates", type=int, default=4,
                         help="the probe's window in updates at 8x the base batch (default 4)")
+    parser.add_argument("--probe-first", type=float, default=0.02,
+                        help="the first probe at this fraction of the budget (default 0.02)")
+    parser.add_argument("--probe-variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                        help="a probe run with other probe_run options, e.g. 'late:first=0.2,shrink=1'")
     parser.add_argument("--quick", action="store_true", help="a smoke test in seconds: seed 0, a tiny grid and budget")
     parser.add_argument("--runs", nargs="+",
                         default=["fixed", "warmup", "cosine", "seesaw", "adaptive", "hold", "probe"])
@@ -414,7 +424,15 @@ def one_seed(task: Task, seed: int, args) -> dict:
         print(f"  hold from {base}: batch {sampler.controller.batch} held from update {sampler.schedule.held_from}")
     if "probe" in args.runs:
         runs[f"probe from {base}"] = probe_run(task, base, tuned_lr[base], seed, epsilon=args.probe_epsilon,
-                                               updates=args.probe_updates)[0]
+                                               updates=args.probe_updates, first=args.probe_first)[0]
+    for text in args.probe_variant:
+        name, options = parse_variant(text)
+        options = {"epsilon": args.probe_epsilon, "updates": args.probe_updates, "first": args.probe_first, **options}
+        try:
+            runs[name] = probe_run(task, base, tuned_lr[base], seed, **options)[0]
+        except ProbeUnresolved as unresolved:  # its first probe could not tell: the run stops there, unreached
+            print(f"  {name}: {unresolved}", flush=True)
+            runs[name] = {"curve": [(0, 0, 0.0, 0.0, -math.inf)], "test": math.nan, "samples": 0, "updates": 0}
     for text in args.variant:
         name, options = parse_variant(text)
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed, **options)

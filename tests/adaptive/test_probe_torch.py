@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 from adaptive_common import dataset, with_weights
 from torch import nn
@@ -35,8 +36,9 @@ def make_model(seed: int = 0, dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Dropout(dropout), nn.Linear(16, 1)).double()
 
 
-def probed(data, model, adam: bool = False, first: int = 64, epsilon: float = 0.5, rules=("sqrt", "linear")):
-    policy = ProbePolicy(CriticalBatchProbe(64, epsilon=epsilon, rules=rules, z=0.0), first=first)
+def probed(data, model, adam: bool = False, first: int = 64, epsilon: float = 0.5, rules=("sqrt", "linear"),
+           shrink: bool = False):
+    policy = ProbePolicy(CriticalBatchProbe(64, epsilon=epsilon, rules=rules, z=0.0), first=first, shrink=shrink)
     sampler = AdaptiveSampler(data, ref_batch_size=BASE, max_batch=MAX, max_device_batch=MAX, seed=5,
                               batch_policy=policy)
     inner = torch.optim.Adam(model.parameters(), lr=0.01) if adam else torch.optim.SGD(model.parameters(), lr=0.02)
@@ -90,18 +92,23 @@ def test_every_branch_is_rolled_back_bit_for_bit():
     assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
-def test_a_probed_run_replays_from_its_trace_and_lr_column(tmp_path, caplog):
+@pytest.mark.parametrize("shrink", [False, True])
+def test_a_probed_run_replays_from_its_trace_and_lr_column(tmp_path, caplog, shrink):
     data, model = dataset(noise=0.1), make_model()
     start = [p.detach().clone() for p in model.parameters()]
-    sampler, optimizer = probed(data, model)
+    sampler, optimizer = probed(data, model, shrink=shrink)
     with caplog.at_level(logging.INFO, logger="aikit.adaptive"):
-        history = train(model, data, 2, sampler, optimizer)
+        history = train(model, data, 3 if shrink else 2, sampler, optimizer)
     policy = sampler.controller.batch_policy
     assert policy.rows and max(sampler.trace) > BASE  # a probe grew the batch
     grown = next(row for row in policy.rows if row["critical_batch"] > row["batch"])
     assert f"the probe's critical batch {grown['critical_batch']} (growth factor x" in caplog.text
     assert "goodput" not in caplog.text  # a probe's growth is not the goodput model's prediction
-    assert {row["lr"] for row in optimizer.history} == {0.02, 0.02 * policy.lr_scale}
+    moved = [row for row in policy.rows if row["critical_batch"] != row["batch"]]
+    assert {row["lr"] for row in optimizer.history} == {0.02, *(0.02 * row["lr_scale"] for row in moved)}
+    if shrink:  # grown 8 -> 64 (x8 at the linear rule's LR), then back down to 16 at 16's: LR x 2/8
+        assert [(row["batch"], row["critical_batch"]) for row in moved] == [(BASE, 64), (64, 16)]
+        assert sampler.trace[-1] == 16 and policy.lr_scale == 2.0 and "(shrink factor x0.25" in caplog.text
     sampler.write_trace(tmp_path / "trace.csv")
     optimizer.write_lr_schedule(tmp_path / "lr.csv")
     model = with_weights(make_model(), start)
@@ -109,31 +116,36 @@ def test_a_probed_run_replays_from_its_trace_and_lr_column(tmp_path, caplog):
                            seed=5)
     replay_opt = ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), replay)
     scheduler = UpdateScheduler(ReplaySchedule(replay_opt, tmp_path / "lr.csv"))
-    replayed = train(model, data, 2, replay, replay_opt, scheduler=scheduler)
+    replayed = train(model, data, 3 if shrink else 2, replay, replay_opt, scheduler=scheduler)
     assert len(replayed) == len(history)
     for got, want in zip(replayed, history, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_a_probed_run_resumes_through_elastic_state_to_the_same_bits(tmp_path):
+@pytest.mark.parametrize("shrink", [False, True])
+def test_a_probed_run_resumes_through_elastic_state_to_the_same_bits(tmp_path, shrink):
     data, model = dataset(noise=0.1), make_model()
-    sampler, optimizer = probed(data, model)
+    sampler, optimizer = probed(data, model, shrink=shrink)
     full = train(model, data, 3, sampler, optimizer)
     rows = sampler.controller.batch_policy.rows
     model = make_model()
-    sampler, optimizer = probed(data, model)
+    sampler, optimizer = probed(data, model, shrink=shrink)
     state = ElasticState(tmp_path, model=model, optimizer=optimizer, verbose=False)
     stop = len(full) // 2
 
-    def commit_at():
-        if len(sampler.controller.batches) == stop and not state.commits:
+    def commit_at():  # with shrink: after the growth (at 64 samples), before the shrink (at 512)
+        due = sum(sampler.controller.batches) >= 256 if shrink else len(sampler.controller.batches) == stop
+        if due and not state.commits:
             state.commit()
 
     train(model, data, 3, sampler, optimizer, after_update=commit_at)
     model = make_model(seed=9)
-    sampler, optimizer = probed(data, model)
+    sampler, optimizer = probed(data, model, shrink=shrink)
     state = ElasticState(tmp_path, model=model, optimizer=optimizer, verbose=False)
     assert state.restore()
+    if shrink:  # resumed after the growth, before the shrink: the resumed run looks down by the restored growth
+        assert sampler.controller.batch == 64 and sampler.controller.batch_policy.down_factor(64) == 8
+        assert [row["critical_batch"] for row in rows][-1] == 16
     rest = train(model, data, 3, sampler, optimizer, first_epoch=sampler.epoch)
     untimed = [{**row, "probe_seconds": 0} for row in rows]
     assert [{**row, "probe_seconds": 0} for row in sampler.controller.batch_policy.rows] == untimed

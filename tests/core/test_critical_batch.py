@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aikit.core.critical_batch import CriticalBatchProbe, ProbePolicy
-from aikit.core.errors import InvalidState, InvalidValue, ProbeUnresolved
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue, ProbeUnresolved
 
 
 class Progress:
@@ -22,7 +22,7 @@ class Progress:
         self.critical, self.dataset_size, self.loss, self.trained = critical, 10_000, 2.0, []
         self.offsets = np.random.default_rng(0).normal(0, spread, held_out)
         self.noise = np.random.default_rng(1).normal(0, noise, held_out) if noise else np.zeros(held_out)
-        self.snapshots = 0
+        self.snapshots, self.scale, self.branches = 0, 1.0, []  # scale: the run's LR over 32's (the lr_scale)
 
     def snapshot(self):
         self.snapshots += 1
@@ -33,9 +33,10 @@ class Progress:
 
     def train(self, indices, batch, lr_factor) -> None:
         k = batch / 32
-        right = math.isclose(lr_factor, math.sqrt(k))
+        right = math.isclose(lr_factor * self.scale, math.sqrt(k))
         self.loss -= len(indices) * 1e-4 / (1 + batch / self.critical) * (1.0 if right else 0.5)
         self.trained.append((len(indices), batch, lr_factor))
+        self.branches.append((batch, lr_factor * self.scale))  # every branch's batch and LR, not rolled back
 
     def evaluate(self):
         noise = self.noise * len(self.trained)  # a branch-dependent error where noise is given
@@ -141,3 +142,50 @@ def test_the_policy_state_round_trips_and_a_bad_one_changes_nothing():
     with pytest.raises(InvalidValue, match="lr_scale"):
         fresh.load_state_dict({**policy.state_dict(), "lr_scale": -1})
     assert fresh.state_dict() == policy.state_dict()
+
+
+def test_with_shrink_a_later_probe_moves_back_down_by_the_factor_at_the_inverse_lr():
+    run = Progress(critical=256)
+    policy = ProbePolicy(probe(epsilon=0.3), first=2000, shrink=True)
+    assert policy.act(run, 32, 2000, max_batch=128) == 128  # x4 at sqrt's LR: 2x
+    run.scale = policy.lr_scale
+    assert policy.down_factor(128) == 4 and policy.due(4000, 128, max_batch=128)  # at max_batch: still due
+    run.critical, run.branches = 128, []  # now 64 recovers against 32 (0.83) and 128 does not (0.625)
+    assert policy.act(run, 128, 4000, max_batch=128) == 64
+    assert policy.lr_scale == pytest.approx(math.sqrt(2)) and policy.rows[-1]["batch"] == 128
+    assert policy.rows[-1]["critical_batch"] == 64 and policy.next_at == 8000
+    # the base branch trained 32 at 32's LR (the run's over sqrt 4), the branches 64 and 128 at theirs
+    assert [b for b, _ in run.branches] == [32, 64, 128]
+    assert [lr for _, lr in run.branches] == pytest.approx([1, math.sqrt(2), 2])
+    run.scale = policy.lr_scale
+    assert policy.down_factor(64) == 2  # within the batch the run started at
+    run.critical = 10**6
+    assert policy.act(run, 64, 8000, max_batch=128) == 128 and policy.lr_scale == pytest.approx(2.0)
+    # at max_batch, where the batches below do not split over the world, nothing is probed
+    stuck = ProbePolicy(probe(epsilon=0.3), first=2000, shrink=True)
+    assert stuck.act(Progress(critical=256), 32, 2000, max_batch=128) == 128 and stuck.due(4000, 128, 128)
+    assert stuck.act(run, 128, 4000, max_batch=128, runs=lambda b: b != 64) is None
+    assert stuck.next_at == 16000 and len(stuck.rows) == 1
+    # without shrink the same grown run only looks up, and at max_batch is not due
+    grows = ProbePolicy(probe(epsilon=0.3), first=2000)
+    assert grows.act(Progress(critical=256), 32, 2000, max_batch=128) == 128
+    assert grows.down_factor(128) == 1 and not grows.due(4000, 128, max_batch=128)
+
+
+def test_a_shrink_round_trips_through_the_state():
+    run = Progress(critical=256)
+    policy = ProbePolicy(probe(epsilon=0.3), first=2000, shrink=True)
+    policy.act(run, 32, 2000, max_batch=1024)
+    run.scale, run.critical = policy.lr_scale, 128
+    policy.act(run, 128, 4000, max_batch=1024)
+    fresh = ProbePolicy(probe(epsilon=0.3), first=2000, shrink=True)
+    fresh.load_state_dict(policy.state_dict())
+    assert fresh.state_dict() == policy.state_dict() and fresh.down_factor(64) == policy.down_factor(64) == 2
+
+
+def test_first_as_a_fraction_of_the_budget():
+    assert ProbePolicy(probe(), first=0.25, budget=10_000).next_at == 2500
+    with pytest.raises(InvalidValue, match="fraction of the run's samples, but no budget"):
+        ProbePolicy(probe(), first=0.25)
+    with pytest.raises(InvalidType, match="first"):
+        ProbePolicy(probe(), first=1.5, budget=10_000)

@@ -23,7 +23,7 @@ logged diagnostic, not what decides, and each measurement costs an update one mo
 
 
 class ProbeController(GoodputController):
-    """Grows the batch where the probes say, after an update (:meth:`propose`), once the adapter
+    """Moves the batch where the probes say, after an update (:meth:`propose`), once the adapter
     attached its :class:`Branches` (:meth:`attach`). ``batch_policy`` first; other arguments as
     :class:`~aikit.core.goodput.GoodputController`'s."""
 
@@ -59,7 +59,9 @@ class ProbeController(GoodputController):
 
     def change_reason(self) -> str:
         row = self.batch_policy.rows[-1]
-        return (f"the probe's critical batch {row['critical_batch']} (growth factor x{self.changes[-1][3]:g}, LR rule "
+        factor = self.changes[-1][3]
+        return (f"the probe's critical batch {row['critical_batch']} ({'growth' if factor > 1 else 'shrink'} factor "
+                f"x{factor:g}, LR rule "
                 f"{row['rule']}, LR x{row['lr_scale']:.3g} the base's)")
 
     def _runs_one(self, batch: int) -> bool:
