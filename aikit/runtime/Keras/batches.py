@@ -10,6 +10,15 @@ import numpy as np
 from aikit.core.errors import InvalidType, InvalidValue
 
 
+def check_lengths(data, name: str) -> None:
+    """Refuse arrays ``(x, y[, sample_weight])`` of different lengths, naming each length."""
+    lengths = [len(part) for part in data]
+    if len(set(lengths)) > 1:
+        parts = ", ".join(f"{part} {length}" for part, length in zip(("x", "y", "sample_weight"), lengths,
+                                                                      strict=False))
+        raise InvalidValue(f"`{name}` holds arrays of different lengths ({parts}): give one entry per sample in each")
+
+
 class ArrayBatches:
     """``data`` in batches of ``batch_size``, in a fresh seeded order each pass when ``shuffle``,
     every pass again when ``repeat``."""
@@ -18,12 +27,7 @@ class ArrayBatches:
         if not (isinstance(data, (tuple, list)) and len(data) in (2, 3)):
             raise InvalidType(f"`{name}` has unsupported type: {type(data)}. Expected a tuple (x, y) of arrays, or "
                               "(x, y, sample_weight)")
-        lengths = [len(part) for part in data]
-        if len(set(lengths)) > 1:
-            parts = ", ".join(f"{part} {length}" for part, length in zip(("x", "y", "sample_weight"), lengths,
-                                                                          strict=False))
-            raise InvalidValue(f"`{name}` holds arrays of different lengths ({parts}): give one entry per sample in "
-                               "each")
+        check_lengths(data, name)
         self.data = [np.asarray(part) for part in data]
         self.batch_size, self.shuffle, self.repeat = batch_size, shuffle, repeat
         self.rng = np.random.default_rng(seed)

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.runtime.Keras import strategies
+from aikit.runtime.Keras.batches import check_lengths
 
 ops = keras.ops
 INT_MAX = 2**63 - 1  # what an int64 variable holds
@@ -243,12 +244,7 @@ def batches(data, name: str, batch_size: int, shuffle: bool, repeat: bool = Fals
     if isinstance(data, tf.data.Dataset):
         return data.repeat() if repeat else data
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        lengths = [len(part) for part in data]
-        if len(set(lengths)) > 1:
-            parts = ", ".join(f"{part} {length}" for part, length in zip(("x", "y", "sample_weight"), lengths,
-                                                                          strict=False))
-            raise InvalidValue(f"`{name}` holds arrays of different lengths ({parts}): give one entry per sample in "
-                               "each")
+        check_lengths(data, name)
         dataset = tf.data.Dataset.from_tensor_slices(tuple(data))
         if shuffle:
             dataset = dataset.shuffle(len(data[0]), reshuffle_each_iteration=True)
