@@ -59,7 +59,7 @@ class Accumulator:
         self.scaler = scaler
         self.skip_nonfinite = checked_bool(skip_nonfinite, "skip_nonfinite")
         self.skips = SkipCount(max_skips_in_a_row)  # updates skipped (AMP's too), non-finite ones in a row
-        self.outcomes = Outcomes(self.skips)  # updates applied, some perhaps decided on the device
+        self.outcomes = Outcomes(self.skips, by_amp=amp.enabled(scaler))  # updates applied (some decided on the device)
         self.marks = BackwardMarks(optimizer)  # which micro-steps' backward reached the parameters
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
@@ -294,7 +294,7 @@ class Accumulator:
             norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         if found is None and checked is not None and amp.decides_on_device(self.optimizer):
             amp.step_unless(self.optimizer, checked)
-            self.outcomes.flag(checked, by_amp=False)
+            self.outcomes.flag(checked)
             stepped = None
         elif found is None:
             if self.skip_nonfinite and grads and not self._finite(grads, norm, checked):
@@ -304,14 +304,14 @@ class Accumulator:
         else:
             stepped = amp.amp_step(self.scaler, self.optimizer, found)
             if stepped is None:
-                self.outcomes.flag(found, by_amp=True)
+                self.outcomes.flag(found)
             elif not stepped:
                 self.skips.amp_skipped()
         self.optimizer.zero_grad()
         self.marks.restart()
         if stepped is None:
             if self.outcomes.due():
-                self.outcomes.settle()  # a run of non-finite skips refused in time
+                self.outcomes.settle()  # a run of non-finite skips refused in time, the flags kept few
             return None
         return self.outcomes.record(stepped)
 

@@ -3,10 +3,10 @@
 Every aikit torch optimizer counts the updates it applied (what an ``UpdateScheduler``, a trace's
 warmup or AutoLRS count) and those skipped for an inf/NaN gradient. Where the update ran on the
 host the outcome is known at once (:meth:`Outcomes.record`). A fused optimizer handed the inf/NaN
-flag skips inside its kernel (:mod:`aikit.runtime.Torch.amp`): its outcomes stay on the device,
-summed there (:meth:`Outcomes.flag`), until someone asks (:meth:`Outcomes.settle`: one read for
-all of them); without AMP a read is due at the latest every ``max_skips_in_a_row`` updates, so
-that a run of skips is refused in time (:meth:`Outcomes.due`).
+flag skips inside its kernel (:mod:`aikit.runtime.Torch.amp`): its flags stay on the device, as
+they are (:meth:`Outcomes.flag`: no work added to the update), until someone asks (:meth:`Outcomes.settle`: one read for
+all of them); a read is due at the latest every ``max_skips_in_a_row`` updates without AMP, so
+that a run of skips is refused in time, and every ``MAX_UNREAD`` with it (:meth:`Outcomes.due`).
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ import torch
 from aikit.core.skips import SkipCount
 
 ON_DEVICE = "found on the device by the fused optimizer's check"
-MAX_UNREAD = 100  # without max_skips_in_a_row, the flags are read at least this often
+MAX_UNREAD = 100  # the flags are read at least this often (under AMP, or without max_skips_in_a_row)
 
 
 class Outcomes:
-    """The updates ``applied``, whether the last was (``stepped``), and the ``skips``."""
+    """The updates ``applied``, whether the last was (``stepped``), and the ``skips`` (``by_amp``:
+    the flags come from AMP's scaler, else from aikit's finiteness check)."""
 
-    def __init__(self, skips: SkipCount) -> None:
+    def __init__(self, skips: SkipCount, by_amp: bool) -> None:
         self.skips = skips
+        self.by_amp = by_amp
         self.applied = 0  # updates applied (skips not counted)
         self.stepped = False  # whether the last update was applied
-        self._unread: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None
+        self._unread: list[torch.Tensor] = []  # the inf/NaN flags of updates decided on the device, in order
 
     def record(self, stepped: bool) -> bool:
         """An update whose outcome the host knows (the flags before it read first)."""
@@ -35,30 +37,30 @@ class Outcomes:
         self.stepped = stepped
         return stepped
 
-    def flag(self, found: torch.Tensor, by_amp: bool) -> None:
-        """An update a fused optimizer decided on the device from ``found`` (nonzero: skipped, by
-        AMP's scaler with ``by_amp``, else for a non-finite gradient): summed there, not read."""
-        flag = (found > 0).to(torch.int64)
-        updates, skips, in_a_row, _, _ = self._unread or (0, 0, 0, None, by_amp)
-        self._unread = (updates + 1, skips + flag, (in_a_row + flag) * flag, flag, by_amp)
+    def flag(self, found: torch.Tensor) -> None:
+        """An update a fused optimizer decided on the device from ``found`` (nonzero: skipped):
+        kept there as it is, not read, no work added to the update."""
+        self._unread.append(found)
 
     def due(self) -> bool:
-        """Whether the non-finite flags must be read now, lest a run of skips go on unrefused."""
-        return (self._unread is not None and not self._unread[4]
-                and self._unread[0] >= (self.skips.max_in_a_row or MAX_UNREAD))
+        """Whether the flags must be read now: lest a run of non-finite skips go on unrefused, and
+        lest they pile up where nobody asks."""
+        return len(self._unread) >= (MAX_UNREAD if self.by_amp else self.skips.max_in_a_row or MAX_UNREAD)
 
     def settle(self) -> bool:
         """Whether the last update was applied, the flags kept on the device read first (one read
         for all; nothing to read otherwise) and their skips counted, warned about or refused."""
-        if self._unread is not None:
-            (updates, skips, in_a_row, last, by_amp), self._unread = self._unread, None
-            skipped, in_a_row, last_skipped = torch.stack([skips, in_a_row, last]).tolist()  # the one read
-            self.applied += updates - skipped
-            self.stepped = not last_skipped
-            if by_amp:
+        if self._unread:
+            flags, self._unread = self._unread, []
+            skips = (torch.stack(flags) > 0).tolist()  # the one read
+            skipped = sum(skips)
+            in_a_row = next((i for i, skip in enumerate(reversed(skips)) if not skip), len(skips))
+            self.applied += len(flags) - skipped
+            self.stepped = not skips[-1]
+            if self.by_amp:
                 self.skips.amp_skipped(skipped)
             elif skipped:
-                self.skips.nonfinite(ON_DEVICE, count=skipped, last_in_a_row=in_a_row, updates=updates)
+                self.skips.nonfinite(ON_DEVICE, count=skipped, last_in_a_row=in_a_row, updates=len(flags))
             else:
                 self.skips.applied()
         return self.stepped
