@@ -46,7 +46,4 @@ def max_device_batch_of(max_device_batch: object, max_gpu_batch_size: object = N
     if value is None:
         raise InvalidValue("max_device_batch is required: the most samples one device holds in a micro-batch "
                            "(Run:AI's AIkit Elastic's max_gpu_batch_size, the second argument of init)")
-    if isinstance(value, str) and value != "auto" and value.strip().lower() == "auto":  # torch's init takes 'auto'
-        raise InvalidValue(f"{name}={value!r}: write max_device_batch='auto' (lower case, with trial=, a function that "
-                           "runs one forward and backward of yours at a per-device batch it is given)")
     return positive_int(value, name)

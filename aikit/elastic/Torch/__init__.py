@@ -80,7 +80,11 @@ def init(global_batch_size: int, max_device_batch: int | str | None = None, gpus
     replica runs the smallest any found (:mod:`aikit.elastic.Torch.auto_batch`; the search is
     logged and kept as ``aikit.elastic.Torch.search``)."""
     g = positive_int(global_batch_size, "global_batch_size")
-    auto = isinstance(max_device_batch, str) and max_device_batch == "auto"
+    auto = isinstance(max_device_batch, str) and max_device_batch.strip().lower() == "auto"
+    if auto and max_device_batch != "auto":
+        raise InvalidValue(f"max_device_batch={max_device_batch!r}: write max_device_batch='auto' (lower case, with "
+                           "trial=, a function that runs one forward and backward of yours at a per-device batch it "
+                           "is given)")
     m = g if auto else max_device_batch_of(max_device_batch, max_gpu_batch_size)
     processes = distributed.world_size()
     if processes > 1 and gpus is not None and positive_int(gpus, "gpus") != processes:
