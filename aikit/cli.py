@@ -2,7 +2,7 @@
 
 aikit plan --global-batch-size 256 --max-device-batch 64 [--gpus N] [--policy ragged]
 aikit trace check trace.csv --micro-batch 32 --replicas 8 --dataset-size 60000
-(--max-gpu-batch-size and --minibatch-size, the names of Run:AI's AIkit Elastic and eth-easl, say the same)
+(--max-gpu-batch-size, the name of Run:AI's AIkit Elastic, says the same as --max-device-batch)
 aikit trace plot trace.csv -o trace.png [--dataset-size 60000]
 aikit trace make ramp --start 64 --end 1024 --steps 500 -o trace.csv
 aikit trace make schedule "0:768 250B:1536 500B:3072" --seq-length 4096 --tokens 1T -o trace.csv
@@ -109,7 +109,7 @@ def checked_trace(args: argparse.Namespace) -> tuple[Trace, ramp.BatchSchedule |
 
 def cmd_trace_check(args: argparse.Namespace) -> int:
     non_negative_int(args.show_epochs, "--show-epochs")  # -1 listed nothing and said nothing
-    micro, micro_name = either("minibatch_size", args.micro_batch, args.minibatch_size, flags=True)
+    micro, micro_name = args.micro_batch, "--micro-batch"
     if (micro is None) == (args.max_device_batch is None):
         raise InvalidValue(f"give {micro_name} (one micro-batch size) or --max-device-batch (each step split "
                            "evenly, as an adaptive run's trace replays), one of them")
@@ -122,7 +122,7 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
     for option, value in {micro_name: micro, "--max-device-batch": args.max_device_batch,
                           "--noise-every": args.noise_every}.items():
         if value is not None:
-            positive_int(value, option)  # 0 refused, as CustomSampler refuses it
+            positive_int(value, option)  # 0 refused, as TraceSampler refuses it
     if args.noise_until is not None:
         non_negative_int(args.noise_until, "--noise-until")
     trace, batch_schedule = checked_trace(args)
@@ -130,15 +130,15 @@ def cmd_trace_check(args: argparse.Namespace) -> int:
     print(f"{trace}: {len(sizes)} steps, {sum(sizes.tolist())} samples, batch sizes {sizes.min()}..{sizes.max()}")
     if batch_schedule is not None:
         print_stages(batch_schedule, sizes)
-    micro, name = micro or 1, micro_name[2:].replace("-", "_")  # problems name it as CustomSampler's argument
+    micro, name = micro or 1, micro_name[2:].replace("-", "_")  # problems name it as TraceSampler's argument
     checked_settings(args.dataset_size, args.replicas, args.max_device_batch or micro,
-                     bound=args.max_device_batch is not None, name=name)  # refused as CustomSampler does
+                     bound=args.max_device_batch is not None, name=name)  # refused as TraceSampler does
     problems = schedule_problems(trace, args.dataset_size, args.replicas, micro, args.balanced, **grown, name=name)
     if not problems:
-        fixed = None if args.max_device_batch is not None else micro  # one of the two, as CustomSampler takes them
+        fixed = None if args.max_device_batch is not None else micro  # one of the two, as TraceSampler takes them
         schedule = Schedule(trace, args.dataset_size, args.replicas, fixed, balanced=args.balanced, **grown)
         try:
-            schedule.epoch(0)  # as CustomSampler does when it is built: the trace must cover its first epoch
+            schedule.epoch(0)  # as TraceSampler does when it is built: the trace must cover its first epoch
         except TraceExhaustedError as error:
             problems.append(str(error))
         full = schedule.full_epochs()
@@ -282,7 +282,6 @@ def parser() -> argparse.ArgumentParser:
     c = t.add_parser("check", help="epochs, steps, samples and every problem of a trace")
     source_options(c)
     c.add_argument("--micro-batch", type=whole_number, help="samples per micro-batch, fixed")
-    c.add_argument("--minibatch-size", type=whole_number, help="the same, by eth-easl's name")
     c.add_argument("--max-device-batch", type=whole_number,
                    help="instead: each step split evenly in micro-batches of at most this (an adaptive run's trace)")
     c.add_argument("--noise-every", type=whole_number,

@@ -76,3 +76,98 @@ def test_the_names_table_lists_every_original_name_the_edge_takes():
     for alias, (name, system) in ORIGINAL_NAMES.items():
         assert name in rows, f"no row for {name} in the Names table"
         assert f"`{alias}`" in rows[name] and system.split("'")[0] in rows[name], (alias, rows[name])
+
+
+# --- the house: one home for process state, the originals on top, shallow hierarchies ---------------
+MUTATORS = {"append", "extend", "update", "clear", "pop", "popitem", "setdefault", "add", "discard", "remove",
+            "insert"}
+
+
+def module_state_writers() -> dict[str, list[str]]:
+    """Every module of aikit whose functions change state that outlives a call: a name the module
+    binds at its top level, rebound (``global``), assigned into or mutated in place; or a module's
+    attributes written (``setattr``, ``sys.modules[...].x = ...``)."""
+    found = {}
+    for path in sorted((ROOT / "aikit").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+               for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+               if isinstance(target, ast.Name)}
+        hits = set()
+        for function in (node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            local = {a.arg for a in (*function.args.args, *function.args.kwonlyargs)}
+            for node in ast.walk(function):
+                if isinstance(node, ast.Global):
+                    hits.update(node.names)
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+                for target in targets:
+                    base = target
+                    while isinstance(base, (ast.Subscript, ast.Attribute)):
+                        base = base.value
+                    if base is not target and isinstance(base, ast.Name) and base.id in top and base.id not in local:
+                        hits.add(base.id)
+                    if isinstance(target, ast.Attribute) and "sys.modules" in ast.unparse(target.value):
+                        hits.add(ast.unparse(target))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                    base = node.func.value
+                    if isinstance(base, ast.Name) and base.id in top and base.id not in local:
+                        hits.add(base.id)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+                        and "module" in ast.unparse(node.args[0]):
+                    hits.add(f"setattr({ast.unparse(node.args[0])}, ...)")
+        if hits:
+            found[path.relative_to(ROOT).as_posix()] = sorted(hits)
+    return found
+
+
+def test_process_state_has_one_home_and_one_writer():
+    """What aikit remembers between calls lives in ``runtime/process.py`` alone, and only its
+    functions write it or a module's attributes (the plan ``init`` publishes)."""
+    assert "`ProcessState` in `runtime/process.py`, written only by its functions" in " ".join(PAGE.split())
+    assert module_state_writers() == {"aikit/runtime/process.py": ["_state", "setattr(module, ...)"]}
+
+
+def classes() -> dict[tuple[str, str], tuple[int, list[tuple[str, str]]]]:
+    """Every top-level class of aikit by (module, name): its lines and its aikit bases, each base
+    found where the module defines or imports it (a name of torch's is no aikit class)."""
+    defined, imported = {}, {}
+    for path in sorted((ROOT / "aikit").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(path.read_text())
+        imported[module] = {alias.asname or alias.name: node.module for node in ast.walk(tree)
+                            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aikit")
+                            for alias in node.names}
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                defined[module, node.name] = (node.end_lineno - node.lineno + 1,
+                                              [base.id for base in node.bases if isinstance(base, ast.Name)])
+
+    def resolve(module: str, name: str, hops: int = 0) -> tuple[str, str] | None:
+        if (module, name) in defined:
+            return module, name
+        source = imported.get(module, {}).get(name)
+        return None if source is None or hops > 5 else resolve(source, name, hops + 1)
+
+    return {key: (lines, [found for base in bases if (found := resolve(key[0], base))])
+            for key, (lines, bases) in defined.items()}
+
+
+def test_no_aikit_class_builds_on_an_originals_class_and_no_hierarchy_is_deep():
+    """The originals' vocabularies sit on top: no class outside their edge modules has one of
+    theirs among its bases; and no chain of aikit classes is longer than the page says."""
+    (limit,) = {int(n) for n in stated(r"no class hierarchy of aikit is deeper than (\d+) classes")}
+    edges = {"aikit.elastic.Torch.eth_easl", "aikit.ga.Torch.runai"}
+    found = classes()
+
+    def ancestors(key: tuple[str, str]) -> set[tuple[str, str]]:
+        return {key}.union(*(ancestors(base) for base in found[key][1]))
+
+    def depth(key: tuple[str, str]) -> int:
+        return 1 + max((depth(base) for base in found[key][1]), default=0)
+
+    on_edges = {f"{module}.{name}" for (module, name) in found if module not in edges
+                and any(base[0] in edges for base in ancestors((module, name)) - {(module, name)})}
+    assert on_edges == set()
+    assert {f"{m}.{n}": depth((m, n)) for (m, n) in found if depth((m, n)) > limit} == {}

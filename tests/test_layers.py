@@ -45,7 +45,7 @@ APART = {"aikit.elastic": "elastic", "aikit.keras.elastic": "elastic", "aikit.lr
 FRAMEWORKS = {"torch", "torch_xla", "tensorflow", "keras", "horovod", "jax", "lightning", "transformers"}
 # modules that load no framework: the core, the package inits above the adapters, and what
 # every layer may import without one
-FRAMEWORK_FREE = {"aikit", "aikit.optional", "aikit.core", "aikit.runtime", "aikit.runtime.published",
+FRAMEWORK_FREE = {"aikit", "aikit.optional", "aikit.core", "aikit.runtime", "aikit.runtime.process",
                   "aikit.runtime.originals", "aikit.ga", "aikit.ga.exports", "aikit.elastic", "aikit.lr_finder",
                   "aikit.autolrs", "aikit.integrations"}
 
@@ -137,13 +137,13 @@ def test_every_import_of_aikit_points_down():
     ("aikit.runtime.Torch.planted", "from aikit.elastic.Torch import sampler\n", "a higher layer"),
     ("aikit.ga.Torch.planted", "import aikit.elastic\n", "a higher layer"),
     ("aikit.runtime.Torch.planted", "from aikit.ga.Torch.optim import Optimizer\n", "a higher layer"),
-    ("aikit.core.planted", "from aikit.runtime.published import latest_plan\n", "a higher layer"),
+    ("aikit.core.planted", "from aikit.runtime.process import plan_of\n", "a higher layer"),
     ("aikit.autolrs.Torch.planted", "from aikit.elastic.Torch import CustomSampler\n", "a sibling"),
     ("aikit.lr_finder.Torch.planted", "from aikit.autolrs import plot\n", "a sibling"),
     ("aikit.ga.Torch.planted", "def f():\n    from aikit.runtime.Torch import collectives\n", "inside a function"),
     ("aikit.ga.Torch.planted", "class C:\n    import aikit.core.ga\n", "inside a function or class"),
     ("aikit.core.planted", "import torch\n", "must load no framework"),
-    ("aikit.runtime.published", "from tensorflow import keras\n", "must load no framework"),
+    ("aikit.runtime.process", "from tensorflow import keras\n", "must load no framework"),
     ("aikit.runtime.Torch.planted", "from ...ga.Torch import optim\n", "a higher layer"),
     ("aikit.newpackage.planted", "import aikit.core\n", "in no layer"),
     ("aikit.keras.planted", "from aikit.keras.elastic import init\n", "a higher layer"),
@@ -216,8 +216,7 @@ def test_moved_modules_keep_their_old_public_paths(statement):
     no copy of either (it defines nothing, it only hands over the module) and nothing is
     registered for it until it is imported."""
     loaded = loaded_after(statement)
-    for old in ("aikit/elastic/Torch/distributed.py", "aikit/elastic/Torch/spmd.py", "aikit/elastic/TF/strategies.py",
-                "aikit/core/windows.py"):
+    for old in ("aikit/elastic/Torch/distributed.py", "aikit/elastic/Torch/spmd.py", "aikit/elastic/TF/strategies.py"):
         tree = ast.parse((ROOT / old).read_text())
         assert not [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))], old
     imported = set(re.findall(r"aikit\.elastic\.Torch\.(?:distributed|spmd)", statement))

@@ -233,7 +233,7 @@ def even_micro_batches(
 
     A function of the batch alone, so a trace of global batches and these numbers fix every
     micro-batch: how an adaptive run that grows its per-device batch (as AdaptDL does) is
-    replayed by ``CustomSampler(max_device_batch=...)``."""
+    replayed by ``TraceSampler(max_device_batch=...)``."""
     sizes = np.asarray(batch_sizes, dtype=np.int64)
     steps = np.maximum(-(-min_micro_batches // devices), -(-sizes // (devices * max_device_batch)))
     return np.where(sizes % (devices * steps) == 0, sizes // (devices * steps), 0)

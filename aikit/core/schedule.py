@@ -213,8 +213,8 @@ class Schedule:
 
     ``micro_batch`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits each
     step evenly (see the module docstring), and then ``micro_batch`` is None. ``micro_name`` is what
-    the messages call the micro-batch: the name the caller's user wrote (a ``CustomSampler`` given
-    eth-easl's ``minibatch_size=`` passes that).
+    the messages call the micro-batch: the name the caller's user wrote (eth-easl's ``CustomSampler``
+    given ``minibatch_size=`` passes that).
     """
 
     def __init__(

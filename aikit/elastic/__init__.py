@@ -4,7 +4,7 @@ After either ``init``, the plan's attributes (``steps``, ``batch_size``, ``globa
 ``gpus``, ``master``) and the plan itself (``plan``) can also be read here, as Run:AI's AIkit
 Elastic writes them (``aikit.elastic.batch_size``); after the Keras ``init`` also its
 ``strategy`` (TensorFlow) or ``distribution`` (JAX), and under Horovod ``hvd``. They are those
-of the latest ``init``, kept by :mod:`aikit.runtime.published`. Once ``aikit.keras.elastic``
+of the latest ``init``, kept by :mod:`aikit.runtime.process`. Once ``aikit.keras.elastic``
 (``aikit.elastic.TF``) is imported, ``aikit.elastic.models``
 is its ``model`` module, as Run:AI's AIkit Elastic writes ``aikit.elastic.models.Model(model)``.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from aikit.runtime.published import PUBLIC, latest_extras, latest_plan
+from aikit.runtime.process import PUBLIC, latest
 
 _KERAS_MODELS = "aikit.keras.elastic.model"
 
@@ -25,17 +25,16 @@ def __getattr__(name: str):
                                  "(or aikit.elastic.TF) first (Run:AI's AIkit Elastic's `import runai.elastic.keras`)")
         return sys.modules[_KERAS_MODELS]
     if name in (*PUBLIC, "plan", "strategy", "distribution", "hvd"):
-        plan = latest_plan()
-        if plan is None:
+        if latest() is None:
             raise AttributeError(
                 f"aikit.elastic.{name} is set by init(): call aikit.elastic.Torch.init(...) "
                 "or aikit.elastic.TF.init(...) first"
             )
+        plan, extras = latest()
         if name == "plan":
             return plan
         if name in PUBLIC:
             return getattr(plan, name)
-        extras = latest_extras()
         if name in extras:
             return extras[name]
         if name == "hvd":

@@ -6,7 +6,7 @@ gives, so a ``LightningModule`` trains as the same loop written by hand would:
 * :class:`ElasticPlan`: :func:`aikit.elastic.Torch.init`'s plan for the Trainer's devices
   becomes ``trainer.accumulate_grad_batches`` and the module's ``batch_size``;
 * :class:`TraceBatchSize`: the global batch follows a trace (a
-  :class:`~aikit.elastic.Torch.CustomSampler` feeds the loader, the trace optimizer scales the LR);
+  :class:`~aikit.elastic.Torch.TraceSampler` feeds the loader, the trace optimizer scales the LR);
 * :class:`AutoLRSCallback` (also importable as ``AutoLRS``, its first name): :class:`aikit.autolrs.Torch.AutoLRS`
   after every optimizer step.
 """
@@ -25,8 +25,7 @@ import aikit.elastic.Torch
 from aikit.core.errors import InvalidValue
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.plan import Plan, nearest_even_batches
-from aikit.elastic.Torch import CustomSampler, TraceOptimizer
-from aikit.elastic.Torch.eth_easl import ref_batch_size_named
+from aikit.elastic.Torch import TraceOptimizer, TraceSampler
 from aikit.runtime.originals import max_device_batch_of
 
 __all__ = ["AutoLRS", "AutoLRSCallback", "ElasticPlan", "TraceBatchSize"]
@@ -105,8 +104,8 @@ class ElasticPlan(Callback):
 class TraceBatchSize(Callback):
     """The global batch follows ``sampler``'s trace; the LR follows ``rule`` (a rule of
     :data:`aikit.core.scaling.RULES` for a trace: ``"linear"``, ``"sqrt"``, ``"constant"``,
-    ``"seesaw"``, ...) against ``ref_batch_size``, the global batch the LR was tuned for
-    (``ref_batchsize=``, eth-easl's name, says the same), with ``warmup_steps`` and an
+    ``"seesaw"``, ...) against ``ref_batch_size``, the global batch the LR was tuned for, with
+    ``warmup_steps`` and an
     ``lr_decay`` over the samples trained (``"seesaw"`` needs one): an
     :class:`~aikit.core.lr_policy.LRPolicy`, checked here.
 
@@ -120,14 +119,13 @@ class TraceBatchSize(Callback):
     for several processes write the loop with the same sampler and optimizer under torchrun.
     """
 
-    def __init__(self, sampler: CustomSampler, ref_batch_size: int | None = None, rule: str = "linear",
-                 *, warmup_steps: int = 0, log_steps: int | None = None, ref_batchsize: int | None = None,
+    def __init__(self, sampler: TraceSampler, ref_batch_size: int | None = None, rule: str = "linear",
+                 *, warmup_steps: int = 0, log_steps: int | None = None,
                  lr_decay: Callable[[int], float] | None = None):
-        ref, ref_name = ref_batch_size_named(ref_batch_size, ref_batchsize)
-        self.policy = LRPolicy(rule, ref, warmup_steps, lr_decay, user="TraceBatchSize", ref_name=ref_name)
-        if not isinstance(sampler, CustomSampler):
-            raise InvalidValue(f"TraceBatchSize needs the CustomSampler that feeds the train loader, got {sampler!r}")
-        self.sampler, self.rule, self.ref_batch_size = sampler, self.policy.rule.name, ref
+        self.policy = LRPolicy(rule, ref_batch_size, warmup_steps, lr_decay, user="TraceBatchSize")
+        if not isinstance(sampler, TraceSampler):
+            raise InvalidValue(f"TraceBatchSize needs the TraceSampler that feeds the train loader, got {sampler!r}")
+        self.sampler, self.rule, self.ref_batch_size = sampler, self.policy.rule.name, ref_batch_size
         self.log_steps = log_steps
         self.optimizer = None
 
@@ -135,8 +133,8 @@ class TraceBatchSize(Callback):
         if trainer.world_size > 1:
             raise InvalidValue(
                 f"TraceBatchSize runs in one process, this Trainer has {trainer.world_size}: Lightning's DDP "
-                "all-reduces every micro-batch; train several processes with CustomSampler and "
-                "LinearRuleOptimizer in a torchrun loop"
+                "all-reduces every micro-batch; train several processes with TraceSampler and "
+                "TraceOptimizer in a torchrun loop"
             )
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise InvalidValue(

@@ -44,7 +44,7 @@ from aikit.core.agreement import check_agreement, own_row, rows_of
 from aikit.core.errors import CommitError, InvalidState, InvalidValue
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.restore_checks import planned_global_batch
-from aikit.runtime.published import latest_plan
+from aikit.runtime.process import TORCH, plan_of
 from aikit.runtime.Torch import collectives, distributed
 
 __all__ = ["ElasticState", "run_storage"]
@@ -162,7 +162,7 @@ class ElasticState(aikit.elastic.Torch.ElasticState):
 def plan_settings() -> dict[str, object]:
     """The plan the last ``init()`` of this worker published (zeros before one): what the
     workers of one run must share."""
-    plan = latest_plan()
+    plan = plan_of(TORCH)
     if plan is None:
         return {"global_batch_size": 0, "max_device_batch": 0, "gpus": 0, "steps": 0, "policy": "none"}
     return {"global_batch_size": plan.global_batch_size, "max_device_batch": plan.max_device_batch,

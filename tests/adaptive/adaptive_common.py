@@ -78,7 +78,7 @@ def train(model: nn.Module, data: TensorDataset, epochs: int, *, sampler: Adapti
         sampler.set_epoch(epoch)
         optimizer.set_epoch(epoch)
         for x, y in loader if loader is not None else sampler.loader(data):
-            samples.append((epoch, optimizer.plan.first_step + optimizer.step_index, y[:, 1].long().tolist()))
+            samples.append((epoch, optimizer.epoch_schedule.first_step + optimizer.step_index, y[:, 1].long().tolist()))
             loss_of(model, x, y).backward()
             if clock is not None:
                 clock.now += clock.per_sample * len(x)

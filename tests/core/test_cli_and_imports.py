@@ -52,16 +52,16 @@ def test_trace_check_reports_epochs_and_every_problem(tmp_path, capsys):
         == 0
     )
     assert (
-        main(["trace", "check", str(good), "--minibatch-size", "32", "--replicas", "2", "--dataset-size", "1000"]) == 0
+        main(["trace", "check", str(good), "--micro-batch", "32", "--replicas", "2", "--dataset-size", "1000"]) == 0
     )
     out = capsys.readouterr().out
     assert "full epochs of 1000 samples:" in out and "epoch 0: steps 0.." in out and "0 problem(s)" in out
 
     bad = tmp_path / "bad.csv"
     bad.write_text("step,batchsize\n 0, 1024\n 1, 100\n 2, 70000\n")
-    assert main(["trace", "check", str(bad), "--minibatch-size", "32", "--dataset-size", "60000"]) == 1
+    assert main(["trace", "check", str(bad), "--micro-batch", "32", "--dataset-size", "60000"]) == 1
     out = capsys.readouterr().out
-    assert "row 1 (step 1): batch size 100 is not a multiple of minibatch_size 32; use 96 or 128" in out
+    assert "row 1 (step 1): batch size 100 is not a multiple of micro_batch 32; use 96 or 128" in out
     assert "row 2 (step 2): batch size 70000 is larger than the data set" in out
     assert "3 problem(s)" in out
 
@@ -81,10 +81,10 @@ def test_trace_check_splits_each_step_as_an_adaptive_run_with_max_device_batch(t
     assert main(measured) == 1 and "2 problem(s)" in capsys.readouterr().out  # 31 does not split in two halves
     assert main([*measured, "--noise-until", "1"]) == 0  # held: steps 1 and 2 run whole
     for bad, message in (
-        (["--minibatch-size", "8", "--max-device-batch", "64"], "give --minibatch-size .* one of them"),
+        (["--micro-batch", "8", "--max-device-batch", "64"], "give --micro-batch .* one of them"),
         (["--max-device-batch", "0"], "--max-device-batch must be a positive integer, got 0"),
-        (["--minibatch-size", "8", "--noise-every", "2"], "--noise-every splits steps"),
-        (["--minibatch-size", "8", "--noise-until", "2"], "--noise-until splits steps"),
+        (["--micro-batch", "8", "--noise-every", "2"], "--noise-every splits steps"),
+        (["--micro-batch", "8", "--noise-until", "2"], "--noise-until splits steps"),
         (["--max-device-batch", "64", "--noise-until", "-1"], "--noise-until must be a non-negative integer, got -1"),
     ):
         assert main(["trace", "check", str(trace), "--dataset-size", "1000", *bad]) == 2
@@ -129,10 +129,10 @@ def test_elastic_attributes_before_init_say_what_to_do():
     assert "aikit.elastic.steps is set by init(): call aikit.elastic.Torch.init(...)" in out
 
 
-@pytest.mark.parametrize("option", ["--micro-batch", "--minibatch-size"])
+@pytest.mark.parametrize("option", ["--micro-batch", "--max-device-batch"])
 def test_trace_check_refuses_a_zero_micro_batch_as_the_sampler_does(tmp_path, capsys, option):
-    """It used to read a micro-batch of 0 as 1 and exit 0, where CustomSampler refuses 0: under
-    aikit's name and eth-easl's alike, the error naming the option given."""
+    """It used to read a micro-batch of 0 as 1 and exit 0, where TraceSampler refuses 0: the error
+    names the option given."""
     trace = tmp_path / "t.csv"
     trace.write_text("step,batchsize\n0,32\n")
     assert main(["trace", "check", str(trace), option, "0", "--dataset-size", "64"]) == 2
@@ -215,7 +215,7 @@ def test_options_take_ascii_digits_only(tmp_path, capsys, number):
 def test_trace_check_refuses_a_fifo_without_waiting(tmp_path, capsys):
     fifo = tmp_path / "fifo.csv"
     os.mkfifo(fifo)
-    done = subprocess.run([sys.executable, "-m", "aikit.cli", "trace", "check", str(fifo), "--minibatch-size", "4",
+    done = subprocess.run([sys.executable, "-m", "aikit.cli", "trace", "check", str(fifo), "--micro-batch", "4",
                            "--dataset-size", "64"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "is a FIFO, not a regular file" in done.stderr
 
@@ -244,17 +244,17 @@ def test_trace_make_writes_schedules_in_samples_and_tokens_and_shows_their_stage
 
 def test_trace_check_and_plot_show_a_schedule(tmp_path, capsys):
     schedule = ["--schedule", "0:64 2K:128 5K:256", "--samples", "8K"]
-    assert main(["trace", "check", *schedule, "--minibatch-size", "32", "--replicas", "2", "--dataset-size",
+    assert main(["trace", "check", *schedule, "--micro-batch", "32", "--replicas", "2", "--dataset-size",
                  "3000"]) == 0
     out = capsys.readouterr().out
     assert "entry 2 ('2K:128'): from 2,000 samples: batch 128, steps 32..55 (24 steps, samples 2,048..5,120)" in out
     assert "0 problem(s)" in out
-    assert main(["trace", "check", *schedule, "--minibatch-size", "48", "--dataset-size", "3000"]) == 1
+    assert main(["trace", "check", *schedule, "--micro-batch", "48", "--dataset-size", "3000"]) == 1
     out = capsys.readouterr().out
-    assert "row 0 (step 0): batch size 64 is not a multiple of minibatch_size 48; use 48 or 96" in out
+    assert "row 0 (step 0): batch size 64 is not a multiple of micro_batch 48; use 48 or 96" in out
     assert main(["trace", "plot", *schedule, "-o", str(tmp_path / "s.png")]) == 0
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     trace = tmp_path / "t.csv"
     trace.write_text("step,batchsize\n0,32\n")
-    assert main(["trace", "check", str(trace), *schedule, "--minibatch-size", "32", "--dataset-size", "64"]) == 2
+    assert main(["trace", "check", str(trace), *schedule, "--micro-batch", "32", "--dataset-size", "64"]) == 2
     assert "give a trace file or --schedule" in capsys.readouterr().err

@@ -1,10 +1,7 @@
 """aikit.core.plan.micro_batch_slices: the micro-batches of one update cover its G samples exactly once
-(importable as aikit.core.windows.micro_batch_slices too, its old path)."""
+"""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given
@@ -36,10 +33,3 @@ def test_slices_have_the_plans_sizes(plan):
 def test_bad_device_is_named(device):
     with pytest.raises(ValueError, match=rf"device must be an integer in \[0, 2\] for this plan, got {device!r}"):
         micro_batch_slices(make_plan(256, 64, 3), device)
-
-
-def test_the_old_path_aikit_core_windows_is_the_same_function():
-    done = subprocess.run([sys.executable, "-c", "from aikit.core.windows import micro_batch_slices as old; "
-                           "from aikit.core.plan import micro_batch_slices as new; assert old is new"],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr

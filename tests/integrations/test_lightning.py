@@ -103,7 +103,7 @@ def test_trace_batch_size_equals_big_batch_steps_at_the_scaled_lr():
     trace = [32, 64, 32, 16, 64]  # 208 samples: one epoch takes the first four steps (144 samples)
     sampler = CustomSampler(len(y), trace, num_replicas=1, rank=0, minibatch_size=16, when_exhausted="cycle")
     module = Module(DataLoader(TensorDataset(x, y), batch_sampler=sampler))
-    callback = TraceBatchSize(sampler, ref_batchsize=32, rule="linear")
+    callback = TraceBatchSize(sampler, ref_batch_size=32, rule="linear")
     trainer([callback], max_epochs=2).fit(module)
 
     reference = CustomSampler(len(y), trace, num_replicas=1, rank=0, minibatch_size=16, when_exhausted="cycle")

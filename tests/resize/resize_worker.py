@@ -27,9 +27,8 @@ import numpy as np
 import torch
 from resize_common import EPOCHS, MINIBATCH, REF_BATCH, SEED, N, loss_of, make_model, make_sgd, trace
 
-from aikit.elastic.Torch import LinearRuleOptimizer
+from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer
 from aikit.elastic.Torch.resize import ElasticState
-from aikit.elastic.Torch.sampler import CustomSampler
 
 MARKS = {"imported": time.time()}  # when the worker got where (seconds since the epoch)
 

@@ -23,9 +23,8 @@ from resize_common import (
 )
 from schedulefree import AdamWScheduleFree, SGDScheduleFree
 
-from aikit.elastic.Torch import LinearRuleOptimizer, checkpoint
+from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer, checkpoint
 from aikit.elastic.Torch.resize import ElasticState
-from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
 OPTIMIZERS = {

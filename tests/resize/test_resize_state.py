@@ -25,9 +25,8 @@ from resize_common import (
 )
 
 from aikit.core.trace import Trace
-from aikit.elastic.Torch import LinearRuleOptimizer, checkpoint
+from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer, checkpoint
 from aikit.elastic.Torch.resize import ElasticState
-from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
 

@@ -15,9 +15,8 @@ import torch
 from resize_common import MINIBATCH, REF_BATCH, SEED, N, make_model, make_sgd, trace
 
 from aikit.core.errors import CommitError, InvalidValue
-from aikit.elastic.Torch import LinearRuleOptimizer, checkpoint
+from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer, checkpoint
 from aikit.elastic.Torch.resize import ElasticState
-from aikit.elastic.Torch.sampler import CustomSampler
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 
 

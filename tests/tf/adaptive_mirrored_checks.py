@@ -95,7 +95,7 @@ with strategy.scope():
     replay = mlp()
     replay.compile(Optimizer(momentum()), loss="mse")
 # 'stop': the last epoch leaves one sample out (49 over 2 replicas), which only the end of the trace says
-fit_trace(replay, x, y, load_trace(trace, "stop"), minibatch_size=1, base_lr=0.05, ref_batch_size=8, rule="sqrt",
+fit_trace(replay, x, y, load_trace(trace, "stop"), micro_batch=1, base_lr=0.05, ref_batch_size=8, rule="sqrt",
           epochs=2, seed=5)
 results["replay_difference"] = max_difference(adaptive, replay)
 

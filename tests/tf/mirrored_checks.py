@@ -153,7 +153,7 @@ with strategy.scope():
     traced = mlp()
     traced.compile(Optimizer(keras.optimizers.SGD(0.05), 1), loss="mse")
 sizes = [8, 4, 12, 24]
-log = elastic_tf.fit_trace(traced, x, y, sizes, minibatch_size=2, base_lr=0.05, ref_batch_size=8, seed=3)
+log = elastic_tf.fit_trace(traced, x, y, sizes, micro_batch=2, base_lr=0.05, ref_batch_size=8, seed=3)
 reference, sgd = mlp(), keras.optimizers.SGD(0.05)
 epoch = Schedule(sizes, 48, num_replicas=2, micro_batch=2, seed=3, balanced=True).epoch(0)
 for step, size in enumerate(sizes):

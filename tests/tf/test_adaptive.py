@@ -127,7 +127,7 @@ def test_the_trace_replays_the_run_exactly_with_fit_trace(float64, tmp_path):
     replay = mlp()
     replay.compile(Optimizer(momentum()), loss="mse")
     # micro-batches of one sample divide every batch of the trace: other plans, the same updates
-    log = fit_trace(replay, x, y, str(path), minibatch_size=1, base_lr=0.05, ref_batch_size=8, rule="sqrt",
+    log = fit_trace(replay, x, y, str(path), micro_batch=1, base_lr=0.05, ref_batch_size=8, rule="sqrt",
                     epochs=2, seed=3)
     assert [r["batch_size"] for r in log] == controller.batches
     assert [r["lr"] for r in log] == pytest.approx([r["lr"] for r in rows], rel=1e-15)
@@ -154,10 +154,10 @@ def test_an_adascale_run_replays_with_its_learning_rates(float64, tmp_path):
     lrs = [r["lr"] for r in rows]
     too_few = rf"learning_rates has {len(rows) - 1} entries but the 2 epoch\(s\) train steps 0\.\.{len(rows) - 1}"
     with pytest.raises(ValueError, match=too_few):
-        fit_trace(replay, x, y, str(tmp_path / "a.csv"), minibatch_size=1, base_lr=0.05, ref_batch_size=8,
+        fit_trace(replay, x, y, str(tmp_path / "a.csv"), micro_batch=1, base_lr=0.05, ref_batch_size=8,
                   epochs=2, seed=3, learning_rates=lrs[:-1])
     assert int(replay.optimizer.iterations.numpy()) == 0  # refused before training
-    fit_trace(replay, x, y, str(tmp_path / "a.csv"), minibatch_size=1, base_lr=0.05, ref_batch_size=8, epochs=2,
+    fit_trace(replay, x, y, str(tmp_path / "a.csv"), micro_batch=1, base_lr=0.05, ref_batch_size=8, epochs=2,
               seed=3, learning_rates=lrs)
     assert len(set(lrs)) > 3 and max_difference(adaptive, replay) < 1e-12
 

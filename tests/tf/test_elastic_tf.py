@@ -146,7 +146,7 @@ def test_fit_trace_equals_big_batch_steps_at_the_rules_lr(float64):
     sizes, mb, base_lr, ref = [8, 16, 8, 32], 4, 0.05, 8
     model = mlp()
     model.compile(Optimizer(keras.optimizers.SGD(base_lr), 1), loss="mse")
-    log = elastic_tf.fit_trace(model, x, y, sizes, minibatch_size=mb, base_lr=base_lr, ref_batch_size=ref,
+    log = elastic_tf.fit_trace(model, x, y, sizes, micro_batch=mb, base_lr=base_lr, ref_batch_size=ref,
                                rule="sqrt", seed=7)
     reference, sgd = mlp(), keras.optimizers.SGD(base_lr)
     epoch = Schedule(sizes, 64, micro_batch=mb, seed=7).epoch(0)
@@ -171,7 +171,7 @@ def test_fit_trace_runs_seesaw_and_its_cosine_baseline_at_the_samples_lr(float64
     for rule, sizes in (("seesaw", trace), ("constant", 8)):
         model = mlp()
         model.compile(Optimizer(keras.optimizers.SGD(0.05), 1), loss="mse")
-        log = elastic_tf.fit_trace(model, x, y, sizes, minibatch_size=4, base_lr=0.05, ref_batch_size=8, rule=rule,
+        log = elastic_tf.fit_trace(model, x, y, sizes, micro_batch=4, base_lr=0.05, ref_batch_size=8, rule=rule,
                                    lr_decay=decay, epochs=2, seed=7)
         before = np.concatenate(([0], np.cumsum([r["batch_size"] for r in log])))[:-1]
         expected = [0.05 * decay(int(s)) * (np.sqrt(r["batch_size"] / 8) if rule == "seesaw" else 1)
@@ -182,21 +182,21 @@ def test_fit_trace_runs_seesaw_and_its_cosine_baseline_at_the_samples_lr(float64
     model = mlp()
     model.compile(Optimizer(keras.optimizers.SGD(0.05), 1), loss="mse")
     with pytest.raises(ValueError, match="rule='seesaw' needs lr_decay"):
-        elastic_tf.fit_trace(model, x, y, trace, minibatch_size=4, base_lr=0.05, ref_batch_size=8, rule="seesaw")
+        elastic_tf.fit_trace(model, x, y, trace, micro_batch=4, base_lr=0.05, ref_batch_size=8, rule="seesaw")
 
 
 def test_fit_trace_refuses_a_size_that_is_not_a_multiple_of_the_micro_batch():
     model = mlp()
     model.compile(Optimizer(keras.optimizers.SGD(0.1), 1), loss="mse")
     with pytest.raises(ValueError, match="batch size 10 is not a multiple of minibatch_size x num_replicas 4"):
-        elastic_tf.fit_trace(model, *data(64), [8, 10], minibatch_size=4, base_lr=0.1, ref_batch_size=8)
+        elastic_tf.fit_trace(model, *data(64), [8, 10], micro_batch=4, base_lr=0.1, ref_batch_size=8)
 
 
 def test_fit_trace_needs_the_ga_optimizer():
     model = mlp()
     model.compile(keras.optimizers.SGD(0.1), loss="mse")
     with pytest.raises(TypeError, match=r"compiled with aikit\.ga\.TF\.optimizers\.Optimizer"):
-        elastic_tf.fit_trace(model, *data(16), [8], minibatch_size=4, base_lr=0.1, ref_batch_size=8)
+        elastic_tf.fit_trace(model, *data(16), [8], micro_batch=4, base_lr=0.1, ref_batch_size=8)
 
 
 def test_strategy_found_on_one_cpu_is_the_default():

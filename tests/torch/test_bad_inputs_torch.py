@@ -14,7 +14,7 @@ from aikit.autolrs.Torch import AutoLRS
 from aikit.cli import main
 from aikit.core.errors import AikitError, InvalidType, InvalidValue
 from aikit.core.trace import Trace
-from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.elastic.Torch import CustomSampler, TraceSampler
 from aikit.lr_finder.Torch import LRFinder
 
 
@@ -71,17 +71,17 @@ def test_lr_finder_names_a_model_without_parameters():
 @given(sizes=st.lists(st.integers(1, 12).map(lambda k: 4 * k), min_size=1, max_size=6),
        dataset_size=st.integers(1, 60), minibatch=st.sampled_from([1, 2, 4, 8]), replicas=st.integers(1, 3),
        when_exhausted=st.sampled_from([None, "error", "stop", "repeat_last", "cycle"]))
-def test_trace_check_refuses_exactly_what_custom_sampler_refuses(tmp_path, capsys, sizes, dataset_size, minibatch,
-                                                                 replicas, when_exhausted):
+def test_trace_check_refuses_exactly_what_the_sampler_refuses(tmp_path, capsys, sizes, dataset_size, minibatch,
+                                                              replicas, when_exhausted):
     path = tmp_path / "trace.csv"
     Trace(sizes).to_csv(path)
     try:
-        CustomSampler(dataset_size, str(path), num_replicas=replicas, rank=0, minibatch_size=minibatch,
-                      when_exhausted=when_exhausted, verbose=False)
+        TraceSampler(dataset_size, str(path), num_replicas=replicas, rank=0, micro_batch=minibatch,
+                     when_exhausted=when_exhausted)
         accepted = True
     except AikitError:
         accepted = False
-    argv = ["trace", "check", str(path), "--minibatch-size", str(minibatch), "--dataset-size", str(dataset_size),
+    argv = ["trace", "check", str(path), "--micro-batch", str(minibatch), "--dataset-size", str(dataset_size),
             "--replicas", str(replicas)] + (["--when-exhausted", when_exhausted] if when_exhausted else [])
     assert (main(argv) == 0) == accepted
     capsys.readouterr()

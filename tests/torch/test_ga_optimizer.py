@@ -362,9 +362,9 @@ def test_an_update_with_the_wrong_number_of_samples_is_refused():
 
 
 def test_samples_without_a_global_batch_is_refused(monkeypatch):
-    import aikit.runtime.published
+    import aikit.runtime.process
 
-    monkeypatch.setattr(aikit.runtime.published, "_latest", None)
+    monkeypatch.setattr(aikit.runtime.process, "_state", aikit.runtime.process.ProcessState())
     net = model()
     opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2)
     with pytest.raises(ValueError, match=r"no global batch is known: pass Optimizer\(..., global_batch_size=G\)"), \

@@ -52,7 +52,7 @@ def main(out: Path, seed: int, engine: str) -> None:
             nn.functional.mse_loss(model(x), y[:, :1]).backward()
             optimizer.step()
         # a replica whose last micro-batch came early made the epoch's remaining updates then
-        assert optimizer.step_index == len(optimizer.plan)
+        assert optimizer.step_index == len(optimizer.epoch_schedule)
 
     # 2. a trace of single micro-batches: rank 1 sits out every other step, with no batch
     bn_model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).double()

@@ -16,7 +16,7 @@ from trace_common import MINIBATCH, dataset, make_model
 
 from aikit.core.errors import NonFiniteGradientWarning
 from aikit.elastic.Torch import AdaScaleOptimizer, CustomSampler
-from aikit.elastic.Torch.trace_optim import mean_sq_norms
+from aikit.runtime.Torch.noise import mean_sq_norms
 
 TRACE = [8, 12, 4, 16, 24, 8]  # 2, 3, 1, 4, 6, 2 micro-batches: the 1 has no noise to measure
 
@@ -125,7 +125,7 @@ def test_the_original_surface_and_bad_states():
     lr = optimizer.current_lr()  # a tuple per group, as eth-easl's AdaScale returns
     assert isinstance(lr, tuple) and len(lr) == 2
     var, sq = optimizer.grad_var_avg, optimizer.grad_sqr_avg  # eth-easl's units: one micro-batch's variance
-    last = int(optimizer.plan.batch_sizes[-1]) // MINIBATCH
+    last = int(optimizer.epoch_schedule.batch_sizes[-1]) // MINIBATCH
     assert ((var + sq) / (var / last + sq)).tolist() == pytest.approx(optimizer.gain(), rel=1e-9)
     state = optimizer.state_dict()
     state["adascale"]["trackers"] = state["adascale"]["trackers"][:1]
@@ -166,9 +166,9 @@ def test_each_update_reads_its_gradient_norms_from_the_device_once_with_the_same
 
     def counted(self, totals):
         scale = self._gradient_scale()
-        expected.append([sum(float(p.grad.to(self.norms.dtype).pow(2).sum()) for p in group["params"]
+        expected.append([sum(float(p.grad.to(self.noise.norms.dtype).pow(2).sum()) for p in group["params"]
                              if p.grad is not None) * scale**2 for group in self.param_groups])  # one read each
-        found.append(mean_sq_norms(self.param_groups, self.norms.dtype, scale))
+        found.append(mean_sq_norms(self.param_groups, self.noise.norms.dtype, scale))
         count = [0]
         with monkeypatch.context() as patched:
             for name in originals:
@@ -202,3 +202,61 @@ def test_a_skipped_update_makes_no_progress():
                 advanced.append((optimizer.updated, optimizer.progress - before))
     assert len(advanced) >= 4 and [updated for updated, _ in advanced] == [step != 3 for step in range(len(advanced))]
     assert advanced[3][1] == 0 and all(made >= 1 for updated, made in advanced if updated)
+
+
+def test_aikits_own_adascale_is_the_trace_optimizers_rule_the_gain_of_the_batch_over_its_reference():
+    """``TraceOptimizer(rule="adascale")``: every update's LR is the base LR times AdaScale's gain of
+    its batch over ``ref_batch_size`` from the whole model's smoothed noise (Johnson et al.), the
+    noise measured as eth-easl's AdaScaleOptimizer measures it; it takes no loss-term weights, and
+    its state keeps the noise, so a resume mid-step reaches the same bits."""
+    from aikit.elastic.Torch import TraceOptimizer
+
+    def trained(stop_after=None, resume_from=None):
+        data, model = dataset(60), make_model()
+        sampler = CustomSampler(data, TRACE, minibatch_size=MINIBATCH, when_exhausted="cycle")
+        inner = two_groups(model)
+        optimizer = TraceOptimizer(inner, sampler, "adascale", ref_batch_size=16, noise_decay=0.5)
+        if resume_from is not None:
+            model.load_state_dict(resume_from["model"])
+            optimizer.load_state_dict(resume_from["optimizer"])
+        seen = {"params": [], "lr": [], "parts": []}
+        def record(opt, *_):
+            seen["params"].append([p.detach().clone() for p in model.parameters()])
+            seen["lr"].append([g["lr"] for g in opt.param_groups])
+
+        inner.register_step_pre_hook(record)
+        parts, micro_batches = [], 0
+        for epoch in range(sampler.epoch if resume_from else 0, 2):
+            sampler.set_epoch(epoch)
+            optimizer.set_epoch(epoch)
+            for x, y in DataLoader(data, batch_sampler=sampler):
+                if micro_batches == stop_after:
+                    return model, optimizer, seen
+                parts.append(y[:, 1].long().tolist())
+                nn.functional.mse_loss(model(x), y[:, :1]).backward()
+                micro_batches += 1
+                if optimizer.step():
+                    seen["parts"].append(parts)
+                    parts = []
+        return model, optimizer, seen
+
+    model, optimizer, seen = trained()
+    x, y = dataset(60).tensors
+    reference, probe = ReferenceGain(group_slices(model), 0.5), make_model()
+    for params, parts, lrs in zip(seen["params"], seen["parts"], seen["lr"], strict=True):
+        reference.update(per_sample_grads(probe, params, x, y), parts, MINIBATCH)
+        var, sq = (sum(v) / (1 - 0.5**reference.updates) if reference.updates else 0.0
+                   for v in (reference.var, reference.sq))
+        batch = len(parts) * MINIBATCH
+        gain = 1.0 if not reference.updates or batch == 16 else (var / 16 + max(sq, 0)) / (var / batch + max(sq, 0))
+        assert lrs == pytest.approx([0.05 * gain, 0.1 * gain], rel=1e-9)
+    assert len({round(lr[0], 6) for lr in seen["lr"]}) > 3  # the LR follows the batch and the noise
+    with pytest.raises(ValueError, match="takes no weight="), optimizer.accumulate(model, weight=3):
+        pass
+    whole_model, *_ = trained()
+    stopped, stopped_optimizer, _ = trained(stop_after=13)  # mid-step: the norms so far are in the state
+    state = {"model": stopped.state_dict(), "optimizer": stopped_optimizer.state_dict()}
+    assert set(state["optimizer"]) == {"optimizer", "trace", "noise"}
+    resumed, *_ = trained(resume_from=state)
+    for a, b in zip(resumed.parameters(), whole_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

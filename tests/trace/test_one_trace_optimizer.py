@@ -74,14 +74,15 @@ def test_a_rule_added_to_the_registry_trains_without_touching_the_optimizer(monk
     batches = [b for e in range(2) for b in optimizer.sampler.schedule.epoch(e).batch_sizes.tolist()]
     assert lrs == [0.1 * (b / 8) ** (1 / 3) for b in batches]
     sampler = CustomSampler(60, TRACE, minibatch_size=MINIBATCH)
-    with pytest.raises(InvalidValue, match=r"one of \('linear', 'sqrt', 'constant', 'seesaw', 'cbrt'\), got 'x'"):
+    with pytest.raises(InvalidValue,
+                       match=r"one of \('adascale', 'linear', 'sqrt', 'constant', 'seesaw', 'cbrt'\), got 'x'"):
         TraceOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), sampler, "x", ref_batch_size=8)
 
 
 def test_aikits_name_takes_its_sampler_explicitly_eth_easls_take_the_last_one_made():
     model = make_model()
     sampler = CustomSampler(dataset(40), [8], minibatch_size=MINIBATCH, when_exhausted="cycle")
-    with pytest.raises(InvalidType, match=r"^TraceOptimizer needs the CustomSampler that feeds it, got None: pass it "
+    with pytest.raises(InvalidType, match=r"^TraceOptimizer needs the TraceSampler that feeds it, got None: pass it "
                                           r"as second argument, TraceOptimizer\(optimizer, sampler, \.\.\.\)$"):
         TraceOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), ref_batch_size=8)
     assert LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), ref_batchsize=256).sampler is sampler

@@ -152,7 +152,7 @@ def test_misuse_gets_errors_that_say_what_to_do():
     sampler = CustomSampler(data, [8, 8, 8, 8, 8], minibatch_size=MINIBATCH)
     with pytest.raises(ValueError, match=r"LinearRuleOptimizer needs ref_batch_size \(eth-easl's ref_batchsize\)"):
         LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler)
-    with pytest.raises(ValueError, match="needs the CustomSampler that feeds it, got 3"):
+    with pytest.raises(ValueError, match="needs the TraceSampler that feeds it, got 3"):
         ConstantOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), 3)
     with pytest.raises(ValueError, match="ref_batchsize must be a positive integer, got 0"):
         RootRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, ref_batchsize=0)

@@ -40,7 +40,7 @@ def train(device: torch.device, sizes: list[int], data: TensorDataset) -> tuple[
             assert x.shape[0] == MINIBATCH, x.shape
             nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
             updates += optimizer.step()
-        batch_sizes.update(int(b) for b in optimizer.plan.batch_sizes)
+        batch_sizes.update(int(b) for b in optimizer.epoch_schedule.batch_sizes)
         if device.type == "xla":
             compiles.append(int(met.metric_data("CompileTime")[0]))
     params = [p.detach().cpu() for p in model.parameters()]

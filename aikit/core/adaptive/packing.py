@@ -50,7 +50,7 @@ class AdaptiveSchedule:
             dataset_size, split.devices, split.per_device, bound=split.grows)  # with grows: the most per device
         self.micro_batch, self.max_device_batch = (None, per_device) if split.grows else (per_device, None)
         self.seed, self.shuffle = seed_value(seed), checked_bool(shuffle, "shuffle")
-        self.permutation = numpy_permutation  # the sample order of CustomSampler's default, so a replay matches
+        self.permutation = numpy_permutation  # the sample order of TraceSampler's default, so a replay matches
         self.controller = controller
         self.lookahead = non_negative_int(lookahead, "lookahead")
         self.hold_after = None if hold_after is None else positive_int(hold_after, "hold_after")

@@ -20,11 +20,12 @@ from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.plan import Plan, devices_here, make_plan, nearest_even_batches
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer, AdaptiveSampler
-from aikit.elastic.Torch.adascale import AdaScaleOptimizer
 from aikit.elastic.Torch.auto_batch import AutoBatch, find_device_batch
-from aikit.elastic.Torch.eth_easl import (
+from aikit.elastic.Torch.eth_easl import (  # eth-easl's variable batch size, by its names (the edge)
+    AdaScaleOptimizer,
     ConstantOptimizer,
     CustomOptimizer,
+    CustomSampler,
     LinearRuleMomentumOptimizer,
     LinearRuleOptimizer,
     RootRuleOptimizer,
@@ -32,10 +33,10 @@ from aikit.elastic.Torch.eth_easl import (
 )
 from aikit.elastic.Torch.probe import TorchBranches
 from aikit.elastic.Torch.resize import ElasticState
-from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.runtime.originals import max_device_batch_of
-from aikit.runtime.published import PUBLIC, publish
+from aikit.runtime.process import PUBLIC, publish
 from aikit.runtime.Torch import distributed, spmd
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "SeesawOptimizer",
     "TorchBranches",
     "TraceOptimizer",
+    "TraceSampler",
     "distributed",
     "init",
     "spmd",
@@ -93,8 +95,9 @@ def init(global_batch_size: int, max_device_batch: int | str | None = None, gpus
             f"every process is one device, so leave gpus=None or launch {gpus} processes"
         )
     devices = devices_here(gpus, distributed.device_count(), distributed.current().label, g, m)
+    found = {}
     if auto:
-        m, sys.modules[__name__].search = find_device_batch(g, devices, policy, trial, candidates)
+        m, found["search"] = find_device_batch(g, devices, policy, trial, candidates)
     elif trial is not None or candidates is not None:
         raise InvalidValue(f"trial= and candidates= are for max_device_batch='auto', but max_device_batch={m}: "
                            "leave them out, or pass max_device_batch='auto'")
@@ -112,7 +115,7 @@ def init(global_batch_size: int, max_device_batch: int | str | None = None, gpus
             f"SPMD mesh with at most {plan.max_device_batch} samples each (every device gets one shard of the "
             f"same shape): use global_batch_size {below} or {above}"
         )
-    publish(plan, sys.modules[__name__])
+    publish(plan, sys.modules[__name__], **found)
     return plan
 
 

@@ -1,12 +1,12 @@
 """Adaptive batch for PyTorch: aikit picks the global batch while training.
 
 :class:`AdaptiveSampler` and :class:`AdaptiveOptimizer` are the adaptive pair of
-:class:`~aikit.elastic.Torch.sampler.CustomSampler` and
+:class:`~aikit.elastic.Torch.sampler.TraceSampler` and
 :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`: the same micro-batches, the same deal
 to replicas, the same single all-reduce and update, but the trace is written while training by a
 :class:`~aikit.core.goodput.GoodputController` (Pollux/AdaptDL's goodput = throughput x
 statistical efficiency), so a finished run's batches (:attr:`AdaptiveSampler.trace`) replay it
-exactly with ``CustomSampler`` and a trace optimizer.
+exactly with ``TraceSampler`` and a trace optimizer.
 
 The algorithm is :mod:`aikit.core.adaptive`'s, the same as Keras' ``fit_adaptive``: which
 batch each update takes and where an epoch ends (:class:`~aikit.core.adaptive.AdaptiveSchedule`),
@@ -15,7 +15,7 @@ row and decision (:class:`~aikit.core.adaptive.AdaptiveRun`). This module adds w
 
 * **Gradient noise, cheaply.** A gradient hook on every parameter takes each micro-batch's
   squared gradient norm as autograd produces it, before it is added into ``.grad``
-  (:class:`~aikit.runtime.Torch.noise.MicroBatchNorms`, as for ``AdaScaleOptimizer``); the
+  (:class:`~aikit.runtime.Torch.noise.NoiseMeter`, as for a trace optimizer's AdaScale); the
   replicas' norms and their step times travel in the update's one all-reduce, appended to the
   gradients (:meth:`aikit.runtime.Torch.accumulator.Accumulator.reduce`), and
   :func:`aikit.core.gradient_noise.update_estimates` turns them into ``|G|²`` and ``tr(Σ)``.
@@ -47,19 +47,18 @@ from aikit.core.autolrs import write_schedule
 from aikit.core.critical_batch import ProbeController
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.goodput import GoodputController
-from aikit.core.gradient_noise import NoiseEstimate, update_estimates
+from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.elastic.Torch.adaptive_sampler import AdaptiveSampler
-from aikit.elastic.Torch.eth_easl import EthEaslNames
-from aikit.elastic.Torch.trace_optim import TraceOptimizer, mean_sq_norms
-from aikit.runtime.Torch.noise import MicroBatchNorms
+from aikit.elastic.Torch.trace_optim import TraceOptimizer
+from aikit.elastic.Torch.trace_state import StatePart
 
 __all__ = ["AdaptiveOptimizer", "AdaptiveSampler"]
 
 
-class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
+class AdaptiveOptimizer(TraceOptimizer):
     """Wraps a torch optimizer to train through an :class:`AdaptiveSampler`, measuring the
     gradient noise and letting the sampler's controller pick the next batches.
 
@@ -78,8 +77,8 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
     """
 
     kind = "adaptive optimizer"
-    takes_weights = False  # its gradient noise is measured from equal micro-batch means
     _decides_while_training = True
+    _measures_noise = True  # the controller reads the noise whatever the rule
 
     def __init__(
         self,
@@ -107,8 +106,9 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
                          max_grad_norm=max_grad_norm, scaler=scaler, skip_nonfinite=skip_nonfinite,
                          max_skips_in_a_row=max_skips_in_a_row)
         self.clock = UpdateClock(clock)
-        dtype = torch.float64 if self.params[0].dtype == torch.float64 else torch.float32
-        self.norms = MicroBatchNorms(self.param_groups, dtype)  # this update's micro-batch gradients' norms
+        schedule = sampler.schedule
+        self.parts = {"adaptive": StatePart(schedule.state_dict, schedule.checked,
+                                            lambda saved: schedule.load(*schedule.checked(saved)))}
         self._arm()
 
     @property
@@ -118,16 +118,16 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
 
     # --- the adaptive schedule's epoch, read fresh (it grows while training) -----------------------
     @property
-    def plan(self) -> EpochSchedule:
+    def epoch_schedule(self) -> EpochSchedule:
         return self.sampler.schedule.epoch(self._epoch)
 
-    @plan.setter
-    def plan(self, plan: EpochSchedule) -> None:
-        self._epoch = plan.epoch
+    @epoch_schedule.setter
+    def epoch_schedule(self, schedule: EpochSchedule) -> None:
+        self._epoch = schedule.epoch
 
     @property
     def counts(self) -> np.ndarray:
-        return self.plan.counts(self.sampler.rank)
+        return self.epoch_schedule.counts(self.sampler.rank)
 
     @counts.setter
     def counts(self, _counts: np.ndarray) -> None:
@@ -143,28 +143,27 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
 
     def _start(self, epoch: int, step: int, micro: int) -> None:
         super()._start(epoch, step, micro)
+        if hasattr(self, "clock"):  # a new position: no norms pending, the next update untimed
+            self.noise.norms.clear()
+            self.clock.restart()
         self._arm()
 
     def _arm(self) -> None:
         """Record micro-batch norms only for an update of two parts or more: a one-part update
         (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing; nor
         does an update of a run that holds its batch (it measures nothing)."""
-        if hasattr(self, "norms"):
-            plan, step = self.plan, self.step_index
-            self.norms.active = not self.sampler.schedule.holds(plan.first_step + step) and (
-                self.sampler.num_replicas > 1 or step >= len(plan) or plan.counts(0)[step] >= 2)
+        if hasattr(self, "clock"):
+            schedule, step = self.epoch_schedule, self.step_index
+            self.noise.norms.active = not self.sampler.schedule.holds(schedule.first_step + step) and (
+                self.sampler.num_replicas > 1 or step >= len(schedule) or schedule.counts(0)[step] >= 2)
 
     # --- measuring -----------------------------------------------------------------------------
-    def unhook(self) -> None:
-        """Remove the gradient hooks (to train the model on with another optimizer)."""
-        self.norms.remove()
-
     def step(self, closure: Callable[[], Any] | None = None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update."""
 
         def measured() -> Any:
             loss = closure() if closure is not None else None
-            self.norms.close()
+            self.noise.norms.close()
             self.clock.micro_step()  # the update's own work comes after its last micro-step's mark
             return loss
 
@@ -173,30 +172,29 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
     def _local_statistics(self) -> list[float]:
         """This replica's micro-batch norms per param group and its timing of the update: what
         rides in the update's all-reduce."""
-        plan, step = self.plan, self.step_index
-        even = int(plan.batch_sizes[step]) % (plan.micro_size(step) * self.sampler.num_replicas) == 0
+        schedule, step = self.epoch_schedule, self.step_index
+        even = int(schedule.batch_sizes[step]) % (schedule.micro_size(step) * self.sampler.num_replicas) == 0
         timing = self.clock.measure(timed=even, ends_at_last_mark=True)  # a replica short of a micro-batch: untimed
-        return [*self.norms.take(self.engine.scaler).sum(0).tolist(), *timing]
+        return [*self.noise.statistics(self.engine.scaler), *timing]
 
     @torch.no_grad()
     def _observe(self, totals: list[float]) -> None:
         """The update's noise and timing to the controller, before its LR is set (AdaScale's
         gain includes this update's noise)."""
         groups = len(self.param_groups)
-        plan, step = self.plan, self.step_index
-        batch, micro, parts = int(plan.batch_sizes[step]), plan.micro_size(step), int(plan.micro_batches_per_step[step])
-        noise = None
-        if parts >= 2 and self.norms.active:  # one part alone cannot tell noise from signal
-            amp = self.engine.scaler.get_scale() if self.engine.scaler is not None else 1.0
-            mean = sum(mean_sq_norms(self.param_groups, self.norms.dtype, self._gradient_scale() / amp))
-            estimates = update_estimates([sum(totals[:groups]) * micro], parts, batch, [mean])
+        schedule, step = self.epoch_schedule, self.step_index
+        batch, micro = int(schedule.batch_sizes[step]), schedule.micro_size(step)
+        parts, noise = int(schedule.micro_batches_per_step[step]), None
+        if parts >= 2 and self.noise.norms.active:  # one part alone cannot tell noise from signal
+            estimates = self.noise.measure(totals[:groups], parts, batch, micro, self._gradient_scale(),
+                                           self.engine.scaler, whole=True)
             noise = estimates[0] if estimates else None  # None: an inf/NaN step AMP skips
         timing = update_timing(totals[groups:], self.sampler.num_replicas)
-        self.run.record(batch, micro, int(plan.micro_steps[step]), timing, noise)
+        self.run.record(batch, micro, int(schedule.micro_steps[step]), timing, noise)
 
-    def _lr_of_update(self, base: float) -> float:
+    def _lr_of_update(self, base: float, group: int = 0) -> float:
         """The rule's LR times the controller's LR scale (1, or the LR a probe policy chose)."""
-        return super()._lr_of_update(base) * self.controller.lr_scale()
+        return super()._lr_of_update(base, group) * self.controller.lr_scale()
 
     def _noise(self) -> NoiseEstimate | None:
         """The controller's smoothed noise, which the policy's ``adascale`` gain reads (None before a
@@ -252,10 +250,6 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
         write_schedule(path, [(row["step"], row["lr"]) for row in self.history])
 
     # --- checkpoints: the trace optimizer's state and the adaptive schedule's ------------------------
-    _extra_keys = ("adaptive",)
-
-    def _extra_state(self) -> dict:
-        return {"adaptive": self.sampler.schedule.state_dict()}
 
     def _check_position(self, state: dict) -> None:
         trace, schedule = state["trace"], self.sampler.schedule
@@ -264,11 +258,6 @@ class AdaptiveOptimizer(EthEaslNames, TraceOptimizer):
                                             self.sampler.rank)
         if problem:
             raise InvalidValue(f"the adaptive state's position does not exist: {problem}")
-
-    def _load_extra(self, state: dict) -> None:
-        self.sampler.schedule.load(*self.sampler.schedule.checked(state["adaptive"]))
-        self.norms.clear()
-        self.clock.restart()
 
     def __repr__(self) -> str:
         return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"

@@ -1,4 +1,4 @@
-"""The adaptive run's sampler: :class:`AdaptiveSampler`, a :class:`~aikit.elastic.Torch.sampler.CustomSampler`
+"""The adaptive run's sampler: :class:`AdaptiveSampler`, a :class:`~aikit.elastic.Torch.sampler.TraceSampler`
 whose trace a :class:`~aikit.core.goodput.GoodputController` writes while training (see
 :mod:`aikit.elastic.Torch.adaptive`, where its optimizer lives)."""
 
@@ -15,14 +15,14 @@ from aikit.core.goodput import BatchSplit, GoodputController
 from aikit.core.plan import largest_even_batch
 from aikit.core.schedule import EpochSchedule, checked_settings
 from aikit.core.validate import non_negative_int, positive_int
-from aikit.elastic.Torch.sampler import CustomSampler, _checked_rank, _dataset_size
+from aikit.elastic.Torch.sampler import TraceSampler, checked_rank, dataset_size_of
 from aikit.runtime.originals import either
 from aikit.runtime.Torch import distributed
 
 NOISE_EVERY = 4  # the goodput controller's noise: every fourth update of one part measures it
 
 
-class AdaptiveSampler(CustomSampler):
+class AdaptiveSampler(TraceSampler):
     """This replica's micro-batches, with the global batch chosen while training.
 
     Args:
@@ -44,7 +44,7 @@ class AdaptiveSampler(CustomSampler):
             only is a logged diagnostic, so it is measured rarely and costs about nothing.
         min_batch: the smallest global batch (default ``ref_batch_size``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
-        seed, shuffle: each epoch's permutation, as ``CustomSampler``'s.
+        seed, shuffle: each epoch's permutation, as ``TraceSampler``'s.
         threshold: change the batch only for a predicted goodput gain above this (5 %: Pollux's).
         max_change: a change moves the batch by at most this factor, up or down (the
             throughput model is trusted only near what it measured: see ``GoodputController``).
@@ -68,8 +68,9 @@ class AdaptiveSampler(CustomSampler):
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``ref_batch_size``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
     ``max_device_batch`` they must split evenly over the replicas (the error names the nearest
-    that do). Every name of ``CustomSampler`` works here too: :attr:`trace` and
-    ``get_epochtrace`` hold the updates trained (or decided) so far, ``state_dict`` the position.
+    that do). Every name of ``TraceSampler`` works here too: :attr:`trace` holds the updates
+    trained so far, ``epoch_schedule`` the current epoch's updates decided so far, ``state_dict``
+    the position.
     """
 
     _decides_while_training = True
@@ -99,7 +100,7 @@ class AdaptiveSampler(CustomSampler):
         hold_after: int | None = None,
         batch_policy: ProbePolicy | None = None,
     ) -> None:
-        size = _dataset_size(dataset, dataset_size)
+        size = dataset_size_of(dataset, dataset_size, "AdaptiveSampler")
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
         rank = distributed.rank() if rank is None else rank
         if (micro_batch is None) == (max_device_batch is None):
@@ -123,13 +124,13 @@ class AdaptiveSampler(CustomSampler):
                           noise_every=split.noise_every)
         self.schedule = AdaptiveSchedule(size, controller, seed, shuffle, lookahead, hold_after)
         self.devices = 1
-        self.rank = _checked_rank(rank, num_replicas)
+        self.rank = checked_rank(rank, num_replicas)
         if self.schedule.samples_left_out:
             warnings.warn(
                 f"the data set's {size} samples are not a whole number of micro-batches of {per_device}: each epoch "
                 f"leaves {self.schedule.samples_left_out} of them out (a different few each epoch); use a "
                 "micro_batch that divides the data set to train on all", stacklevel=2)
-        self._start_sampling()
+        self.set_epoch(0)
 
     @property
     def controller(self) -> GoodputController:
@@ -168,21 +169,11 @@ class AdaptiveSampler(CustomSampler):
     # --- the trace: the updates trained so far ------------------------------------------------------
     @property
     def trace(self) -> list[int]:
-        """The global batch of every update trained so far: replays the run with ``CustomSampler``
+        """The global batch of every update trained so far: replays the run with ``TraceSampler``
         (same seed and shuffle, and ``micro_batch``, or ``max_device_batch`` and
         ``noise_every`` as here, and ``noise_until=schedule.held_from`` where the run held its
         batch; ``when_exhausted='stop'`` if the run ended mid-epoch)."""
         return list(self.controller.batches)
-
-    @property
-    def trace_samples(self) -> int:
-        """Samples the updates trained so far took."""
-        return sum(self.controller.batches)
-
-    def get_epochtrace(self, epoch: int) -> list[int]:
-        """The batch sizes of the updates of ``epoch`` decided so far."""
-        start, end = self.get_epoch_range(epoch)
-        return self.schedule.sizes[start:end]
 
     # --- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
@@ -214,13 +205,13 @@ class AdaptiveSampler(CustomSampler):
     def set_world(self, num_replicas: int, rank: int) -> None:
         """Deal the run to ``rank`` of a world of as many replicas as it was planned for (another
         count is refused: the throughput model and the batch bounds are per replica count).
-        Position: the start of the current step, as ``CustomSampler.set_world``."""
+        Position: the start of the current step, as ``TraceSampler.set_world``."""
         if num_replicas != self.num_replicas:
             raise InvalidValue(
                 f"this adaptive run was planned for {self.num_replicas} replicas and resumes on {num_replicas}: its "
                 "throughput model and batch bounds are per replica count; resume on as many replicas (a resize "
                 "of an adaptive run is not supported yet)")
-        self.rank = _checked_rank(rank, num_replicas)
+        self.rank = checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
     def check_position(self, epoch: int, step: int, micro: int) -> EpochSchedule:

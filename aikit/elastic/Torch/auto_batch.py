@@ -29,7 +29,7 @@ import torch
 from aikit.core.device_batch import Search, agreed, device_batches, largest_fitting, smaller_plan, steps_note
 from aikit.core.errors import InvalidType, InvalidValue, OutOfMemory
 from aikit.core.plan import Plan, make_plan, micro_batch_slices
-from aikit.runtime.published import latest_plan
+from aikit.runtime.process import TORCH, plan_of
 from aikit.runtime.Torch import collectives, distributed, memory
 
 log = logging.getLogger("aikit.elastic")
@@ -99,7 +99,7 @@ class AutoBatch:
     mean loss; :meth:`update` returns the window's mean loss (a tensor, not read)."""
 
     def __init__(self, optimizer: Any, model: torch.nn.Module | None = None, plan: Plan | None = None) -> None:
-        plan = latest_plan() if plan is None else plan
+        plan = plan_of(TORCH) if plan is None else plan
         if plan is None:
             raise InvalidValue("AutoBatch follows init()'s plan: call aikit.elastic.Torch.init(global_batch_size, "
                                "'auto', trial=...) first, or pass plan=")

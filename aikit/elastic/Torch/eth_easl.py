@@ -1,69 +1,63 @@
 """eth-easl's variable batch size by its own names: the edge between its scripts and aikit.
 
 A script written for eth-easl's ``variable_batch_size.py`` runs with ``import aikit.elastic.Torch
-as vbs``; everything of eth-easl's vocabulary that it meets is here, as ``aikit/ga/Torch/runai.py``
-is for Run:AI's AIkit:
+as vbs``; everything of eth-easl's vocabulary that it meets is here, over aikit's own
+:class:`~aikit.elastic.Torch.sampler.TraceSampler` and
+:class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`, as ``aikit/ga/Torch/runai.py`` is for
+Run:AI's AIkit; nothing of aikit's builds on it:
 
+* ``CustomSampler``: the sampler in eth-easl's positional order ``(dataset, trace, seed,
+  num_replicas, rank, minibatch_size, verbose)``, ``minibatch_size=`` for ``micro_batch=``,
+  ``minibatch_size``, ``trace_samples``, ``minibatches_per_epoch``, ``max_epoch``,
+  ``get_epoch_range``, ``get_epochtrace``, ``get_batch_assignments``, its two printed lines, and
+  the sampler made last, which eth-easl's optimizers take when given none;
 * its optimizer classes: ``LinearRuleOptimizer``, ``RootRuleOptimizer`` and ``ConstantOptimizer``,
-  each the one :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer` with a rule (as is
-  ``SeesawOptimizer``, the name aikit gave Seesaw's rule in that family: its users write the
-  family's surface), and its two that differ, ``CustomOptimizer`` (its base: the LR unscaled,
-  micro-batch gradients averaged or summed) and ``LinearRuleMomentumOptimizer`` (summed gradients,
-  one micro-batch's LR, weight decay per micro-batch);
+  each the one trace optimizer with a rule (as is ``SeesawOptimizer``, the name aikit gave
+  Seesaw's rule in that family: its users write the family's surface), and its three that
+  differ, ``CustomOptimizer`` (its base: the LR unscaled, micro-batch gradients averaged or
+  summed), ``LinearRuleMomentumOptimizer`` (summed gradients, one micro-batch's LR, weight decay
+  per micro-batch) and ``AdaScaleOptimizer`` (one micro-batch's LR times each param group's gain);
 * their argument order ``(optimizer, sampler, ref_batchsize, log_steps)``, ``ref_batchsize=`` for
-  aikit's ``ref_batch_size=`` (resolved here, once), their default sampler (the sampler made last:
-  eth-easl's scripts write ``LinearRuleOptimizer(optimizer, ref_batchsize=256)``; aikit's own
-  ``TraceOptimizer`` takes its sampler explicitly), ``get_bs``, ``get_lr``, ``set_lr``,
-  ``current_lr``, ``adapt_lr``, ``ref_batchsize``, and their log lines (``    CustomOptimizer:
-  Step=S, bs=B, lr=(L,)``, AdaScale's ``    Adascale: ...``);
-* the sampler's: ``minibatch_size=`` for ``micro_batch=``, its positional order ``(dataset, trace,
-  seed, num_replicas, rank, minibatch_size, verbose)``, ``minibatch_size``, ``trace_samples``,
-  ``minibatches_per_epoch``, ``max_epoch``, ``get_epoch_range``, ``get_epochtrace``,
-  ``get_batch_assignments`` and its two printed lines (:class:`EthEaslSampler`, which
-  ``CustomSampler`` inherits).
+  aikit's ``ref_batch_size=``, ``get_bs``, ``get_lr``, ``set_lr``, ``current_lr``, ``adapt_lr``,
+  ``ref_batchsize``, and their log lines (``    CustomOptimizer: Step=S, bs=B, lr=(L,)``,
+  AdaScale's ``    Adascale: ...``).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.gradient_noise import gain
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule, seed_value
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.trace import load_trace, multiple_problems
 from aikit.core.validate import checked_float, index_in, positive_int
+from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
+from aikit.elastic.Torch.trace_state import StatePart
 from aikit.runtime.originals import either
-
-if TYPE_CHECKING:  # CustomSampler inherits EthEaslSampler from here
-    from aikit.elastic.Torch.sampler import CustomSampler
-
+from aikit.runtime.process import remember_sampler, sampler_made_last
+from aikit.runtime.Torch import distributed
 
 LOG_FORMATS = ("eth-easl", "aikit")
 ORDER_HINT = ("CustomSampler's arguments after the trace are seed, num_replicas, rank, minibatch_size, verbose, "
               "in eth-easl's order; aikit 0.1 took num_replicas third: pass them by keyword")
 
-_latest: EthEaslSampler | None = None
-
-
-def latest_sampler() -> EthEaslSampler | None:
+def latest_sampler() -> CustomSampler | None:
     """The sampler made last in this process: eth-easl's optimizers take it when given none."""
-    return _latest
+    return sampler_made_last()
 
 
 # --- the sampler ---------------------------------------------------------------------------------
-
-def micro_batch_named(micro_batch: int | None, minibatch_size: int | None) -> tuple[int | None, str]:
-    """``micro_batch`` or eth-easl's ``minibatch_size`` (both refused), and the name written."""
-    return either("minibatch_size", micro_batch, minibatch_size)
-
 
 def check_positional(seed: object, num_replicas: object, rank: object, micro: object, name: str) -> None:
     """The arguments eth-easl's order puts after the trace, checked as the schedule checks them;
@@ -82,9 +76,33 @@ def check_verbose(verbose: object) -> None:
         raise InvalidType(f"verbose must be True, False or None, got {verbose!r:.60}")
 
 
-class EthEaslSampler:
-    """eth-easl's names on a sampler that follows a schedule (``CustomSampler`` inherits them,
-    and so ``AdaptiveSampler``), with the original's meaning and types."""
+class CustomSampler(TraceSampler):
+    """eth-easl's ``CustomSampler``: :class:`~aikit.elastic.Torch.sampler.TraceSampler` in
+    eth-easl's argument order, ``(dataset, trace, seed, num_replicas, rank, micro_batch,
+    verbose)``, positionally or by keyword (``minibatch_size=``, eth-easl's name for
+    ``micro_batch``, says the same), with eth-easl's figures (``minibatch_size``,
+    ``trace_samples``, ``minibatches_per_epoch``, ``max_epoch``), ``get_epoch_range``,
+    ``get_epochtrace`` and ``get_batch_assignments``, its two printed lines (``verbose``; None: as
+    the original, only when ``rank=0`` is given), and the sampler eth-easl's optimizers take when
+    given none: the one made last. With ``max_device_batch`` eth-easl's figures count
+    micro-batches of ``max_device_batch``."""
+
+    def __init__(self, dataset: Sized | int | None = None, trace: Any = None, seed: int = 42,
+                 num_replicas: int | None = None, rank: int | None = None, micro_batch: int | None = None,
+                 verbose: bool | None = None, *, minibatch_size: int | None = None, **options: Any):
+        check_verbose(verbose)
+        micro, name = either("minibatch_size", micro_batch, minibatch_size)
+        check_positional(seed, distributed.world_size() if num_replicas is None else num_replicas,
+                         distributed.rank() if rank is None else rank, micro, name)
+        super().__init__(dataset, trace, micro_batch=micro, num_replicas=num_replicas, rank=rank, seed=seed,
+                         micro_name=name, **options)
+        remember_sampler(self)
+        if (rank == 0 if verbose is None else verbose) and self.rank == 0:
+            trace = self.schedule.trace
+            first = trace.window(0, min(2, len(trace)) if trace.is_finite else 2).tolist()
+            print(f"    MySampler (rank {self.rank}): Loaded trace starting with {', '.join(map(str, first))},...")
+            print(f"    MySampler (rank {self.rank}): trace_samples={self.trace_samples}, "
+                  f"minibatches_per_epoch={self.minibatches_per_epoch} => max_epoch=~{self.max_epoch}")
 
     @property
     def minibatch_size(self) -> int | None:
@@ -146,22 +164,6 @@ class EthEaslSampler:
         plan = EpochSchedule(self.epoch, 0, sizes, self.epoch_schedule.order, mb, self.num_replicas, True)
         return [list(plan.micro_batch_ids(step, self.rank)) for step in range(len(plan))]
 
-    def __bool__(self) -> bool:
-        return True  # a sampler is there even when len() is 0 (eth-easl's has this too)
-
-    def _made(self, verbose: bool | None = False, given_rank: object = None) -> None:
-        """Be the sampler eth-easl's optimizers take when given none, and print eth-easl's two
-        lines about the trace where ``verbose`` (None: as the original, when ``rank=0`` was given)
-        on rank 0, word for word (the original crashed on a one-step trace)."""
-        global _latest
-        _latest = self
-        if (given_rank == 0 if verbose is None else verbose) and self.rank == 0:
-            trace = self.schedule.trace
-            first = trace.window(0, min(2, len(trace)) if trace.is_finite else 2).tolist()
-            print(f"    MySampler (rank {self.rank}): Loaded trace starting with {', '.join(map(str, first))},...")
-            print(f"    MySampler (rank {self.rank}): trace_samples={self.trace_samples}, "
-                  f"minibatches_per_epoch={self.minibatches_per_epoch} => max_epoch=~{self.max_epoch}")
-
 
 # --- the optimizers ------------------------------------------------------------------------------
 
@@ -172,8 +174,43 @@ def ref_batch_size_named(ref_batch_size: int | None, ref_batchsize: int | None) 
     return ref, name if ref is not None else "ref_batch_size (eth-easl's ref_batchsize)"
 
 
-class EthEaslNames:
-    """eth-easl's names for a trace optimizer's LRs and batch."""
+class EthEaslOptimizer:
+    """eth-easl's surface over the one trace optimizer (a base beside ``TraceOptimizer`` of each
+    of eth-easl's classes): its argument order, ``(optimizer, sampler, ref_batch_size,
+    log_steps)``, with its rule (:attr:`rule`, set by each name), eth-easl's ``ref_batchsize=``,
+    the sampler made last when none is given, ``get_lr``, ``set_lr``, ``get_bs``,
+    ``current_lr``, ``adapt_lr`` (which every update runs through: eth-easl's subclasses override
+    it), and eth-easl's log line ``    CustomOptimizer: Step=S, bs=B, lr=(L,)`` at every step
+    ``S`` of an epoch that is a multiple of ``log_steps`` (``log_format="aikit"``: the trace
+    optimizer's line)."""
+
+    rule = "linear"
+    per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 ref_batch_size: int | None = None, log_steps: int | None = None, *, warmup_steps: int = 0,
+                 broadcast: bool = True, max_grad_norm: float | None = None, scaler: Any = None,
+                 log_format: str = "eth-easl", lr_decay: Callable[[int], float] | None = None,
+                 ref_batchsize: int | None = None, skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, **options: Any):
+        name = type(self).__name__
+        if log_format not in LOG_FORMATS:
+            raise InvalidValue(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
+        self.log_format = log_format
+        if lr_decay is not None and self.per_micro_batch:
+            raise InvalidType(f"lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
+                              f"step_decay) for a LinearRule, RootRule, Seesaw or Constant optimizer, got "
+                              f"{lr_decay!r:.60} for {name}")
+        ref, ref_name = ref_batch_size_named(ref_batch_size, ref_batchsize)
+        policy = LRPolicy(self.rule, ref, warmup_steps, lr_decay, user=name, ref_name=ref_name)
+        super().__init__(optimizer, latest_sampler() if sampler is None else sampler, policy=policy,
+                         log_steps=log_steps, broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler,
+                         skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row, **options)
+        if self.per_micro_batch and self.sampler.schedule.max_device_batch is not None:
+            raise InvalidValue(
+                f"{name} scales its LR from one micro-batch of micro_batch samples, but this sampler's micro-batch "
+                "varies by step (max_device_batch): build the CustomSampler with micro_batch (eth-easl's "
+                "minibatch_size), or use LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
 
     def get_lr(self) -> tuple[float, ...]:
         """Every param group's LR (the base LR, except during an update)."""
@@ -215,42 +252,6 @@ class EthEaslNames:
             return base * self.policy.rule.factor(0, self.ref_batch_size, None)
         return self._lr_of_update(base)
 
-
-class EthEaslOptimizer(EthEaslNames, TraceOptimizer):
-    """The one trace optimizer in eth-easl's argument order, ``(optimizer, sampler,
-    ref_batch_size, log_steps)``, with its rule (:attr:`rule`, set by each name), eth-easl's
-    ``ref_batchsize=``, the sampler made last when none is given, and eth-easl's log line
-    ``    CustomOptimizer: Step=S, bs=B, lr=(L,)`` at every step ``S`` of an epoch that is a
-    multiple of ``log_steps`` (``log_format="aikit"``: :class:`TraceOptimizer`'s line)."""
-
-    rule = "linear"
-    per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
-
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
-                 ref_batch_size: int | None = None, log_steps: int | None = None, *, warmup_steps: int = 0,
-                 broadcast: bool = True, max_grad_norm: float | None = None, scaler: Any = None,
-                 log_format: str = "eth-easl", lr_decay: Callable[[int], float] | None = None,
-                 ref_batchsize: int | None = None, skip_nonfinite: bool = True,
-                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW):
-        name = type(self).__name__
-        if log_format not in LOG_FORMATS:
-            raise InvalidValue(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
-        self.log_format = log_format
-        if lr_decay is not None and self.per_micro_batch:
-            raise InvalidType(f"lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
-                              f"step_decay) for a LinearRule, RootRule, Seesaw or Constant optimizer, got "
-                              f"{lr_decay!r:.60} for {name}")
-        ref, ref_name = ref_batch_size_named(ref_batch_size, ref_batchsize)
-        policy = LRPolicy(self.rule, ref, warmup_steps, lr_decay, user=name, ref_name=ref_name)
-        super().__init__(optimizer, latest_sampler() if sampler is None else sampler, policy=policy,
-                         log_steps=log_steps, broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler,
-                         skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row)
-        if self.per_micro_batch and self.sampler.schedule.max_device_batch is not None:
-            raise InvalidValue(
-                f"{name} scales its LR from one micro-batch of micro_batch samples, but this sampler's micro-batch "
-                "varies by step (max_device_batch): build the CustomSampler with micro_batch (eth-easl's "
-                "minibatch_size), or use LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
-
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
         if self.log_format == "aikit":
             super()._log(step, batch, lr)
@@ -263,27 +264,27 @@ class EthEaslOptimizer(EthEaslNames, TraceOptimizer):
 
 
 # eth-easl's names for the one trace optimizer with a rule (SeesawOptimizer is aikit's, in the same family):
-class LinearRuleOptimizer(EthEaslOptimizer):
+class LinearRuleOptimizer(EthEaslOptimizer, TraceOptimizer):
     """``TraceOptimizer(rule="linear")``: the LR proportional to the global batch (Goyal et al., 2017): for SGD."""
     rule = "linear"
 
 
-class RootRuleOptimizer(EthEaslOptimizer):
+class RootRuleOptimizer(EthEaslOptimizer, TraceOptimizer):
     """``TraceOptimizer(rule="sqrt")``: the LR proportional to the batch's square root (Malladi et al., 2022)."""
     rule = "sqrt"
 
 
-class SeesawOptimizer(EthEaslOptimizer):
+class SeesawOptimizer(EthEaslOptimizer, TraceOptimizer):
     """``TraceOptimizer(rule="seesaw")`` (Meterez et al., 2025): ``base x lr_decay(samples) x sqrt(B / ref)``."""
     rule = "seesaw"
 
 
-class ConstantOptimizer(EthEaslOptimizer):
+class ConstantOptimizer(EthEaslOptimizer, TraceOptimizer):
     """``TraceOptimizer(rule="constant")``: the wrapped optimizer's LR whatever the batch (no ``ref_batch_size``)."""
     rule = "constant"
 
 
-class CustomOptimizer(EthEaslOptimizer):
+class CustomOptimizer(EthEaslOptimizer, TraceOptimizer):
     """eth-easl's base optimizer, ``CustomOptimizer(optimizer, sampler, log_steps=None,
     reduction='mean')``: the wrapped optimizer's LR whatever the batch, and the step's micro-batch
     gradients averaged (``'mean'``) or summed (``'sum'``) over micro-batches and replicas."""
@@ -302,7 +303,7 @@ class CustomOptimizer(EthEaslOptimizer):
         return 1.0 if self.reduction == "sum" else super()._gradient_scale()
 
 
-class LinearRuleMomentumOptimizer(EthEaslOptimizer):
+class LinearRuleMomentumOptimizer(EthEaslOptimizer, TraceOptimizer):
     """eth-easl's linear rule with *summed* gradients: the micro-batch gradients of a step are
     added up (not averaged) over micro-batches and replicas, the LR is the linear rule's LR for
     one micro-batch (``lr · micro_batch / ref_batch_size``), and every group's weight decay is
@@ -339,13 +340,99 @@ class LinearRuleMomentumOptimizer(EthEaslOptimizer):
         return 1.0  # the sum over the step's micro-batches
 
     def adapt_lr(self) -> None:
-        micro = self.plan.micro_batch
+        micro = self.epoch_schedule.micro_batch
         self.set_lr(self.policy.lr(lr, micro) for lr in self.get_lr())
         micro_batches = self.get_bs() // micro
         for group in self.param_groups:
             group["weight_decay"] = self.weight_decay * micro_batches
 
 
-def adascale_line(step: int, gain: tuple[float, ...], grad_var_avg: Any, grad_sqr_avg: Any) -> str:
-    """eth-easl's AdaScale log line."""
-    return f"    Adascale: Step={step}, gain={gain}, grad_var_avg={grad_var_avg}, grad_sqr_avg={grad_sqr_avg}"
+class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
+    """eth-easl's AdaScale (Johnson et al., 2020) through a batch-size trace: every update's LR is
+    the base LR for one micro-batch, ``lr · micro_batch / ref_batch_size``, times each param
+    group's own gain ``r`` of the step's batch over a micro-batch (as eth-easl's and fairscale's),
+    and :attr:`progress` advances by the whole model's gain (the scale-invariant iteration count:
+    drive an LR schedule with it, e.g. ``LambdaLR(optimizer, lambda _: f(optimizer.progress))``).
+    eth-easl's argument order: ``(optimizer, sampler, log_steps, ref_batch_size)``,
+    ``ref_batch_size`` 32 by default; ``decay`` smooths the noise. aikit's own AdaScale, the gain
+    over ``ref_batch_size`` of the whole model, is ``TraceOptimizer(optimizer, sampler,
+    rule="adascale", ref_batch_size=...)``; both measure the noise with the same
+    :class:`~aikit.runtime.Torch.noise.NoiseMeter`. Call ``step()`` once per micro-batch after its
+    one ``backward()``."""
+
+    rule = "linear"
+    per_micro_batch = True
+    _measures_noise = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+                 log_steps: int | None = None, ref_batch_size: int | None = None, *, decay: float = 0.99,
+                 **options: Any):
+        if options.get("warmup_steps"):
+            raise InvalidValue("AdaScaleOptimizer has no warmup: the gain sets the LR from the measured noise")
+        if ref_batch_size is None and options.get("ref_batchsize") is None:
+            ref_batch_size = 32  # eth-easl's default
+        super().__init__(optimizer, sampler, ref_batch_size, log_steps, noise_decay=decay, **options)
+        self.progress = 0.0  # base-batch (micro-batch) steps' worth of progress so far
+        self._gains = (1.0,) * len(self.param_groups)
+        self.last_gain = 1.0
+        # its state: {"adascale": {"trackers", "progress", "gains", "pending"}}, as it always saved
+        self.noise.owner = "AdaScaleOptimizer state['adascale']"
+        self.parts = {"adascale": StatePart(self._saved, self._check_saved, self._load_saved)}
+
+    def _observe(self, totals: list[float]) -> None:
+        super()._observe(totals)  # the update's noise, smoothed per group
+        batch = self.batch
+        self._gains = tuple(self._gain(self.noise.smoothed(group), batch) for group in range(len(self.param_groups)))
+        self.last_gain = self._gain(self.noise.smoothed(), batch)  # the whole model's
+        self.progress += self.last_gain
+
+    def _updated(self, lr: tuple[float, ...]) -> None:
+        if not self.updated:  # skipped (inf/NaN): no step made, so no progress
+            self.progress -= self.last_gain
+
+    def _gain(self, noise: Any, batch: int) -> float:
+        if noise is None or batch == 0:
+            return 1.0
+        return gain(noise.trace, noise.grad_sq, batch, self.epoch_schedule.micro_batch)
+
+    def gain(self) -> tuple[float, ...]:
+        """Each param group's gain at the last update (1 before the first)."""
+        return self._gains
+
+    @property
+    def grad_var_avg(self) -> np.ndarray:
+        """eth-easl's smoothed variance of a micro-batch's gradient per group, ``tr(Σ) / micro_batch``."""
+        micro = self.epoch_schedule.micro_batch
+        return np.array([t.smoothed.trace / micro if t.updates else 0.0 for t in self.noise.trackers])
+
+    @property
+    def grad_sqr_avg(self) -> np.ndarray:
+        """eth-easl's smoothed ``|G|²`` per group."""
+        return np.array([t.smoothed.grad_sq if t.updates else 1.0 for t in self.noise.trackers])
+
+    def adapt_lr(self) -> None:
+        self.set_lr(self.current_lr())
+
+    def current_lr(self) -> tuple[float, ...]:
+        """Every group's LR for the current step with the last gains (a tuple, as eth-easl's):
+        the policy's LR of one micro-batch times the group's gain."""
+        micro = self.epoch_schedule.micro_batch
+        return tuple(self.policy.lr(lr, micro) * r for lr, r in zip(self.get_lr(), self._gains, strict=True))
+
+    def _log_lines(self, step: int, batch: int, lr: tuple[float, ...]) -> list[str]:
+        return [f"    Adascale: Step={step}, gain={self.gain()}, grad_var_avg={self.grad_var_avg}, "
+                f"grad_sqr_avg={self.grad_sqr_avg}", *super()._log_lines(step, batch, lr)]
+
+    def _saved(self) -> dict:
+        return {**self.noise.save(), "progress": self.progress, "gains": list(self._gains)}
+
+    def _check_saved(self, saved: dict) -> None:
+        if not isinstance(saved, dict) or set(saved) != {"trackers", "progress", "gains", "pending"} \
+                or len(saved["gains"]) != len(self.param_groups) or len(saved["trackers"]) != len(self.param_groups):
+            raise InvalidValue(f"AdaScaleOptimizer state['adascale'] needs keys ['gains', 'pending', 'progress', "
+                               f"'trackers'] with one tracker and one gain per param group ({len(self.param_groups)})")
+        self.noise.check(saved)
+
+    def _load_saved(self, saved: dict) -> None:
+        self.noise.load(saved)
+        self.progress, self._gains = float(saved["progress"]), tuple(saved["gains"])

@@ -64,7 +64,7 @@ def check_every_worker_commits(optimizer) -> None:
     and would commit less often than the others (``optimizer``: the trace optimizer, or None)."""
     if optimizer is None:
         return
-    plan, workers = optimizer.plan, distributed.world_size()
+    plan, workers = optimizer.epoch_schedule, distributed.world_size()
     short = np.flatnonzero(plan.micro_batches_per_step < workers)
     if short.size:
         step = int(short[0])

@@ -66,7 +66,7 @@ class TorchBranches:
 
     def train(self, indices: np.ndarray, batch: int, lr_factor: float) -> None:
         """``len(indices) // batch`` updates of the wrapped optimizer at the run's LR times ``lr_factor``."""
-        inner, norms = self.run.optimizer, self.run.norms
+        inner, norms = self.run.optimizer, self.run.noise.norms
         base = [group["lr"] for group in inner.param_groups]
         scale = self.run.controller.lr_scale() * lr_factor
         active, norms.active = norms.active, False  # the run's noise hooks record nothing of a branch

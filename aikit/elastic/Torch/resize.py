@@ -57,7 +57,7 @@ from aikit.elastic.Torch.horovod_elastic import HorovodElastic, horovod_elastic
 from aikit.elastic.Torch.layout import holds_dtensors, laid_out, read_shards
 from aikit.elastic.Torch.loading import load, set_rng_state
 from aikit.elastic.Torch.restore_checks import FORMAT, check_commit, kind, planned_global_batch, schedule_identity
-from aikit.elastic.Torch.sampler import CustomSampler
+from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.ga.Torch.optim import Optimizer as GAOptimizer
 from aikit.runtime.Torch import collectives, distributed, random_state
@@ -88,9 +88,9 @@ class ElasticState(CommitStorage):
             raise InvalidValue("ElasticState needs something to keep, e.g. ElasticState(dir, model=model, "
                                "optimizer=opt)")
         for name, obj in objects.items():
-            if isinstance(obj, CustomSampler):
+            if isinstance(obj, TraceSampler):
                 raise InvalidValue(
-                    f"{name}= is a CustomSampler: its position is the trace optimizer's (the sampler can run "
+                    f"{name}= is a {type(obj).__name__}: its position is the trace optimizer's (the sampler can run "
                     "ahead of training in DataLoader workers), so keep the optimizer and leave the sampler out"
                 )
         directory = Path(directory)
@@ -139,7 +139,7 @@ class ElasticState(CommitStorage):
     def epochs(self, count: int) -> Iterator[int]:
         """Epochs ``0..count-1`` from where the run stands, each set on the sampler and optimizer."""
         opt = self._traced()
-        first = opt.epoch + (opt.step_index >= len(opt.plan) and opt.micro == 0)
+        first = opt.epoch + (opt.step_index >= len(opt.epoch_schedule) and opt.micro == 0)
         for epoch in range(first, count):
             opt.sampler.set_epoch(epoch)
             opt.set_epoch(epoch)
@@ -281,9 +281,9 @@ class ElasticState(CommitStorage):
         now = distributed.world_size()
         line = f"aikit resize: resumed commit {self.commits}, saved by {saved_world_size} worker(s), now {now}"
         opt = self.optimizer
-        if opt is None or opt.step_index >= len(opt.plan):
+        if opt is None or opt.step_index >= len(opt.epoch_schedule):
             return line
-        plan, step = opt.plan, opt.step_index
+        plan, step = opt.epoch_schedule, opt.step_index
         micro = int(plan.micro_batches_per_step[step])
 
         def per_worker(workers: int) -> int:

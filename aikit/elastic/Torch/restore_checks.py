@@ -25,7 +25,7 @@ from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.encoding import sharded_refs
 from aikit.elastic.Torch.layout import shard_template
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
-from aikit.runtime.published import latest_plan
+from aikit.runtime.process import TORCH, plan_of
 from aikit.runtime.Torch import distributed, random_state
 from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, lr_free_kind
 from aikit.runtime.Torch.state_checks import check_groups
@@ -35,7 +35,8 @@ FORMAT = 2  # 2: the kinds of the kept objects, sharded commits; 1 (aikit 0.2) s
 
 # ElasticState records each kept object's class as "module.qualname" (a trace optimizer's with the
 # optimizer it wraps) and refuses a restore whose class differs. These classes moved when the trace
-# optimizers became one (old path -> new path): a commit written before names the old path.
+# optimizers became one, and eth-easl's names moved to its edge (old path -> new path): a commit written
+# before names the old path.
 MOVED_CLASSES = {
     "aikit.elastic.Torch.trace_optim.LinearRuleOptimizer": "aikit.elastic.Torch.eth_easl.LinearRuleOptimizer",
     "aikit.elastic.Torch.trace_optim.RootRuleOptimizer": "aikit.elastic.Torch.eth_easl.RootRuleOptimizer",
@@ -44,7 +45,8 @@ MOVED_CLASSES = {
     "aikit.elastic.Torch.trace_optim.CustomOptimizer": "aikit.elastic.Torch.eth_easl.CustomOptimizer",
     "aikit.elastic.Torch.trace_optim.LinearRuleMomentumOptimizer":
         "aikit.elastic.Torch.eth_easl.LinearRuleMomentumOptimizer",
-    "aikit.elastic.Torch.trace_optim.AdaScaleOptimizer": "aikit.elastic.Torch.adascale.AdaScaleOptimizer",
+    "aikit.elastic.Torch.trace_optim.AdaScaleOptimizer": "aikit.elastic.Torch.eth_easl.AdaScaleOptimizer",
+    "aikit.elastic.Torch.adascale.AdaScaleOptimizer": "aikit.elastic.Torch.eth_easl.AdaScaleOptimizer",
 }
 
 
@@ -79,7 +81,7 @@ def schedule_identity(optimizer: TraceOptimizer | None) -> dict | None:
 
 def planned_global_batch() -> int | None:
     """The global batch of the plan the last ``init()`` published (None before one)."""
-    plan = latest_plan()
+    plan = plan_of(TORCH)
     return None if plan is None else plan.global_batch_size
 
 

@@ -1,12 +1,12 @@
-"""CustomSampler: a DataLoader ``batch_sampler`` that follows a batch-size trace.
+"""TraceSampler: a DataLoader ``batch_sampler`` that follows a batch-size trace.
 
 Every global step of the trace is cut into full micro-batches of ``micro_batch`` samples
 (one static shape, so XLA compiles once) and dealt to the replicas by
 :class:`aikit.core.schedule.Schedule`; this sampler yields this replica's micro-batches, step
 after step. A step that deals this replica nothing yields nothing: the trace optimizer still
-takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`). eth-easl's names
-for it (its argument order, ``minibatch_size``, ``get_epochtrace`` and the rest, its printed
-lines) are :mod:`aikit.elastic.Torch.eth_easl`'s, which it inherits.
+takes part in that step's all-reduce (see :mod:`aikit.elastic.Torch.trace_optim`). eth-easl's
+``CustomSampler`` (its argument order, ``minibatch_size``, ``get_epochtrace`` and the rest, its
+printed lines) is this sampler under eth-easl's names, at the edge: :mod:`aikit.elastic.Torch.eth_easl`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.schedule import EpochSchedule, Permutation, Schedule, numpy_permutation, world_problem
 from aikit.core.trace import Trace, load_trace
 from aikit.core.validate import checked_bool, index_in
-from aikit.elastic.Torch.eth_easl import EthEaslSampler, check_positional, check_verbose, micro_batch_named
 from aikit.runtime.Torch import distributed, spmd
 
 
@@ -43,23 +42,19 @@ def torch_permutation(seed: int, epoch: int, dataset_size: int) -> np.ndarray:
 PERMUTATIONS: dict[str, Permutation] = {"numpy": numpy_permutation, "torch": torch_permutation}
 
 
-class CustomSampler(EthEaslSampler, Sampler[list[int]]):
+class TraceSampler(Sampler[list[int]]):
     """This replica's micro-batches of every step of a batch-size trace, as lists of indices.
 
-    The arguments keep eth-easl's order, ``(dataset, trace, seed, num_replicas, rank,
-    micro_batch, verbose)``, positionally or by keyword (``minibatch_size=``, eth-easl's name for
-    ``micro_batch``, says the same). ``dataset`` is a Dataset (its
-    ``len()`` is used) or an int; ``dataset_size=`` says the same thing. ``trace`` is a CSV path
-    (``step,batchsize``), a list of sizes, an int (constant) or a :class:`~aikit.core.trace.Trace`;
-    ``when_exhausted`` overrides its end-of-trace policy; a CSV whose step column restarts or skips
-    is read in file order with a warning (``strict_steps=True`` refuses it). ``num_replicas`` and
-    ``rank`` default to the running engine (torch.distributed, Horovod or torch_xla). Every epoch
-    is a fresh permutation seeded by ``seed`` and the epoch: NumPy's ``default_rng([seed, epoch])``,
-    or with ``permutation="torch"`` eth-easl's ``torch.randperm`` seeded ``seed + epoch`` (same seed,
-    same samples as the original), or a function ``(seed, epoch, dataset_size) -> order``.
-    ``verbose`` prints eth-easl's two lines about the trace (None: as the original, only when
-    ``rank=0`` is given; True: on rank 0). Under torch_xla's SPMD the process is one replica and
-    each micro-batch holds ``micro_batch`` samples for every device of the mesh (see
+    ``dataset`` is a Dataset (its ``len()`` is used) or an int; ``dataset_size=`` says the same
+    thing. ``trace`` is a CSV path (``step,batchsize``), a list of sizes, an int (constant) or a
+    :class:`~aikit.core.trace.Trace`; ``when_exhausted`` overrides its end-of-trace policy; a CSV
+    whose step column restarts or skips is read in file order with a warning (``strict_steps=True``
+    refuses it). ``num_replicas`` and ``rank`` default to the running engine (torch.distributed,
+    Horovod or torch_xla). Every epoch is a fresh permutation seeded by ``seed`` and the epoch:
+    NumPy's ``default_rng([seed, epoch])``, or with ``permutation="torch"`` eth-easl's
+    ``torch.randperm`` seeded ``seed + epoch`` (same seed, same samples as the original), or a
+    function ``(seed, epoch, dataset_size) -> order``. Under torch_xla's SPMD the process is one
+    replica and each micro-batch holds ``micro_batch`` samples for every device of the mesh (see
     :mod:`aikit.runtime.Torch.spmd`).
 
     ``micro_batch`` (default 32) fixes every micro-batch; ``max_device_batch`` instead splits
@@ -68,8 +63,7 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
     (:func:`aikit.core.plan.even_micro_batches`): the per-device batch grows with the step, as in
     an :class:`~aikit.elastic.Torch.AdaptiveSampler` run with ``max_device_batch``, which this
     replays (give its ``noise_every`` too, and, for a run that held its batch, ``noise_until``: its
-    ``held_from``, from which no step is split to measure the noise). eth-easl's figures (``minibatches_per_epoch``,
-    ``max_epoch``) then count micro-batches of ``max_device_batch``.
+    ``held_from``, from which no step is split to measure the noise).
 
     ``balanced=True`` deals every step to every replica as the same number of whole micro-batches
     (Megatron's condition; no replica idle or ragged), so every batch must be a multiple of
@@ -80,6 +74,8 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
 
     :class:`~aikit.elastic.Torch.AdaptiveSampler` extends it with batches decided while training;
     every public name of one works on the other, or says why it does not apply (``controller``).
+    ``micro_name`` is what messages call the micro-batch (eth-easl's ``CustomSampler`` passes
+    ``"minibatch_size"`` where its user wrote that).
     """
 
     _decides_while_training = False  # True for AdaptiveSampler: its epochs grow while training
@@ -89,13 +85,11 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
         self,
         dataset: Sized | int | None = None,
         trace: Trace | str | list[int] | int | None = None,
-        seed: int = 42,
+        *,
+        micro_batch: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
-        micro_batch: int | None = None,
-        verbose: bool | None = None,
-        *,
-        minibatch_size: int | None = None,
+        seed: int = 42,
         dataset_size: int | None = None,
         shuffle: bool = True,
         permutation: str | Permutation = "numpy",
@@ -106,25 +100,24 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
         noise_every: int | None = None,
         balanced: bool = False,
         noise_until: int | None = None,
+        micro_name: str = "micro_batch",
     ):
-        size = _dataset_size(dataset, dataset_size)
+        size = dataset_size_of(dataset, dataset_size, type(self).__name__)
         self.balanced = checked_bool(balanced, "balanced")
         if trace is None:
-            raise InvalidValue("CustomSampler needs a trace: a 'step,batchsize' CSV path, a list of sizes or an int")
-        check_verbose(verbose)
+            raise InvalidValue(f"{type(self).__name__} needs a trace: a 'step,batchsize' CSV path, a list of sizes or "
+                               "an int")
         order = PERMUTATIONS.get(permutation) if isinstance(permutation, str) else permutation
         if order is None:
             raise InvalidValue(f"permutation must be one of {sorted(PERMUTATIONS)} or a function "
                                f"(seed, epoch, dataset_size) -> order, got {permutation!r}")
-        given_rank = rank
         if num_replicas is None or rank is None:
             engine_replicas, engine_rank = distributed.world_size(), distributed.rank()
             num_replicas = engine_replicas if num_replicas is None else num_replicas
             rank = engine_rank if rank is None else rank
         trace = load_trace(trace, when_exhausted, strict_steps=strict_steps)
         self.devices = distributed.spmd_devices()  # an SPMD process feeds every device of its mesh at once
-        micro, name = micro_batch_named(micro_batch, minibatch_size)
-        check_positional(seed, num_replicas, rank, micro, name)
+        name, micro = micro_name, micro_batch
         if self.balanced and max_device_batch is not None:
             raise InvalidValue(f"balanced deals whole micro-batches of {name} to every replica; "
                                "max_device_batch splits every step evenly already: give one of them")
@@ -142,15 +135,11 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
             self.schedule = Schedule(trace, size, num_replicas, seed=seed, shuffle=shuffle, permutation=order,
                                      max_device_batch=max_device_batch, min_micro_batches=min_micro_batches,
                                      noise_every=noise_every, noise_until=noise_until)
-        self.rank = _checked_rank(rank, self.schedule.num_replicas)
-        self._start_sampling(verbose, given_rank)
-
-    def _start_sampling(self, verbose: bool | None = False, given_rank: object = None) -> None:
-        """What every sampler does once its schedule and rank are set: stand at the start of
-        epoch 0, and be the sampler eth-easl's optimizers take when given none (printing
-        eth-easl's lines about the trace where ``verbose`` says so)."""
+        self.rank = checked_rank(rank, self.schedule.num_replicas)
         self.set_epoch(0)
-        self._made(verbose, given_rank)
+
+    def __bool__(self) -> bool:
+        return True  # a sampler is there even when len() is 0 (the epoch's steps all done)
 
     @property
     def permutation(self) -> str:
@@ -194,8 +183,8 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
 
     @lookahead.setter
     def lookahead(self, value: int) -> None:
-        raise InvalidValue("a CustomSampler's trace is decided to its end, so a DataLoader may prefetch as far as it "
-                           "likes: there is no lookahead to set (AdaptiveSampler has one)")
+        raise InvalidValue(f"a {type(self).__name__}'s trace is decided to its end, so a DataLoader may prefetch "
+                           "as far as it likes: there is no lookahead to set (AdaptiveSampler has one)")
 
     def loader(self, dataset: Any, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A DataLoader over ``dataset`` fed by this sampler (as its ``batch_sampler``), with the
@@ -211,13 +200,15 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
     @property
     def controller(self) -> Any:
         """Refused: the batch of every step is the trace's, chosen by no controller."""
-        raise AttributeError("a CustomSampler follows a trace given in advance: no controller chooses its batches; "
+        raise AttributeError(f"a {type(self).__name__} follows a trace given in advance: no controller chooses its "
+                             "batches; "
                              "AdaptiveSampler(dataset, ref_batch_size=..., max_batch=...) has one")
 
     @property
     def interval(self) -> int:
         """Refused: a trace is decided in advance, not every few updates."""
-        raise AttributeError("a CustomSampler follows a trace given in advance: it makes no decisions, so it has no "
+        raise AttributeError(f"a {type(self).__name__} follows a trace given in advance: it makes no decisions, so it "
+                             "has no "
                              "interval between them; AdaptiveSampler has one")
 
     @property
@@ -315,7 +306,7 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
                                  micro_name=old.micro_name, max_device_batch=old.max_device_batch,
                                  min_micro_batches=old.min_micro_batches, noise_every=old.noise_every,
                                  noise_until=old.noise_until)
-        self.rank = _checked_rank(rank, num_replicas)
+        self.rank = checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
     def check_position(self, epoch: int, step: int, micro: int, name: str = "", fix: str = "") -> EpochSchedule:
@@ -340,21 +331,22 @@ class CustomSampler(EthEaslSampler, Sampler[list[int]]):
         self.step, self.micro = step, micro
 
 
-def _checked_rank(rank: object, num_replicas: int) -> int:
+def checked_rank(rank: object, num_replicas: int) -> int:
     return index_in(rank, "rank", num_replicas)
 
 
-def _dataset_size(dataset: Sized | int | None, dataset_size: int | None) -> int:
+def dataset_size_of(dataset: Sized | int | None, dataset_size: int | None, user: str) -> int:
+    """The data set's size from a sized Dataset or an int (``dataset_size=`` says the same)."""
     if dataset is not None and dataset_size is not None:
         raise InvalidValue("give the data set or dataset_size=, not both")
     if dataset is None and dataset_size is None:
-        raise InvalidValue("CustomSampler needs the data set (or its size) as first argument, or dataset_size=")
+        raise InvalidValue(f"{user} needs the data set (or its size) as first argument, or dataset_size=")
     source = dataset if dataset is not None else dataset_size
     if isinstance(source, Integral) or dataset is None:
         return source  # validated by the Schedule
     if isinstance(source, (str, bytes, float)) or not isinstance(source, Sized):
         raise InvalidType(
-            f"CustomSampler needs a sized Dataset or an int, got {type(source).__name__} "
+            f"{user} needs a sized Dataset or an int, got {type(source).__name__} "
             f"{source!r:.40}: pass the Dataset, or its size as an int (dataset_size=1000)"
         )
     return len(source)

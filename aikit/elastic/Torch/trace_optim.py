@@ -1,6 +1,6 @@
 """The one trace optimizer: accumulate, or all-reduce and update at the LR policy's LR.
 
-Call ``step()`` once per micro-batch the sampler (:class:`~aikit.elastic.Torch.sampler.CustomSampler`)
+Call ``step()`` once per micro-batch the sampler (:class:`~aikit.elastic.Torch.sampler.TraceSampler`)
 yields. Until this replica's last micro-batch of a global step, ``step()`` only lets autograd
 accumulate. On the last one the GA engine (:mod:`aikit.runtime.Torch.accumulator`) sums the gradients
 over the replicas in one all-reduce, weighs them by ``micro_batch / B`` (each micro-batch
@@ -10,7 +10,9 @@ makes one update of the wrapped optimizer at the LR :class:`aikit.core.lr_policy
 for ``B``, puts the base LR back (so an LR scheduler on this optimizer composes) and zeroes the
 gradients. An update whose gradient is inf or NaN is skipped, by AMP's GradScaler or the
 engine's check (:mod:`aikit.core.skips`): the step's samples are spent and the trace moves on,
-but no weight changes and ``updates`` (which warmup counts) does not advance.
+but no weight changes and ``updates`` (which warmup counts) does not advance. A rule from the
+measured gradient noise (``"adascale"``: Johnson et al., 2020) measures it in every update
+(:class:`~aikit.runtime.Torch.noise.NoiseMeter`), its norms riding in the same all-reduce.
 
 A replica the schedule deals nothing in a step gets no batch at all (no dummy batch, so
 BatchNorm statistics stay untouched): it joins those steps' all-reduces with zero gradients and
@@ -30,86 +32,68 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from torch.utils.data import Sampler
 
 from aikit.core.agreement import check_agreement, fingerprint, own_row, rows_of
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.scaling import Rule
-from aikit.core.schedule import EpochSchedule
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.validate import positive_int
+from aikit.elastic.Torch import trace_state
+from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.sharded import dtensor_type
-from aikit.elastic.Torch.trace_state import TraceState
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.collectives import broadcast_gathering_, engine, lazy, mark_step, world
+from aikit.runtime.Torch.noise import NoiseMeter
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
-if TYPE_CHECKING:  # the sampler module inherits eth-easl's names, whose optimizers are built on this one
-    from aikit.elastic.Torch.sampler import CustomSampler
 
-
-def mean_sq_norms(param_groups: list[dict[str, Any]], dtype: torch.dtype, scale: float = 1.0) -> list[float]:
-    """Each param group's squared norm of the update's gradient, ``scale`` times the gradients
-    accumulated in ``.grad``: each parameter's squared norm in ``dtype``, added up in float64 in
-    parameter order, in one read from the device (not one per parameter). What gradient noise is
-    measured against (:mod:`aikit.core.gradient_noise`), for AdaScale and the adaptive batch."""
-    squares = [(index, p.grad.to(dtype).pow(2).sum()) for index, group in enumerate(param_groups)
-               for p in group["params"] if p.grad is not None]
-    totals = [0.0] * len(param_groups)
-    if squares:
-        device = squares[0][1].device
-        values = torch.stack([square.to(device) for _, square in squares]).tolist()  # the one host sync
-        for (index, _), value in zip(squares, values, strict=True):
-            totals[index] += value
-    return [total * scale**2 for total in totals]
-
-
-class TraceOptimizer(TraceState, WrappingOptimizer):
+class TraceOptimizer(WrappingOptimizer):
     """Wraps a torch optimizer to train through ``sampler``'s trace, each update at the LR of ``rule``.
 
-    ``rule`` is a name of :data:`aikit.core.scaling.RULES` (``"linear"``, ``"sqrt"``,
-    ``"seesaw"``, ``"constant"``) or a :class:`~aikit.core.scaling.Rule`; ``ref_batch_size`` the
-    global batch the wrapped optimizer's LR was tuned for; ``warmup_steps`` ramps the rule's factor
-    in over the first updates; ``lr_decay`` (e.g. :func:`aikit.core.scaling.cosine_decay`)
-    multiplies the base LR by its value at the samples the trace trained before each step: an LR
-    schedule clocked by samples, as Seesaw and its cosine baseline need (a scheduler stepped per
-    update would decay a run of larger batches later). ``policy`` (an
-    :class:`~aikit.core.lr_policy.LRPolicy`) gives the four at once. ``log_steps`` prints ``aikit
-    trace: epoch E step S batch B lr L`` on rank 0 every that many updates (``S`` counted over the
-    trace). ``max_grad_norm`` clips each update's gradient; ``scaler`` (a ``torch.amp.GradScaler``)
-    is unscaled, stepped and updated once per update; ``skip_nonfinite`` and ``max_skips_in_a_row``
-    are the GA wrapper's (an inf/NaN update skipped). Replicas start from rank 0's parameters,
-    broadcast at the first :meth:`set_epoch` or :meth:`join` (``ElasticState.restore()``), unless
-    ``broadcast=False``.
+    ``rule``: a name of :data:`aikit.core.scaling.RULES` (``"linear"``, ``"sqrt"``, ``"seesaw"``,
+    ``"constant"``, ``"adascale"``) or a :class:`~aikit.core.scaling.Rule`; ``ref_batch_size``: the
+    global batch the LR was tuned for; ``warmup_steps`` ramps the rule's factor in; ``lr_decay``
+    (e.g. :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by its value at the
+    samples trained before each step (clocked by samples, as Seesaw needs); ``policy`` (an
+    :class:`~aikit.core.lr_policy.LRPolicy`) gives the four at once. With ``"adascale"`` every
+    update measures the gradient noise (:attr:`noise`, smoothed over ``noise_decay``) and its LR
+    is the base LR times AdaScale's gain of its batch over ``ref_batch_size``. ``log_steps`` prints
+    ``aikit trace: epoch E step S batch B lr L`` on rank 0 every that many updates.
+    ``max_grad_norm``, ``scaler`` (a ``torch.amp.GradScaler``), ``skip_nonfinite`` and
+    ``max_skips_in_a_row`` are the GA wrapper's, once per update. Replicas start from rank 0's
+    parameters, broadcast at the first :meth:`set_epoch` or :meth:`join` (``ElasticState.restore()``),
+    unless ``broadcast=False``.
     """
 
     kind = "trace optimizer"
     takes_weights = True  # accumulate(model, weight=n): the update is the mean over the step's loss terms
     follows_trace = True
     _decides_while_training = False  # True: follows an AdaptiveSampler, whose epochs grow while training
+    _measures_noise = False  # True: measures the gradient noise whatever the rule (the adaptive batch)
     _adapted = ("lr",)  # the group settings _adapt() changes for one update, put back after it
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: TraceSampler | None = None,
                  rule: str | Rule = "linear", *,
                  ref_batch_size: int | None = None, warmup_steps: int = 0,
                  lr_decay: Callable[[int], float] | None = None, policy: LRPolicy | None = None,
                  log_steps: int | None = None, broadcast: bool = True, max_grad_norm: float | None = None,
                  scaler: Any = None, skip_nonfinite: bool = True,
-                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW):
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, noise_decay: float = 0.99):
         super().__init__(optimizer)
         name = type(self).__name__
         self.sampler = _checked_sampler(sampler, name, self._decides_while_training)
         if policy is None:
-            policy = LRPolicy(rule, ref_batch_size, warmup_steps, lr_decay, user=name)
+            policy = LRPolicy(rule, ref_batch_size, warmup_steps, lr_decay, adaptive=None, user=name)
         elif (rule, ref_batch_size, warmup_steps, lr_decay) != ("linear", None, 0, None):
             raise InvalidValue(f"{name} got policy= and rule=, ref_batch_size=, warmup_steps= or lr_decay=: give the "
                                "policy alone (it holds all four) or those")
         self.policy = policy
+        self.rule, self.ref_batch_size = policy.rule.name, policy.ref_batch_size  # the rule's name, its reference
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,
                                   skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row)
@@ -122,6 +106,10 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
                 f"the sampler deals to {self.sampler.num_replicas} replicas but this run has {replicas} "
                 f"({engine(self.device)}): give the sampler num_replicas={replicas}, or leave it to the engine"
             )
+        measured = self._measures_noise or policy.rule.measured  # the noise, where the rule (or the run) reads it
+        self.noise = NoiseMeter(self, noise_decay) if measured else None
+        self.parts: dict[str, Any] = {"noise": self.noise} if measured else {}  # state_dict() beside the trace
+        self.takes_weights = self.takes_weights and not measured  # noise is measured from equal micro-batch means
         self._broadcast_pending = broadcast and replicas > 1
         self._agreement_pending = replicas > 1  # the replicas compare settings in their first collective
         self.updates = 0  # updates applied since training began (skips not counted): drives warmup
@@ -129,27 +117,14 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         self._start(self.sampler.epoch, 0, 0)
 
     @property
-    def rule(self) -> str:
-        """The name of the LR rule."""
-        return self.policy.rule.name
-
-    @property
-    def ref_batch_size(self) -> int | None:
-        """The global batch the wrapped optimizer's LR was tuned for."""
-        return self.policy.ref_batch_size
-
-    @property
     def batch(self) -> int:
         """The global batch of the current step of the epoch, 0 once the epoch's steps are done."""
-        return int(self.plan.batch_sizes[self.step_index]) if self.step_index < len(self.plan) else 0
-
-    @property
-    def epoch(self) -> int:
-        return self.plan.epoch
+        schedule = self.epoch_schedule
+        return int(schedule.batch_sizes[self.step_index]) if self.step_index < len(schedule) else 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` and :meth:`join`. Before the epoch's first micro-batch (after the
-        constructor, ``load_state_dict`` or a restore) a call for the same epoch keeps the position."""
+        """Start ``epoch`` and :meth:`join`; before its first micro-batch (after the constructor, a
+        load or a restore) a call for the same epoch keeps the position."""
         if not (self._untouched and epoch == self.epoch):
             self._start(epoch, 0, 0)
         self.join()
@@ -194,17 +169,18 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
     def _start(self, epoch: int, step: int, micro: int) -> None:
         """Position at ``micro`` of ``step`` of ``epoch``: local, the joins wait for :meth:`join`."""
         sampler = self.sampler
-        self.plan: EpochSchedule = (
-            sampler.epoch_schedule if sampler.epoch == epoch else sampler.schedule.epoch(epoch)
-        )
-        self.counts = self.plan.counts(sampler.rank)
+        self.epoch_schedule = sampler.epoch_schedule if sampler.epoch == epoch else sampler.schedule.epoch(epoch)
+        self.epoch = epoch
+        self.counts = self.epoch_schedule.counts(sampler.rank)
         self.step_index, self.micro = step, micro
         self._untouched, self._joined = True, False
         self.engine.terms, self._declared = 0, 0  # a step cut short is retrained: so are its terms
 
     def redeal(self) -> None:
-        """Take this replica's share of the current step again after the sampler was dealt to a
-        new world (``CustomSampler.set_world``); a step cut short is dropped. Local."""
+        """Take this replica's share of the current step again after the sampler was dealt to a new
+        world (``TraceSampler.set_world``): a step cut short is retrained, its norms too. Local."""
+        if self.noise is not None:
+            self.noise.norms.clear()
         self._start(self.epoch, self.step_index, 0)
 
     @contextlib.contextmanager
@@ -217,33 +193,31 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         if not self.takes_weights:
             raise InvalidValue(
                 f"{type(self).__name__} weighs micro-batches its own way (a sum, or gradient noise measured from "
-                "equal micro-batch means), so it takes no weight=: use LinearRuleOptimizer, RootRuleOptimizer, "
-                "ConstantOptimizer or CustomOptimizer(reduction='mean') for loss terms"
+                "equal micro-batch means), so it takes no weight=: use a TraceOptimizer whose rule is not measured "
+                "(linear, sqrt, seesaw, constant) for loss terms"
             )
         with self.engine.count_terms(model, weight):
             yield
         self._declared += 1
+
+    def unhook(self) -> None:
+        """Remove the noise measurement's gradient hooks (to go on with another optimizer)."""
+        if self.noise is not None:
+            self.noise.norms.remove()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Does nothing: gradients are zeroed after every update (accumulating needs them kept)."""
 
     def step(self, closure=None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update."""
-        if self._broadcast_pending:
-            raise InvalidState(
-                f"{type(self).__name__}.step() before set_epoch(): with {self.sampler.num_replicas} replicas, "
-                "call optimizer.set_epoch(epoch) (or ElasticState.restore()) before the first micro-batch; it "
-                "gives every replica rank 0's parameters, which must happen before the first forward"
-            )
+        if self.noise is not None:
+            self.noise.norms.close()  # the micro-batch backpropagated since the last step()
+        _check_steppable(self, joined=False)
         self.join()
         if closure is not None:
             with torch.enable_grad():
                 closure()
-        if self.step_index >= len(self.plan):
-            raise InvalidState(
-                f"epoch {self.epoch} has {len(self.plan)} steps and all are done: call "
-                f"set_epoch({self.epoch + 1}) on the sampler and this optimizer before the next epoch"
-            )
+        _check_steppable(self, joined=True)
         self._untouched = False
         self.micro += 1
         self.engine.micro_step()
@@ -256,16 +230,14 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         return True
 
     def _join_empty_steps(self) -> None:
-        while self.step_index < len(self.plan) and self.counts[self.step_index] == 0:
+        while self.step_index < len(self.epoch_schedule) and self.counts[self.step_index] == 0:
             self._update()
 
     def _update(self) -> None:
         """All-reduce this step's gradients and make its one update at the step's LR."""
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
-        extras = self._local_statistics()
-        if self.takes_weights:  # every replica adds its loss terms, declared or not (0)
-            extras = [*extras, self.engine.take_terms(), float(self._declared)]
-            self._declared = 0
+        terms = [self.engine.take_terms(), float(self._declared)] if self.takes_weights else []  # 0 if undeclared
+        extras, self._declared = [*self._local_statistics(), *terms], 0
         settings = self.settings() if self._agreement_pending else {}  # broadcast=False: nothing was shared yet
         table = own_row(settings, self.rank, replicas)
         if replicas > 1 or lazy(self.device):
@@ -288,9 +260,8 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
             self._log(step, batch, lr)
 
     def _step_at_adapted_lr(self) -> tuple[float, ...]:
-        """The wrapped optimizer's one update with the settings :meth:`_adapt` gives it, the
-        base settings put back afterwards whatever happens (so an LR scheduler on this optimizer
-        composes); returns every group's LR of the update."""
+        """The wrapped optimizer's one update at the settings :meth:`_adapt` gives, the base ones put
+        back whatever happens (an LR scheduler on this optimizer composes); every group's LR of it."""
         saved = [{key: group[key] for key in self._adapted if key in group} for group in self.param_groups]
         self._adapt()
         lr = self._base_lrs()
@@ -305,7 +276,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
         if self.updates % self.log_steps == 0:
-            print(f"aikit trace: epoch {self.epoch} step {self.plan.first_step + step} batch {batch} "
+            print(f"aikit trace: epoch {self.epoch} step {self.epoch_schedule.first_step + step} batch {batch} "
                   f"lr {lr[0]:.6g}", flush=True)
 
     # --- the LR of an update ----------------------------------------------------------------------
@@ -314,13 +285,12 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         return tuple(group["lr"] for group in self.param_groups)
 
     def _adapt(self) -> None:
-        """Set every group's settings for the current step's update, from the ones it holds now
-        (the update puts them back afterwards): its LR, the policy's."""
-        for group in self.param_groups:
-            group["lr"] = self._lr_of_update(group["lr"])
+        """Set every group's settings for this update from its own (put back after): the policy's LR."""
+        for index, group in enumerate(self.param_groups):
+            group["lr"] = self._lr_of_update(group["lr"], index)
 
-    def _lr_of_update(self, base: float) -> float:
-        """The policy's LR of the current step's update from a group's base LR."""
+    def _lr_of_update(self, base: float, group: int = 0) -> float:
+        """The policy's LR of the current step's update from group ``group``'s base LR."""
         samples = self._samples_trained() if self.policy.decays else 0
         return self.policy.lr(base, self.batch, self.updates, samples, self._noise())
 
@@ -330,38 +300,76 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
 
     def _samples_trained(self) -> int:
         """Samples the trace trained before the current step (what an LR decay reads)."""
-        return self.sampler.schedule.trace.samples_before(self.plan.first_step + self.step_index)
+        return self.sampler.schedule.trace.samples_before(self.epoch_schedule.first_step + self.step_index)
 
     def _noise(self) -> NoiseEstimate | None:
-        """The smoothed gradient noise a measured rule reads (none measured here)."""
-        return None
+        """The smoothed gradient noise a measured rule reads (None where nothing is measured yet)."""
+        return None if self.noise is None else self.noise.smoothed()
 
     # --- what subclasses change -----------------------------------------------------------------
     def _local_statistics(self) -> list[float]:
-        """Numbers this replica adds to the update's all-reduce besides its gradients (none)."""
-        return []
+        """What this replica adds to the update's all-reduce: its micro-batches' norms (noise measured)."""
+        return [] if self.noise is None else self.noise.statistics(self.engine.scaler)
 
     def _observe(self, totals: list[float]) -> None:
-        """Take the update's reduced gradients and statistics in, before the LR is set."""
+        """Take the update's reduced statistics in, before its LR is set: its gradient noise, smoothed."""
+        if self.noise is not None:
+            schedule, step = self.epoch_schedule, self.step_index
+            self.noise.observe(totals, int(schedule.micro_batches_per_step[step]), self.batch,
+                               schedule.micro_size(step), self._gradient_scale(), self.engine.scaler)
 
     def _updated(self, lr: tuple[float, ...]) -> None:
         """After the update (the position already on the next step), with its LRs."""
 
     def _gradient_scale(self) -> float | torch.Tensor:
-        """Factor from the summed micro-batch gradients to the update's gradient: their mean over
-        the step's samples, or over its loss terms where they were declared."""
+        """From the summed micro-batch gradients to their mean over the step's samples (or loss terms)."""
         if self._terms is not None:
             return self.engine.terms_scale(self._terms)
-        return self.plan.share(self.step_index)
+        return self.epoch_schedule.share(self.step_index)
+
+    # --- checkpoints: trace_state's format --------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state, the position in the trace, and any gradients
+        accumulated in a step not yet finished (so a resume continues to the same bits)."""
+        return self._run_state_dict_hooks(lambda: trace_state.saved(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state`` and put the sampler where it stood (the next ``set_epoch`` of that epoch
+        continues mid-epoch). Local: checked whole first, no collective (``join`` comes later)."""
+        self._run_load_hooks(state, lambda checked: trace_state.load(self, checked))
+
+    def check_state(self, state: dict) -> None:
+        """Every reason ``state`` cannot be loaded here, before anything is changed."""
+        trace_state.check(self, state)
+
+    def _check_position(self, state: dict) -> None:
+        """Refuse a saved position the sampler has not (``state`` otherwise checked)."""
+        trace = state["trace"]
+        self.sampler.check_position(trace["epoch"], trace["step"], trace["micro"], "the checkpoint's trace ",
+                                    trace_state.INTACT)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
 
 
+def _check_steppable(optimizer: TraceOptimizer, joined: bool) -> None:
+    """Refuse a ``step()`` before ``set_epoch`` where the replicas must start equal, or (once the
+    steps this replica sits out are joined) past the epoch's steps."""
+    if not joined and optimizer._broadcast_pending:
+        raise InvalidState(
+            f"{type(optimizer).__name__}.step() before set_epoch(): with {optimizer.sampler.num_replicas} replicas, "
+            "call optimizer.set_epoch(epoch) (or ElasticState.restore()) before the first micro-batch; it gives "
+            "every replica rank 0's parameters, which must happen before the first forward")
+    steps = len(optimizer.epoch_schedule)
+    if joined and optimizer.step_index >= steps:
+        raise InvalidState(f"epoch {optimizer.epoch} has {steps} steps and all are done: call "
+                           f"set_epoch({optimizer.epoch + 1}) on the sampler and this optimizer before the next epoch")
+
+
 def _declared_terms(optimizer: TraceOptimizer, terms: Any, declared: float) -> Any:
     """The step's loss terms over every replica, None where no micro-batch declared any; a step
     that declared them for some micro-batches only is refused (on every replica alike)."""
-    expected = int(optimizer.plan.micro_batches_per_step[optimizer.step_index])
+    expected = int(optimizer.epoch_schedule.micro_batches_per_step[optimizer.step_index])
     if declared == 0:
         return None
     if declared != expected:
@@ -374,11 +382,11 @@ def _declared_terms(optimizer: TraceOptimizer, terms: Any, declared: float) -> A
     return terms
 
 
-def _checked_sampler(sampler: object, name: str, decides_while_training: bool) -> CustomSampler:
-    """The sampler a trace optimizer follows: a CustomSampler, or the AdaptiveSampler of an
+def _checked_sampler(sampler: object, name: str, decides_while_training: bool) -> TraceSampler:
+    """The sampler a trace optimizer follows: a TraceSampler, or the AdaptiveSampler of an
     optimizer that follows batches decided while training."""
-    if not (isinstance(sampler, Sampler) and hasattr(sampler, "schedule")):
-        raise InvalidType(f"{name} needs the CustomSampler that feeds it, got {sampler!r}: pass it as second "
+    if not isinstance(sampler, TraceSampler):
+        raise InvalidType(f"{name} needs the TraceSampler that feeds it, got {sampler!r}: pass it as second "
                           f"argument, {name}(optimizer, sampler, ...)")
     if sampler._decides_while_training and not decides_while_training:
         raise InvalidType(

@@ -153,7 +153,7 @@ class Optimizer(WrappingOptimizer):
             )
         self.sync_every_micro_step = bool(sync_every_micro_step)
         self.reduction = reduction
-        self.window = Window()  # this update's micro-steps so far, and what they declared
+        self.window = Window(self.engine)  # this update's micro-steps so far, and what they declared
         self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
         self.updated = False  # whether the last step() call made a real update (None: read when asked)
         engines.current().keep_whole(Optimizer)  # Horovod's hvd.elastic.TorchState: its whole state_dict
@@ -251,7 +251,7 @@ class Optimizer(WrappingOptimizer):
             )
         framework_syncs = skip_sync is not None and not self.reduce and (self.sync_gradients
                                                                          or self.sync_every_micro_step)
-        return self.window.weighing(self.engine, model, samples, weight, global_batch_size=self.global_batch_size,
+        return self.window.weighing(model, samples, weight, global_batch_size=self.global_batch_size,
                                     parts=self._steps * world, fold=not framework_syncs,
                                     start_sum=world > 1 and not self.reduce and self.sync_gradients)
 
@@ -296,13 +296,13 @@ class Optimizer(WrappingOptimizer):
         self.engine.discard()
         self.engine.factor, self.engine.carried = None, 1.0  # no micro-batch's weight folded in any more
         self.optimizer.zero_grad()
-        self.window = Window()
+        self.window = Window(self.engine)
 
     def _update(self, short: bool) -> bool | None:
         """The real update on the accumulated, weighted gradient; False if it was skipped (inf/NaN),
         None where a fused optimizer under AMP decided on the device (read when asked)."""
-        window, self.window = self.window, Window()
-        scale = window.scale(self.engine, reduction=self.reduction, reducing=self.reduce, short=short,
+        window, self.window = self.window, Window(self.engine)
+        scale = window.scale(reduction=self.reduction, reducing=self.reduce, short=short,
                              world=world_size(),  # read at every update: an elastic resize changes it
                              global_batch_size=self.global_batch_size)
         return self.engine.step(scale)
@@ -342,7 +342,7 @@ class Optimizer(WrappingOptimizer):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
         self.engine.discard()  # sums started from the gradients just replaced
-        self.window = Window.restored(ga)
+        self.window = Window.restored(ga, self.engine)
         self.micro_steps = ga["micro_steps"]
         self.engine.terms = ga.get("terms") or 0
 

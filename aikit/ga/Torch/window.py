@@ -2,9 +2,9 @@
 
 ``steps`` micro-steps make an update. :class:`Window` counts those taken (``position``) and what
 each declared in ``accumulate()`` its mean loss to be a mean over: its samples (``samples=n``)
-or its loss terms (``weight=n``), the same in every micro-step of an update or in none. It gives
-each micro-step its weight through the GA engine
-(:class:`~aikit.runtime.Torch.accumulator.Accumulator`) and the update the factor that turns
+or its loss terms (``weight=n``), the same in every micro-step of an update or in none. It owns
+the GA engine (:class:`~aikit.runtime.Torch.accumulator.Accumulator`) the wrapper made, gives
+each micro-step its weight through it and the update the factor that turns
 the accumulated sum into the mean, all by :mod:`aikit.core.ga`: nothing declared, each
 micro-step weighs ``1 / micro-steps``; samples, their share ``n / G`` of the global batch
 relative to a *unit* size (even micro-batches cost no multiply; a short window is corrected);
@@ -23,7 +23,7 @@ import torch
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import common_size, equal_share, relative_weight, sample_share, short_window_factor
 from aikit.core.validate import non_negative_int
-from aikit.runtime.published import latest_plan
+from aikit.runtime.process import TORCH, plan_of
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.gradient_sync import accumulates_out_of_reach
 
@@ -31,7 +31,8 @@ from aikit.runtime.Torch.gradient_sync import accumulates_out_of_reach
 class Window:
     """One update's micro-steps so far, what they declared, and the weights that follow."""
 
-    def __init__(self) -> None:
+    def __init__(self, accumulator: Accumulator) -> None:
+        self.accumulator = accumulator
         self.position = 0  # micro-steps taken towards the next update
         self.samples = 0  # samples declared (accumulate(samples=...))
         self.weighted = 0  # micro-steps that declared their samples or loss terms
@@ -40,9 +41,9 @@ class Window:
         self.empty = False  # the running micro-step declared 0 samples or loss terms: it needs no backward
 
     @classmethod
-    def restored(cls, ga: dict[str, Any]) -> Window:
+    def restored(cls, ga: dict[str, Any], accumulator: Accumulator) -> Window:
         """The window a checked ``state_dict()["ga"]`` saved."""
-        window = cls()
+        window = cls(accumulator)
         window.position, window.samples, window.weighted, window.unit = (ga["position"], ga["samples"],
                                                                          ga["weighted"], ga["unit"])
         window.declared = "weight" if ga.get("terms") is not None else "samples" if ga["weighted"] else None
@@ -79,7 +80,7 @@ class Window:
             )
         return declared, samples
 
-    def weighing(self, engine: Accumulator, model: torch.nn.Module | None, samples: int | None, weight: Any, *,
+    def weighing(self, model: torch.nn.Module | None, samples: int | None, weight: Any, *,
                  global_batch_size: int | None, parts: int, fold: bool,
                  start_sum: bool) -> contextlib.AbstractContextManager:
         """The context in which a micro-step's backward of ``model`` takes its declared weight.
@@ -90,6 +91,7 @@ class Window:
         fixes from the global batch split in ``parts``; folded into ``.grad`` where ``fold`` (not
         where DDP syncs this backward), at the model's outputs where the gradients accumulate
         out of the optimizer's reach (FSDP2)."""
+        engine = self.accumulator
         if weight is not None:
             weighing = engine.count_terms(model, weight)
             if start_sum:
@@ -116,7 +118,7 @@ class Window:
         return empty
 
     # --- the update ------------------------------------------------------------------------------
-    def scale(self, engine: Accumulator, *, reduction: str, reducing: bool, world: int, short: bool,
+    def scale(self, *, reduction: str, reducing: bool, world: int, short: bool,
               global_batch_size: int | None) -> float | torch.Tensor:
         """What multiplies the accumulated gradient at this window's update.
 
@@ -124,6 +126,7 @@ class Window:
         and loss terms they counted in the same all-reduce; else DDP or FSDP2 average them over
         the ``world``. ``short``: ``flush()`` ends the window before its ``steps``. Refused,
         the gradients cleared, where the micro-steps' declarations do not add up to the update."""
+        engine = self.accumulator
         if self.weighted not in (0, self.position):
             _refuse(engine, f"only {self.weighted} of the {self.position} micro-steps of this update declared "
                             f"{self.declared}= in accumulate(): declare them in every micro-step or in none")
@@ -155,7 +158,7 @@ def _global_batch(global_batch_size: int | None, samples: int) -> int:
     ``aikit.elastic.Torch.init`` published (``samples``: the declaration that needs it)."""
     if global_batch_size is not None:
         return global_batch_size
-    plan = latest_plan()
+    plan = plan_of(TORCH)
     if plan is None:
         raise InvalidValue(
             f"accumulate(samples={samples}) weighs the micro-batch by samples / global batch, but "

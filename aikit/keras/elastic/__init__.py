@@ -25,7 +25,7 @@ from aikit.keras.elastic.trace import fit_trace
 from aikit.keras.optimizers import MAX_STEPS
 from aikit.runtime.Keras.backend import BACKEND, check_backend, seam
 from aikit.runtime.originals import max_device_batch_of
-from aikit.runtime.published import publish
+from aikit.runtime.process import publish
 
 if BACKEND == "tensorflow":
     from aikit.runtime.Keras import strategies  # noqa: F401  (the path users wrote: aikit.elastic.TF.strategies)

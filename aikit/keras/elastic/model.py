@@ -18,7 +18,7 @@ from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.plan import Plan
 from aikit.keras.optimizers import Optimizer
 from aikit.runtime.Keras.backend import check_backend, keras, seam
-from aikit.runtime.published import published
+from aikit.runtime.process import published
 
 
 def current_plan() -> Plan:

@@ -24,7 +24,6 @@ from aikit.core.schedule import Schedule
 from aikit.core.trace import Trace
 from aikit.keras.optimizers import Optimizer
 from aikit.runtime.Keras.training import compiled_for, replicas_of, train_update
-from aikit.runtime.originals import either
 
 
 def fit_trace(
@@ -45,7 +44,6 @@ def fit_trace(
     seed: int = 42,
     shuffle: bool = True,
     verbose: bool = False,
-    minibatch_size: int | None = None,
 ) -> list[dict]:
     """Train ``model`` for ``epochs`` epochs with the global batch of each update from ``trace``.
 
@@ -53,8 +51,7 @@ def fit_trace(
     optimizer is an :class:`aikit.keras.optimizers.Optimizer`; its replicas come from the
     strategy the model was built under (the devices of the ``keras.distribution`` on JAX).
     Every trace entry must be a multiple of
-    ``micro_batch`` x replicas (each replica gets the same number of micro-batches);
-    ``minibatch_size=``, eth-easl's name for ``micro_batch``, says the same.
+    ``micro_batch`` x replicas (each replica gets the same number of micro-batches).
     ``learning_rates``: the LR of every update by step, used instead of the rule (an AdaScale
     run of :func:`~aikit.keras.elastic.adaptive.fit_adaptive` replays with its rows' ``lr``; its
     ``rule="adascale"`` is accepted then, and only then: AdaScale's LRs come from the gradient
@@ -64,7 +61,7 @@ def fit_trace(
     sqrt(B / ref_batch_size)`` over a trace of :func:`aikit.core.ramp.seesaw_schedule`).
     Returns one row per update: epoch, step, batch_size, ga_steps, lr and mean loss.
     """
-    micro, micro_name = either("minibatch_size", micro_batch, minibatch_size)
+    micro, micro_name = micro_batch, "micro_batch"
     if micro is None:
         raise InvalidValue("fit_trace needs micro_batch, the samples of one micro-batch on each replica")
     keras_model, optimizer = compiled_for(model, Optimizer, "fit_trace",

@@ -20,6 +20,7 @@ import numpy as np
 
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.runtime.Keras.batches import ArrayBatches
+from aikit.runtime.process import distribution_set_by_aikit, remember_distribution
 
 ops = keras.ops
 INT_MAX = 2**63 - 1 if jax.config.jax_enable_x64 else 2**31 - 1  # without x64 an int64 variable is int32
@@ -79,7 +80,6 @@ def needs_merge_call() -> bool:
 
 # --- distribution: keras.distribution over JAX's devices and processes (aikit.keras.elastic) ---
 
-_ours: list = []  # the DataParallel the last init set (a later init may replace it)
 
 
 def _no_strategy(strategy) -> None:
@@ -96,7 +96,7 @@ def _devices_of(distribution) -> int:
 
 
 def _users(distribution):
-    return None if distribution is None or (_ours and distribution is _ours[-1]) else distribution
+    return None if distribution is None or distribution is distribution_set_by_aikit() else distribution
 
 
 def found_devices(strategy) -> tuple[int, str, int, dict]:
@@ -132,7 +132,7 @@ def distribute(found: dict, devices: int, global_batch: int) -> dict:
         # over several processes each feeds its own share (the plan's), as Horovod's ranks do: no auto-sharding
         chosen = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:devices],
                                                  auto_shard_dataset=jax.process_count() == 1)
-    _ours[:] = [chosen]
+    remember_distribution(chosen)
     keras.distribution.set_distribution(chosen)
     return {"distribution": chosen}
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 
 import keras
 import numpy as np
@@ -25,8 +24,6 @@ ops = keras.ops
 INT_MAX = 2**63 - 1
 PER_REPLICA_DECLARATION = False  # a loss hands its weight to apply() in the same eager step
 
-_known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tensor -> (its version, its value)
-
 
 def replicas() -> int:
     return 1
@@ -37,19 +34,20 @@ def replicas_sum(value):
 
 
 def host_value(variable) -> int:
-    """``variable``'s integer value, read from the device only when it changed outside :func:`assign_known`."""
+    """``variable``'s integer value, read from the device only when it changed outside :func:`assign_known`
+    (the value the host knows is kept on the variable, with the tensor version it was known at)."""
     tensor = variable.value
-    known = _known.get(tensor)
-    if known is None or known[0] != tensor._version:
-        known = (tensor._version, int(tensor))
-        _known[tensor] = known
-    return known[1]
+    known = getattr(variable, "_aikit_known", None)
+    if known is None or known[0] is not tensor or known[1] != tensor._version:
+        known = (tensor, tensor._version, int(tensor))
+        variable._aikit_known = known
+    return known[2]
 
 
 def assign_known(variable, value: int) -> None:
     """Assign an integer the host knows, so that :func:`host_value` need not read it back."""
     variable.assign(value)
-    _known[variable.value] = (variable.value._version, value)
+    variable._aikit_known = (variable.value, variable.value._version, value)
 
 
 def cond(pred, true_fn, false_fn, variables):

@@ -4,7 +4,7 @@ In torch_xla's SPMD mode (``torch_xla.runtime.use_spmd()``) one process runs one
 every device of a mesh. A batch sharded along its first dimension on the mesh's ``"data"`` axis
 is split over those devices, the parameters stay replicated, and the XLA partitioner inserts
 the gradient all-reduce. So aikit treats an SPMD process as *one replica*
-(:func:`aikit.runtime.Torch.distributed.spmd_devices` detects the devices): ``CustomSampler``
+(:func:`aikit.runtime.Torch.distributed.spmd_devices` detects the devices): ``TraceSampler``
 yields global micro-batches of ``micro_batch x devices`` samples (``micro_batch``, eth-easl's
 ``minibatch_size``, stays per device, as in eth-easl's scheme), the trace optimizer and the GA
 wrapper make single-replica updates, and :func:`shard` (or :func:`loader`) puts each global
@@ -12,7 +12,7 @@ micro-batch on the devices, ``micro_batch`` samples each. Every micro-step has o
 trace of any number of distinct batch sizes compiles a bounded number of graphs.
 
 A step whose global batch is not a multiple of ``micro_batch x devices`` would leave devices
-without samples in its last micro-step. Such traces are refused (by ``CustomSampler``, naming
+without samples in its last micro-step. Such traces are refused (by ``TraceSampler``, naming
 the nearest valid sizes) rather than padded: padding needs dummy samples, which BatchNorm in
 training mode would average into its statistics, and masking them out of every layer is not
 something a wrapper can do for an arbitrary model.
@@ -21,13 +21,13 @@ Its public path is ``aikit.elastic.Torch.spmd`` (the same module)::
 
     import torch_xla
     import torch_xla.runtime as xr
-    from aikit.elastic.Torch import CustomSampler, LinearRuleOptimizer, spmd
+    from aikit.elastic.Torch import TraceOptimizer, TraceSampler, spmd
 
     xr.use_spmd()                        # before anything touches an XLA device
     mesh = spmd.data_mesh()              # every device on the "data" axis
-    sampler = CustomSampler(data, "trace.csv", micro_batch=32)   # 32 per device
+    sampler = TraceSampler(data, "trace.csv", micro_batch=32)   # 32 per device
     model = make_model().to(torch_xla.device())
-    optimizer = LinearRuleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, ref_batch_size=256)
+    optimizer = TraceOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), sampler, ref_batch_size=256)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         optimizer.set_epoch(epoch)
@@ -113,7 +113,7 @@ def shard(batch: Any, mesh=None) -> Any:
         if tensor.dim() == 0 or tensor.shape[0] % devices:
             raise InvalidValue(
                 f"a batch of shape {tuple(tensor.shape)} cannot be split over the {devices} devices of the mesh's "
-                f"'{DATA_AXIS}' axis: its first dimension must be a multiple of {devices} (CustomSampler's "
+                f"'{DATA_AXIS}' axis: its first dimension must be a multiple of {devices} (TraceSampler's "
                 "micro-batches are)"
             )
         spec = (DATA_AXIS,) + (None,) * (tensor.dim() - 1)
@@ -127,7 +127,7 @@ def shard(batch: Any, mesh=None) -> Any:
 
 
 def loader(batches: Iterable, mesh=None) -> Iterator:
-    """Every batch of ``batches`` (e.g. a DataLoader over a CustomSampler), :func:`shard`-ed."""
+    """Every batch of ``batches`` (e.g. a DataLoader over a TraceSampler), :func:`shard`-ed."""
     mesh = _mesh(mesh)
     for batch in batches:
         yield shard(batch, mesh)
