@@ -5,7 +5,7 @@ throughput x statistical efficiency) moves the global batch between updates as t
 gradient noise scale grows; the AdaptiveOptimizer accumulates the micro-batches, measures the
 noise from their gradients, all-reduces once per update and scales the LR by AdaScale's gain.
 Every change is logged; the batches the run took are written as a trace that replays it with
-CustomSampler, and a plot shows batch, noise scale and LR over the run.
+TraceSampler, and a plot shows batch, noise scale and LR over the run.
 
     python examples/adaptive_digits.py --plot adaptive.png --trace-out adaptive_trace.csv
     python examples/adaptive_digits.py --max-device-batch 256   # the per-device batch grows too

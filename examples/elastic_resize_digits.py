@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.datasets import digits
-from aikit.elastic.Torch import CustomSampler, ElasticState, LinearRuleOptimizer
+from aikit.elastic.Torch import ElasticState, TraceOptimizer, TraceSampler
 
 
 def model() -> nn.Module:
@@ -60,12 +60,12 @@ def main() -> int:
     torch.manual_seed(0)
     x_train, y_train, x_test, y_test = digits()
     dataset = TensorDataset(torch.as_tensor(x_train), torch.as_tensor(y_train))
-    sampler = CustomSampler(dataset, args.trace, micro_batch=args.batch_size)
+    sampler = TraceSampler(dataset, args.trace, micro_batch=args.batch_size)
     loader = DataLoader(dataset, batch_sampler=sampler)
     net = model()
     # under Horovod elastic a worker that joins must not broadcast on its own: the state's sync does it
-    optimizer = LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9), sampler,
-                                    ref_batch_size=args.ref_batch_size, broadcast=not args.horovod)
+    optimizer = TraceOptimizer(torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9), sampler,
+                               ref_batch_size=args.ref_batch_size, broadcast=not args.horovod)
     state = ElasticState(args.checkpoint_dir, model=net, optimizer=optimizer)
 
     def train(state: ElasticState) -> None:

@@ -19,12 +19,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.datasets import digits
-from aikit.elastic.Torch import CustomSampler
+from aikit.elastic.Torch import TraceSampler
 from aikit.integrations.lightning import AutoLRS, ElasticPlan, TraceBatchSize
 
 
 class Digits(pl.LightningModule):
-    def __init__(self, train: TensorDataset, lr: float, optimizer: str, sampler: CustomSampler | None = None):
+    def __init__(self, train: TensorDataset, lr: float, optimizer: str, sampler: TraceSampler | None = None):
         super().__init__()
         self.net = nn.Sequential(
             nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -69,7 +69,7 @@ def main() -> float:
         model = Digits(train, lr=3e-3, optimizer="adam")
         callbacks.append(ElasticPlan(global_batch_size=256, max_device_batch=64))
     elif args.mode == "trace":
-        sampler = CustomSampler(len(train), args.trace, micro_batch=16, when_exhausted="repeat_last")
+        sampler = TraceSampler(len(train), args.trace, micro_batch=16, when_exhausted="repeat_last")
         model = Digits(train, lr=0.05, optimizer="sgd", sampler=sampler)
         callbacks.append(TraceBatchSize(sampler, ref_batch_size=128, rule="linear"))
     else:
