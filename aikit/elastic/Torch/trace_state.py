@@ -12,14 +12,13 @@ is the one aikit has always written: states saved before still load.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from aikit.core.errors import InvalidValue
 from aikit.core.validate import checked_int
 from aikit.runtime.Torch.state_checks import check_groups, check_pending
 
-if TYPE_CHECKING:  # the optimizer calls these with itself
-    from aikit.elastic.Torch.trace_optim import TraceOptimizer
+TraceOptimizer = Any  # the trace optimizer that calls these with itself (not imported: it imports this module)
 
 TRACE_KEYS = {"epoch", "step", "micro", "updates", "rank", "accumulated", "terms"}
 _TRACE_KEYS_BEFORE_TERMS = TRACE_KEYS - {"terms"}  # states saved before accumulate(weight=) existed
