@@ -267,9 +267,7 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
                 self.assign_add(total, grad if weight is None else _weighed(grad, weight))
 
         is_update = None
-        if seam.needs_merge_call():  # TensorFlow's replicas: the update taken across them
-            seam.merge_update(self, sums, variables)
-        else:
+        if not seam.merged_update(self, sums, variables):  # (TensorFlow's replicas: taken across them)
             is_update = self._maybe_update(lambda: self._update_if_finite(lambda: self._replicas_nonfinite(sums),
                                                                           lambda: self._update(sums, variables),
                                                                           lambda: self._skip(sums)))
