@@ -171,3 +171,29 @@ def test_no_aikit_class_builds_on_an_originals_class_and_no_hierarchy_is_deep():
                 and any(base[0] in edges for base in ancestors((module, name)) - {(module, name)})}
     assert on_edges == set()
     assert {f"{m}.{n}": depth((m, n)) for (m, n) in found if depth((m, n)) > limit} == {}
+
+
+def keras_backend_names() -> tuple[set[str], set[str]]:
+    """The modules of aikit that name Keras' backends: (those holding the registry ``SEAMS``, those
+    comparing ``BACKEND`` with a string: a branch that a new backend would need as well)."""
+    registry, branches = set(), set()
+    for path in sorted((ROOT / "aikit").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SEAMS" for t in node.targets):
+                registry.add(name)
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                strings = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+                if strings and any(getattr(s, "id", getattr(s, "attr", None)) == "BACKEND" for s in sides):
+                    branches.add(name)
+    return registry, branches
+
+
+def test_a_new_keras_backend_is_as_many_files_as_the_page_says():
+    """Its seam module, and the registry's file: no adapter branches on the backend's name."""
+    (count,) = {int(n) for n in stated(r"a new Keras backend is (\d+) files")}
+    registry, branches = keras_backend_names()
+    assert registry == {"aikit/runtime/Keras/backend.py"}
+    assert branches == set()
+    assert count == 1 + len(registry | branches)

@@ -46,7 +46,8 @@ FRAMEWORKS = {"torch", "torch_xla", "tensorflow", "keras", "horovod", "jax", "li
 # modules that load no framework: the core, the package inits above the adapters, and what
 # every layer may import without one
 FRAMEWORK_FREE = {"aikit", "aikit.optional", "aikit.core", "aikit.runtime", "aikit.runtime.process",
-                  "aikit.runtime.originals", "aikit.ga", "aikit.ga.exports", "aikit.elastic", "aikit.lr_finder",
+                  "aikit.runtime.originals", "aikit.runtime.exports", "aikit.runtime.range_results",
+                  "aikit.runtime.state_cache", "aikit.runtime.plots", "aikit.ga", "aikit.elastic", "aikit.lr_finder",
                   "aikit.autolrs", "aikit.integrations"}
 
 
@@ -127,10 +128,46 @@ def aikit_sources() -> dict[str, tuple[str, bool]]:
             for path in sorted((ROOT / "aikit").rglob("*.py"))}
 
 
+def package_circles(sources: dict[str, tuple[str, bool]]) -> list[list[str]]:
+    """aikit's top-level packages (``aikit.keras``, ``aikit.ga``, ...) that import one another in a
+    loop, each loop once: the seed's Keras paths (``aikit.ga.TF`` and the like) import
+    ``aikit.keras``, so ``aikit.keras`` must import none of their packages."""
+    arrows: dict[str, set[str]] = {}
+    for module, (text, is_package) in sources.items():
+        own = ".".join(module.split(".")[:2])
+        for _, target, _ in imports(ast.parse(text), module, is_package):
+            theirs = ".".join(target.split(".")[:2])
+            if theirs.startswith("aikit.") and theirs != own:
+                arrows.setdefault(own, set()).add(theirs)
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in arrows.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reached = {package: reach(package) for package in arrows}
+    loops = {tuple(sorted(p for p in reached if p in reached[package] and package in reached[p]))
+             for package in reached if package in reached[package]}
+    return sorted(list(loop) for loop in loops)
+
+
 def test_every_import_of_aikit_points_down():
     sources = aikit_sources()
     assert len(sources) > 50
     assert violations(sources) == []
+    assert package_circles(sources) == []
+
+
+def test_a_circle_of_packages_is_named():
+    sources = {"aikit.ga.TF.optimizers": ("from aikit.keras import optimizers\n", False),
+               "aikit.keras.optimizers": ("from aikit.ga.exports import served\n", False),
+               "aikit.keras.lr_finder": ("from aikit.runtime.range_results import RangeTestResults\n", False)}
+    assert violations(sources) == []  # one layer: the layers alone let it through
+    assert package_circles(sources) == [["aikit.ga", "aikit.keras"]]
 
 
 @pytest.mark.parametrize(("module", "source", "complaint"), [
@@ -148,7 +185,9 @@ def test_every_import_of_aikit_points_down():
     ("aikit.newpackage.planted", "import aikit.core\n", "in no layer"),
     ("aikit.keras.planted", "from aikit.keras.elastic import init\n", "a higher layer"),
     ("aikit.keras.autolrs", "from aikit.keras.lr_finder import LRFinder\n", "a sibling"),
-    ("aikit.keras.elastic.planted", "import aikit.lr_finder.results\n", "a sibling"),
+    ("aikit.keras.elastic.planted", "import aikit.lr_finder.Torch\n", "a sibling"),
+    ("aikit.keras.planted", "from aikit.autolrs.Torch import AutoLRS\n", "a higher layer"),
+    ("aikit.runtime.plots", "import keras\n", "must load no framework"),
 ])
 def test_an_upward_sideways_or_hidden_import_is_named(module, source, complaint):
     """Each rule, broken once: the checker names the module and the rule."""
@@ -164,7 +203,8 @@ def test_downward_and_own_package_imports_pass():
         "aikit.elastic.Torch": ("from . import sampler\nimport aikit.ga.Torch\n", True),
         "aikit.cli": ("import aikit\nfrom aikit.core import plan\n", False),
         "aikit.elastic.TF": ("from aikit.keras import elastic\n", True),
-        "aikit.keras.lr_finder": ("from aikit.lr_finder.results import RangeTestResults\nimport aikit.keras\n", False),
+        "aikit.keras.lr_finder": ("from aikit.runtime.range_results import RangeTestResults\nimport aikit.keras\n",
+                                  False),
         "aikit.ga.TF.optimizers": ("from aikit.keras import optimizers\n", False),
     }
     assert violations(sources) == []
@@ -209,14 +249,17 @@ def test_the_runtime_package_loads_no_module_of_aikit_by_itself():
     "assert aikit.elastic.Torch.spmd is aikit.runtime.Torch.spmd",
     "from aikit.elastic.Torch import distributed, spmd; import aikit.runtime.Torch.distributed as d; "
     "assert distributed is d and spmd.__name__ == 'aikit.runtime.Torch.spmd'",
+    "from aikit.plot_adaptive import plot_adaptive; import aikit.runtime.plots as plots; "
+    "assert plot_adaptive is plots.plot_adaptive",
 ])
 def test_moved_modules_keep_their_old_public_paths(statement):
-    """``aikit.elastic.Torch.distributed`` and ``.spmd`` are paths users write: the very modules
-    of ``aikit.runtime.Torch``, importable from a fresh interpreter; what lies at the old path is
+    """``aikit.elastic.Torch.distributed``, ``.spmd`` and ``aikit.plot_adaptive`` are paths users
+    write: the very modules of ``aikit.runtime``, importable from a fresh interpreter; what lies at the old path is
     no copy of either (it defines nothing, it only hands over the module) and nothing is
     registered for it until it is imported."""
     loaded = loaded_after(statement)
-    for old in ("aikit/elastic/Torch/distributed.py", "aikit/elastic/Torch/spmd.py", "aikit/elastic/TF/strategies.py"):
+    for old in ("aikit/elastic/Torch/distributed.py", "aikit/elastic/Torch/spmd.py", "aikit/elastic/TF/strategies.py",
+                "aikit/plot_adaptive.py"):
         tree = ast.parse((ROOT / old).read_text())
         assert not [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))], old
     imported = set(re.findall(r"aikit\.elastic\.Torch\.(?:distributed|spmd)", statement))

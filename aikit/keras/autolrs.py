@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from aikit.autolrs.plot import plot_progress
 from aikit.core.autolrs import DECISION_SIZE, Action, Controller, Driver, schedule_lrs, write_schedule
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.runtime.Keras.backend import check_backend, keras, seam, to_numpy
+from aikit.runtime.plots import plot_progress
 
 
 class AutoLRS(keras.callbacks.Callback):
@@ -89,7 +89,7 @@ class AutoLRS(keras.callbacks.Callback):
         self._driver.step((total - self._sums_before[0]) / (count - self._sums_before[1]))
 
     def plot(self, path=None):
-        """LR and loss over every step taken (see :func:`aikit.autolrs.plot.plot_progress`)."""
+        """LR and loss over every step taken (see :func:`aikit.runtime.plots.plot_progress`)."""
         return plot_progress(self.controller, path, title="AutoLRS (Keras)")
 
     def export_schedule(self, path: str | os.PathLike) -> None:

@@ -24,9 +24,9 @@ from aikit.core import lr_range
 from aikit.core.errors import InvalidState, InvalidValue, TrainingFailed
 from aikit.core.validate import positive_int
 from aikit.keras.optimizers import Optimizer as GAOptimizer
-from aikit.lr_finder.results import RangeTestResults
-from aikit.lr_finder.state_cache import StateCache
 from aikit.runtime.Keras.backend import check_backend, keras, seam, to_numpy
+from aikit.runtime.range_results import RangeTestResults
+from aikit.runtime.state_cache import StateCache
 
 _SPARE_STEPS = 1000  # fit steps beyond the test's for updates a LossScaleOptimizer skips (fit stops when it is done)
 

@@ -30,7 +30,7 @@ from aikit.core.ga import accumulated_divisor, reduction_name
 from aikit.core.gradient_noise import NoiseEstimate, update_estimates
 from aikit.core.validate import positive_int
 from aikit.keras.optimizers import Optimizer
-from aikit.runtime.Keras.backend import BACKEND, keras, ops, seam, to_numpy
+from aikit.runtime.Keras.backend import keras, ops, seam, to_numpy
 
 __all__ = ["NoiseOptimizer"]
 
@@ -103,13 +103,13 @@ class NoiseOptimizer(Optimizer):
 
     def build(self, variables):
         super().build(variables)
-        if BACKEND == "tensorflow":
+        if seam.UPDATE_ALL_REDUCES:
             # from now on the wrapped optimizer's gradient all-reduce carries the part norms. Set once
             # (not around each update): replicas may trace the update concurrently, in threads.
             self.inner._all_reduce_sum_gradients = self._all_reduce_with_part_norms
 
     def _update(self, sums, variables) -> None:
-        if BACKEND != "tensorflow":  # no all-reduce to ride: the parts and the mean measured here
+        if not seam.UPDATE_ALL_REDUCES:  # no all-reduce to ride: the parts and the mean measured here
             divisor = accumulated_divisor(self._accumulated + 1, self.reduction)
             mean = [ops.sum(ops.square(ops.cast(s.value, "float64") / ops.cast(divisor, "float64")))
                     for s in sums if s is not None]

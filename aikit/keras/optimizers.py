@@ -46,9 +46,9 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, mean_scale, reduction_name
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW, checked_max_skips
 from aikit.core.validate import checked_bool, positive_int
-from aikit.ga.exports import served
 from aikit.keras.saved import SavedVariables
 from aikit.keras.skipping import SkippedUpdates
+from aikit.runtime.exports import served
 from aikit.runtime.Keras.backend import check_backend, keras, ops, seam, to_numpy
 
 MAX_STEPS = seam.INT_MAX  # the GA steps live in an int64 variable (int32 on JAX without x64)
@@ -267,9 +267,7 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
                 self.assign_add(total, grad if weight is None else _weighed(grad, weight))
 
         is_update = None
-        if seam.needs_merge_call():  # TensorFlow's replicas: the update taken across them
-            seam.merge_update(self, sums, variables)
-        else:
+        if not seam.merged_update(self, sums, variables):  # (TensorFlow's replicas: taken across them)
             is_update = self._maybe_update(lambda: self._update_if_finite(lambda: self._replicas_nonfinite(sums),
                                                                           lambda: self._update(sums, variables),
                                                                           lambda: self._skip(sums)))

@@ -244,7 +244,7 @@ def test_the_plot_uses_a_log_loss_axis_and_marks_diverged_steps(tmp_path):
         blown = c.phase == "trial" and len(c.stages[0].trials) == 2
         action = c.step(8e18 if blown else 2.0 / (1 + step / 10))
         del action
-    from aikit.autolrs.plot import plot_progress
+    from aikit.runtime.plots import plot_progress
 
     figure = plot_progress(c, tmp_path / "plot.png")
     ax_loss = figure.axes[1]

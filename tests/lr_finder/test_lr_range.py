@@ -221,7 +221,7 @@ def test_the_core_and_the_shared_results_and_cache_import_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys, aikit.core.lr_range, aikit.lr_finder.results, aikit.lr_finder.state_cache; "
+    code = ("import sys, aikit.core.lr_range, aikit.runtime.range_results, aikit.runtime.state_cache; "
             "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'matplotlib') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

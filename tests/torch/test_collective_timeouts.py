@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from aikit.core.errors import CollectiveError, InvalidValue
-from aikit.runtime.Torch import collectives
+from aikit.runtime.Torch.engines.xla import host_timeout
 
 pytestmark = pytest.mark.slow
 
@@ -58,11 +58,11 @@ def test_a_collective_error_is_a_runtime_error_of_aikit():
 def test_a_bad_aikit_host_timeout_is_refused_naming_it(monkeypatch, value):
     monkeypatch.setenv("AIKIT_HOST_TIMEOUT", value)
     with pytest.raises(InvalidValue, match=f"AIKIT_HOST_TIMEOUT={value!r} must be a number of seconds > 0"):
-        collectives.host_timeout()
+        host_timeout()
 
 
 def test_aikit_host_timeout_sets_the_xla_hosts_wait(monkeypatch):
     monkeypatch.delenv("AIKIT_HOST_TIMEOUT", raising=False)
-    assert collectives.host_timeout().total_seconds() == 1800
+    assert host_timeout().total_seconds() == 1800
     monkeypatch.setenv("AIKIT_HOST_TIMEOUT", "2.5")
-    assert collectives.host_timeout().total_seconds() == 2.5
+    assert host_timeout().total_seconds() == 2.5

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from test_layers import imports, module_name
 
 from aikit.core.errors import InvalidState
 from aikit.runtime.Torch import collectives, distributed, engines
@@ -123,7 +124,7 @@ def test_one_process_is_single_with_collectives_that_change_nothing():
     assert torch.equal(tensor, torch.ones(3))
     assert collectives.broadcast_object({"a": 1}) == {"a": 1}
     assert not collectives.can_start_all_reduce("cpu") and not collectives.lazy("cpu")
-    assert not distributed.current().elastic()
+    assert distributed.current().resizing() is None
 
 
 def test_torchruns_variables_without_a_group_are_torch_distributed_and_refuse_to_train_apart(monkeypatch):
@@ -204,6 +205,46 @@ def literals_outside_the_engines() -> dict[str, list[str]]:
 
 def test_no_module_outside_the_engine_package_names_an_engine():
     assert literals_outside_the_engines() == {}
+
+
+PACKAGE = "aikit.runtime.Torch.engines"
+ENGINE_MODULES = {type(engine).__module__ for engine in ENGINES}  # where each engine's class lives
+
+
+def engine_imports(module: str, source: str, is_package: bool = False) -> list[str]:
+    """The engine modules ``source`` imports by name (``from aikit.runtime.Torch.engines.xla
+    import XLA``, ``from aikit.runtime.Torch.engines import horovod``), not the package's face."""
+    found = []
+    for _, target, _ in imports(ast.parse(source), module, is_package):
+        if target in ENGINE_MODULES:
+            found.append(target)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module == PACKAGE:
+            found += [f"{PACKAGE}.{alias.name}" for alias in node.names if f"{PACKAGE}.{alias.name}" in ENGINE_MODULES]
+    return found
+
+
+def test_no_module_outside_the_engine_package_imports_an_engine_module():
+    """Only the package (the protocol, the registry, ``current``) is imported from outside it, so a
+    new engine is its module and its line in ``ENGINES``."""
+    assert len(ENGINE_MODULES) == len(ENGINES) and f"{PACKAGE}.xla" in ENGINE_MODULES  # one module per engine
+    found = {}
+    for path in sorted((ROOT / "aikit").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if not name.startswith(ENGINE_PACKAGE) and (hits := engine_imports(module_name(path), path.read_text(),
+                                                                           path.name == "__init__.py")):
+            found[name] = hits
+    assert found == {}
+
+
+@pytest.mark.parametrize("source", [
+    "from aikit.runtime.Torch.engines.horovod import HOROVOD\n",
+    "from aikit.runtime.Torch.engines import xla\n",
+    "import aikit.runtime.Torch.engines.torch_distributed as td\n",
+    "from .engines.single import SINGLE\n",
+])
+def test_a_planted_engine_import_is_found(source):
+    assert len(engine_imports("aikit.runtime.Torch.planted", source)) == 1
 
 
 @pytest.mark.parametrize("source", [

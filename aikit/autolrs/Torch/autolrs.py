@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from aikit.autolrs.plot import plot_progress
 from aikit.core.autolrs import (
     DECISION_SIZE,
     SLOTS,
@@ -36,6 +35,7 @@ from aikit.core.autolrs import (
 )
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.validate import one_number, positive_int
+from aikit.runtime.plots import plot_progress
 from aikit.runtime.Torch import collectives, random_state
 from aikit.runtime.Torch.amp import update_skipped
 from aikit.runtime.Torch.lr_free import SCHEDULE_FREE, lr_free_kind
@@ -127,7 +127,7 @@ class AutoLRS:
         self._driver.step(loss)
 
     def plot(self, path=None):
-        """LR and loss over every step taken (see :func:`aikit.autolrs.plot.plot_progress`)."""
+        """LR and loss over every step taken (see :func:`aikit.runtime.plots.plot_progress`)."""
         return plot_progress(self.controller, path, title="AutoLRS (PyTorch)")
 
     def export_schedule(self, path: str | os.PathLike) -> None:

@@ -10,6 +10,8 @@ or a failure on any rank fails the commit on every rank, before the marker.
 A commit never replaces or deletes a commit its run does not know: ``restore()`` learns the
 directory's commits, and a commit is refused when another run wrote there since (or when a run
 that never restored would write over newer commits); ``overwrite=True`` starts over there.
+Where the engine checks for a resize after every commit with every worker (Horovod elastic),
+every worker must commit equally often (:func:`check_every_worker_commits`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from aikit.core.errors import AikitError, CommitError, InvalidValue
 from aikit.elastic.Torch import checkpoint, sharded
@@ -104,3 +108,23 @@ def refuse_a_file(directory: Path) -> None:
                 raise InvalidValue(f"ElasticState's directory {directory} {where}, not a directory: give a "
                                    "directory (it is created at the first commit)")
             return
+
+
+def check_every_worker_commits(optimizer) -> None:
+    """Where the engine's host check after a commit is a collective (Horovod elastic), every worker
+    must commit equally often; a worker with no micro-batch in a step makes that update inside
+    another ``step()`` call and would commit less often than the others (``optimizer``: the
+    trace optimizer, or None)."""
+    if optimizer is None:
+        return
+    plan, workers = optimizer.epoch_schedule, distributed.world_size()
+    short = np.flatnonzero(plan.micro_batches_per_step < workers)
+    if short.size:
+        step = int(short[0])
+        raise InvalidValue(
+            f"under Horovod elastic every worker must get a micro-batch in every step, but step {step} of "
+            f"epoch {plan.epoch} (global batch {int(plan.batch_sizes[step])}) has "
+            f"{int(plan.micro_batches_per_step[step])} micro-batch(es) of {plan.micro_size(step)} for {workers} "
+            f"workers: use a micro_batch that divides every batch size and is at most "
+            f"{int(plan.batch_sizes.min())} / (--max-np)"
+        )

@@ -47,8 +47,7 @@ import torch
 from aikit.core.errors import InvalidState, InvalidType
 from aikit.ga.Torch.optim import Optimizer
 from aikit.optional import require
-from aikit.runtime.Torch.collectives import broadcast_
-from aikit.runtime.Torch.engines.horovod import HOROVOD
+from aikit.runtime.Torch import collectives, distributed
 
 require("horovod.torch", "aikit.elastic.Torch.horovod", "use torchrun + DDP")  # the engine reads it, once initialised
 
@@ -56,7 +55,7 @@ __all__ = ["DistributedOptimizer", "broadcast_state"]
 
 
 def _check_initialised() -> None:
-    if not HOROVOD.in_use():
+    if distributed.horovod() is None:
         raise InvalidState("Horovod is not initialised: call horovod.torch.init() before aikit's Horovod glue")
 
 
@@ -84,10 +83,11 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     """Give every rank ``root_rank``'s parameters, buffers and optimizer state (GA position
     included): call it once after building (or loading a checkpoint on rank 0 only)."""
     _check_initialised()
-    HOROVOD.keep_whole(Optimizer)  # for a GA optimizer built before hvd.init(): TorchState keeps it whole
-    if HOROVOD.world_size() == 1:
+    distributed.current().keep_whole(Optimizer)  # for a GA optimizer built before hvd.init(): kept whole
+    if distributed.world_size() == 1:
         return
     with torch.no_grad():
-        broadcast_(list(model.state_dict().values()), src=root_rank)
+        collectives.broadcast_(list(model.state_dict().values()), src=root_rank)
     if optimizer is not None:
-        optimizer.load_state_dict(HOROVOD.broadcast_object(optimizer.state_dict(), "the optimizer state", root_rank))
+        optimizer.load_state_dict(collectives.broadcast_object(optimizer.state_dict(), "the optimizer state",
+                                                               root_rank))

@@ -29,15 +29,16 @@ that never restored would write over newer commits); ``overwrite=True`` starts o
 Under torchrun (c10d rendezvous) every worker is restarted on a join or a leave, and
 ``restore()`` at the top of the script is all it takes. Under Horovod elastic the workers that
 survive stay alive: pass the state to ``hvd.elastic.run``, which calls :meth:`ElasticState.sync`
-after every reset; that reloads the last commit and re-deals the sampler to the new world.
+after every reset; that reloads the last commit and re-deals the sampler to the new world. Which
+of the two is the engine's to say (:meth:`aikit.runtime.Torch.engines.Engine.resizing`): an
+engine that re-forms the world itself gives the state its side of the protocol.
 
 Here :class:`ElasticState` keeps the order of things (what a commit holds; what a restore reads,
 checks, loads and joins, in that order); each step is a module of its own:
 :mod:`~aikit.elastic.Torch.commits` writes commits (replicated or sharded) and refuses to write over
 commits the run does not know, :mod:`~aikit.elastic.Torch.restore_checks` checks a commit before
 anything changes, :mod:`~aikit.elastic.Torch.layout` lays its tensors out for this world,
-:mod:`~aikit.elastic.Torch.loading` loads them, and :mod:`~aikit.elastic.Torch.horovod_elastic`
-keeps Horovod elastic's side of the protocol.
+:mod:`~aikit.elastic.Torch.loading` loads them.
 """
 
 from __future__ import annotations
@@ -52,8 +53,7 @@ from pathlib import Path
 from aikit.core.errors import CheckpointError, InvalidState, InvalidValue
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.checkpoint import CorruptCheckpointWarning
-from aikit.elastic.Torch.commits import CommitStorage, refuse_a_file
-from aikit.elastic.Torch.horovod_elastic import HorovodElastic, horovod_elastic
+from aikit.elastic.Torch.commits import CommitStorage, check_every_worker_commits, refuse_a_file
 from aikit.elastic.Torch.layout import holds_dtensors, laid_out, read_shards
 from aikit.elastic.Torch.loading import load, set_rng_state
 from aikit.elastic.Torch.restore_checks import FORMAT, check_commit, kind, planned_global_batch, schedule_identity
@@ -97,7 +97,7 @@ class ElasticState(CommitStorage):
         refuse_a_file(directory)
         self.__dict__.update(directory=directory, fsync=fsync, verbose=verbose, overwrite=bool(overwrite),
                              _objects=dict(objects))
-        self.__dict__.update(commits=0, restored_from=None, incarnation=None, _horovod=HorovodElastic())
+        self.__dict__.update(commits=0, restored_from=None, incarnation=None, _reset_callbacks=[], _resizing=None)
         traced = [obj for obj in objects.values() if isinstance(obj, TraceOptimizer)]
         if len(traced) > 1:
             raise InvalidValue("ElasticState keeps one trace optimizer (it owns the epoch and step); got several")
@@ -175,7 +175,9 @@ class ElasticState(CommitStorage):
             payload = functools.partial(self._payload, number, train_mode)  # made by the ranks that write
             self._write_commit(number, payload, sharded=holds_dtensors(self._objects.values()))
         self.commits = number
-        self._horovod.after_commit(self.optimizer)
+        if (resizing := self._engine_resizing()) is not None:  # its host check is a collective
+            check_every_worker_commits(self.optimizer)
+            resizing.check_hosts()
 
     def _payload(self, number: int, train_mode: list[str]) -> dict:
         return {
@@ -206,7 +208,7 @@ class ElasticState(CommitStorage):
         Horovod elastic ``hvd.elastic.run`` calls it after a failure, before the world is formed
         again; loading then waits for the :meth:`sync` that follows.
         """
-        if horovod_elastic():
+        if self._engine_resizing() is not None:
             return False
         if (distributed.rank() == 0 and "TORCHELASTIC_RUN_ID" in os.environ
                 and os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"):
@@ -310,17 +312,28 @@ class ElasticState(CommitStorage):
 
     # ---- Horovod elastic protocol (hvd.elastic.run drives these) ----------------------------
 
+    def _engine_resizing(self):
+        """The engine's side of this state where the engine re-forms the world (Horovod
+        elastic), made when first asked under such an engine; None elsewhere."""
+        if self._resizing is None:
+            self.__dict__["_resizing"] = distributed.current().resizing()
+        return self._resizing
+
     def register_reset_callbacks(self, callbacks) -> None:
         """Functions to call after Horovod re-forms the world (before training goes on)."""
-        self._horovod.reset_callbacks.extend(callbacks)
+        self._reset_callbacks.extend(callbacks)
 
     def on_hosts_updated(self, timestamp, update_res) -> None:
         """Horovod's driver says hosts were added or removed; acted on at the next commit."""
-        self._horovod.on_hosts_updated(timestamp, update_res)
+        self._engine_resizing().hosts_updated(timestamp, update_res)
 
     def on_reset(self) -> None:
         """After Horovod re-formed the world: re-deal the sampler, then the user's callbacks."""
-        self._horovod.on_reset(self._replan)
+        if (resizing := self._engine_resizing()) is not None:
+            resizing.reset()
+        self._replan()
+        for callback in self._reset_callbacks:
+            callback()
 
     def __repr__(self) -> str:
         return f"ElasticState({str(self.directory)!r}, {', '.join(self._objects)}; {self.commits} commits)"

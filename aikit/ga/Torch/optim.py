@@ -56,11 +56,11 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import reduction_name
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.validate import positive_int
-from aikit.ga.exports import served
 from aikit.ga.Torch.runai import from_runai, prebuilt_classes
 from aikit.ga.Torch.scheduler import UpdateScheduler  # noqa: F401  (its public path: aikit.ga.Torch.optim)
 from aikit.ga.Torch.state import check_state, ga_state
 from aikit.ga.Torch.window import Window
+from aikit.runtime.exports import served
 from aikit.runtime.Torch import engines
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.buckets import bucket_bytes

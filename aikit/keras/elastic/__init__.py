@@ -23,12 +23,11 @@ from aikit.keras.elastic.adaptive import fit_adaptive
 from aikit.keras.elastic.model import Model, current_plan
 from aikit.keras.elastic.trace import fit_trace
 from aikit.keras.optimizers import MAX_STEPS
-from aikit.runtime.Keras.backend import BACKEND, check_backend, seam
+from aikit.runtime.Keras.backend import check_backend, seam
 from aikit.runtime.originals import max_device_batch_of
 from aikit.runtime.process import publish
 
-if BACKEND == "tensorflow":
-    from aikit.runtime.Keras import strategies  # noqa: F401  (the path users wrote: aikit.elastic.TF.strategies)
+strategies = seam.STRATEGIES  # the path users wrote: aikit.elastic.TF.strategies (None without tf.distribute)
 
 models = model  # Run:AI's AIkit Elastic writes aikit.elastic.models.Model(model): aikit.elastic serves it too
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from aikit.core.errors import InvalidState
 from aikit.keras.optimizers import Optimizer
 from aikit.optional import require
-from aikit.runtime.Keras.backend import BACKEND, keras
+from aikit.runtime.Keras.backend import BACKEND, keras, seam
 
-if BACKEND != "tensorflow":
+if not seam.HOROVOD:
     raise InvalidState(
         f"aikit.keras.elastic.horovod runs Horovod's TensorFlow ops, so it needs Keras on TensorFlow, but Keras runs "
         f"on {BACKEND!r}: on JAX train data parallel with aikit.keras.elastic.init (keras.distribution, over processes "

@@ -21,9 +21,9 @@ from torch.utils.data import DataLoader
 from aikit.core import lr_range
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.validate import positive_int
-from aikit.lr_finder.results import RangeTestResults
-from aikit.lr_finder.state_cache import StateCache
 from aikit.lr_finder.Torch.data import DataLoaderIter, TrainDataLoaderIter, ValDataLoaderIter, criterion_failed
+from aikit.runtime.range_results import RangeTestResults
+from aikit.runtime.state_cache import StateCache
 from aikit.runtime.Torch import collectives, distributed
 from aikit.runtime.Torch.amp import amp_step_read
 from aikit.runtime.Torch.gradient_sync import sync_skipper

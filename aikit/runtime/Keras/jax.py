@@ -25,10 +25,12 @@ from aikit.runtime.process import distribution_set_by_aikit, remember_distributi
 ops = keras.ops
 INT_MAX = 2**63 - 1 if jax.config.jax_enable_x64 else 2**31 - 1  # without x64 an int64 variable is int32
 PER_REPLICA_DECLARATION = False  # a loss hands its weight to apply() inside the same traced step
+UPDATE_ALL_REDUCES = False  # XLA reduces each micro-step's gradient over the mesh
+STRATEGIES = None
+HOROVOD = False
 
 
 def replicas() -> int:
-    """Replicas that hand ``apply`` their gradients separately: one (the mesh's are reduced by XLA)."""
     return 1
 
 
@@ -74,8 +76,12 @@ def check_apply_context(built: bool) -> None:
     """Nothing to refuse: a JAX step has no replica context."""
 
 
-def needs_merge_call() -> bool:
+def merged_update(optimizer, sums, variables) -> bool:
     return False
+
+
+def read_variable(variable):
+    return keras.ops.convert_to_numpy(variable.value)
 
 
 # --- distribution: keras.distribution over JAX's devices and processes (aikit.keras.elastic) ---
@@ -147,28 +153,27 @@ def placement(strategy, published: dict):
     return published.get("distribution") or keras.distribution.distribution()
 
 
-def scope(distribution):
-    return contextlib.nullcontext() if distribution is None else distribution.scope()
+def scope(placement):
+    return contextlib.nullcontext() if placement is None else placement.scope()
 
 
 def _local_variables(variables) -> list:
     return [v for v in variables if isinstance(getattr(v.value, "sharding", None), jax.sharding.SingleDeviceSharding)]
 
 
-def placed(model, distribution):
-    """``model``, or a copy with the same weights laid out on ``distribution``'s mesh: variables
-    made before the distribution was set sit on one device, and ``jax.jit`` refuses the mix."""
-    if distribution is None or _devices_of(distribution) == 1 or not _local_variables(model.weights):
+def placed(model, placement):
+    """``model``, or a copy with the same weights laid out on the distribution ``placement``'s mesh:
+    variables made before the distribution was set sit on one device, and ``jax.jit`` refuses the mix."""
+    if placement is None or _devices_of(placement) == 1 or not _local_variables(model.weights):
         return model
-    with distribution.scope():
+    with placement.scope():
         copy = keras.models.clone_model(model)
         copy.set_weights(model.get_weights())
     return copy
 
 
-def fresh_optimizer(optimizer, distribution):
-    """``optimizer``, re-created on ``distribution``'s mesh when it was made before it (still empty)."""
-    if distribution is not None and not optimizer.built and _local_variables(optimizer.variables):
+def fresh_optimizer(optimizer, placement):
+    if placement is not None and not optimizer.built and _local_variables(optimizer.variables):
         return optimizer.from_config(optimizer.get_config())
     return optimizer
 
@@ -251,8 +256,7 @@ def compiled(function):
 
 
 def gradient_function(model, loss_of):
-    """``(x, y, sample_weight, divisor) -> (gradients, loss / divisor)``: ``jax.value_and_grad`` of
-    the loss as a pure function of the trainable variables' values (a ``StatelessScope``)."""
+    """``jax.value_and_grad`` of the loss as a pure function of the variables' values (a ``StatelessScope``)."""
 
     def gradients(x, y, sample_weight, divisor, scale_loss):
         variables = model.trainable_variables
@@ -269,5 +273,4 @@ def gradient_function(model, loss_of):
 
 
 def model_scope(model):
-    """Where ``model``'s state is made: the distribution's scope, if one is set."""
     return scope(keras.distribution.distribution())

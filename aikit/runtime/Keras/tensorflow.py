@@ -20,28 +20,28 @@ from aikit.runtime.Keras.batches import check_lengths
 ops = keras.ops
 INT_MAX = 2**63 - 1  # what an int64 variable holds
 PER_REPLICA_DECLARATION = True  # a loss declares its weight into an ON_READ variable, per replica
+UPDATE_ALL_REDUCES = True  # Keras' optimizer sums the replicas' gradients in its update
+STRATEGIES = strategies
+HOROVOD = True  # horovod.tensorflow's ops
 
 
 def replicas() -> int:
-    """Replicas that hand ``apply`` their gradients separately (Keras sums them in its all-reduce)."""
     return tf.distribute.get_strategy().num_replicas_in_sync
 
 
 def replicas_sum(value):
-    """``value`` summed over the replicas from a replica context (itself on one replica)."""
     context = tf.distribute.get_replica_context()
     if context is None or replicas() == 1:
         return value
     return context.all_reduce("sum", value)
 
 
-def cond(pred, true_fn, false_fn, variables=()):
+def cond(pred, true_fn, false_fn, variables):
     """``tf.cond``: its branches may assign variables (``variables`` is for the other backends)."""
     return ops.cond(pred, true_fn, false_fn)
 
 
 def window_ends(accumulated, steps):
-    """Whether this micro-step ends the update, in the graph."""
     return accumulated + 1 >= steps
 
 
@@ -68,14 +68,12 @@ def check_apply_context(built: bool) -> None:
         raise InvalidValue("apply() must run in a replica context: call it inside strategy.run(...) or Model.fit")
 
 
-def needs_merge_call() -> bool:
-    """Whether the update must be taken across the replicas (a multi-replica strategy)."""
-    return not tf.__internal__.distribute.strategy_supports_no_merge_call()
-
-
-def merge_update(optimizer, sums, variables) -> None:
-    """The GA update of ``optimizer`` taken in cross-replica context, inside one ``merge_call``:
-    the replicas' non-finite counts reduced to one number, then each replica's update or skip."""
+def merged_update(optimizer, sums, variables) -> bool:
+    """Under a multi-replica strategy, the GA update of ``optimizer`` taken in cross-replica
+    context, inside one ``merge_call``: the replicas' non-finite counts reduced to one number,
+    then each replica's update or skip. False (nothing done) on one replica."""
+    if tf.__internal__.distribute.strategy_supports_no_merge_call():
+        return False
 
     def cross_replica(strategy):
         each = strategy.extended.call_for_each_replica
@@ -84,6 +82,11 @@ def merge_update(optimizer, sums, variables) -> None:
             lambda: each(optimizer._update, args=(sums, variables)), lambda: each(optimizer._skip, args=(sums,))))
 
     tf.distribute.get_replica_context().merge_call(cross_replica)
+    return True
+
+
+def read_variable(variable):
+    return variable.numpy()  # (its .value is its tf.Variable, which numpy() reads, on every replica)
 
 
 # --- distribution: what an elastic plan runs on (aikit.keras.elastic) ---
@@ -137,13 +140,12 @@ def describe(published: dict) -> str:
 
 
 def placement(strategy, published: dict):
-    """Where a wrapped model trains: ``strategy``, or the one ``init`` published, or the current one."""
     check_strategy(strategy)
     return strategy or published.get("strategy") or tf.distribute.get_strategy()
 
 
-def scope(strategy):
-    return strategy.scope()
+def scope(placement):
+    return placement.scope()
 
 
 def created_in(model, strategy) -> bool:
@@ -151,32 +153,29 @@ def created_in(model, strategy) -> bool:
     return all(strategy.extended.variable_created_in_scope(w.value) for w in model.weights)
 
 
-def placed(model, strategy):
-    """``model``, or a copy with the same weights whose variables live under ``strategy``."""
-    if created_in(model, strategy):
+def placed(model, placement):
+    if created_in(model, placement):
         return model
     try:
-        with strategy.scope():
+        with placement.scope():
             copy = keras.models.clone_model(model)
             copy.set_weights(model.get_weights())
     except Exception as error:
         raise InvalidValue(
-            f"the model's variables were created outside the plan's {type(strategy).__name__} and "
+            f"the model's variables were created outside the plan's {type(placement).__name__} and "
             f"it cannot be cloned into it ({error}): build the model inside "
             "`with aikit.keras.elastic.strategy.scope():`"
         ) from error
     return copy
 
 
-def fresh_optimizer(optimizer, strategy):
-    """``optimizer``, re-created inside ``strategy`` when it was made outside it (still empty)."""
-    if not optimizer.built and not strategy.extended.variable_created_in_scope(optimizer.iterations.value):
+def fresh_optimizer(optimizer, placement):
+    if not optimizer.built and not placement.extended.variable_created_in_scope(optimizer.iterations.value):
         return optimizer.from_config(optimizer.get_config())
     return optimizer
 
 
 def model_replicas(keras_model) -> int:
-    """The replicas a compiled model trains on: its strategy's."""
     return keras_model.distribute_strategy.num_replicas_in_sync
 
 
@@ -214,7 +213,6 @@ def check_placed(keras_model, user: str) -> None:
 
 
 def parts_per_micro_step(keras_model) -> int:
-    """Gradients a micro-step hands the optimizer apart (its noise's parts): one per replica."""
     return model_replicas(keras_model)
 
 
@@ -262,8 +260,7 @@ def compiled(function):
 
 
 def gradient_function(model, loss_of):
-    """``(x, y, sample_weight, divisor) -> (gradients, loss / divisor)`` of ``model``'s trainable
-    variables, through ``tf.GradientTape``; ``loss_of(x, y, sample_weight, training)``."""
+    """The gradients through ``tf.GradientTape``, compiled."""
 
     def gradients(x, y, sample_weight, divisor, scale_loss):
         with tf.GradientTape() as tape:
@@ -275,5 +272,4 @@ def gradient_function(model, loss_of):
 
 
 def model_scope(model):
-    """Where ``model``'s state is made: its strategy's scope."""
     return model.distribute_strategy.scope()

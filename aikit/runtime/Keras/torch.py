@@ -23,6 +23,9 @@ from aikit.runtime.Keras.batches import ArrayBatches
 ops = keras.ops
 INT_MAX = 2**63 - 1
 PER_REPLICA_DECLARATION = False  # a loss hands its weight to apply() in the same eager step
+UPDATE_ALL_REDUCES = False  # one device: no all-reduce
+STRATEGIES = None
+HOROVOD = False
 
 
 def replicas() -> int:
@@ -75,8 +78,12 @@ def check_apply_context(built: bool) -> None:
     """Nothing to refuse: a torch step has no replica context."""
 
 
-def needs_merge_call() -> bool:
+def merged_update(optimizer, sums, variables) -> bool:
     return False
+
+
+def read_variable(variable):
+    return keras.ops.convert_to_numpy(variable.value)
 
 
 # --- distribution: one device (aikit.keras.elastic) ---
@@ -166,7 +173,7 @@ def compiled(function):
 
 
 def gradient_function(model, loss_of):
-    """``(x, y, sample_weight, divisor) -> (gradients, loss / divisor)`` by torch's autograd."""
+    """The gradients by torch's autograd."""
 
     def gradients(x, y, sample_weight, divisor, scale_loss):
         variables = model.trainable_variables

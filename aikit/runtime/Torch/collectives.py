@@ -9,7 +9,8 @@ or a single process with nothing to do. No engine is imported here unless it is 
 A collective waits for every peer. When one is gone or cannot be reached, a torch.distributed
 collective fails after at most the process group's timeout, and the XLA hosts' group after
 ``AIKIT_HOST_TIMEOUT`` seconds: either as a :class:`~aikit.core.errors.CollectiveError` naming
-the collective, the rank, the time waited and the timeout (:func:`named_failure`). Horovod's
+the collective, the rank, the time waited and the timeout
+(:func:`aikit.runtime.Torch.engines.failure.named_failure`). Horovod's
 errors pass through unchanged: ``hvd.elastic.run`` acts on its own ``HorovodInternalError``.
 """
 
@@ -21,9 +22,6 @@ from typing import Any
 import torch
 
 from aikit.runtime.Torch import distributed, engines
-from aikit.runtime.Torch.engines.failure import named_failure  # noqa: F401  (public here too)
-from aikit.runtime.Torch.engines.torch_distributed import process_group_timeout  # noqa: F401
-from aikit.runtime.Torch.engines.xla import HOST_TIMEOUT, host_timeout  # noqa: F401
 
 
 def engine(device: torch.device | str | None = None) -> str:

@@ -5,8 +5,8 @@ Every PyTorch adapter asks here; users read it as ``aikit.elastic.Torch.distribu
 module). The answers are those of the engine :func:`current` detects
 (:mod:`aikit.runtime.Torch.engines`: an initialised torch.distributed group, then an initialised
 Horovod, then torch_xla, then torchrun's environment variables, else one process); the hosts of
-eth-easl's multi-host XLA scheme and the devices of an XLA SPMD process are torch_xla's
-(:mod:`aikit.runtime.Torch.engines.xla`).
+eth-easl's multi-host XLA scheme and the devices of an XLA SPMD process are torch_xla's, as
+the engine package hands them over (:func:`hosts`, :func:`spmd_devices`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from aikit.runtime.Torch import engines
-from aikit.runtime.Torch.engines import current
-from aikit.runtime.Torch.engines.horovod import initialised
-from aikit.runtime.Torch.engines.xla import hosts, spmd_devices  # noqa: F401  (public here too)
+from aikit.runtime.Torch.engines import current, horovod_torch, hosts, spmd_devices  # noqa: F401  (public here too)
 
 ENGINES = tuple(each.name for each in engines.ENGINES)
 """The names :func:`engine` returns, in the order detection asks."""
@@ -24,7 +22,7 @@ ENGINES = tuple(each.name for each in engines.ENGINES)
 
 def horovod() -> ModuleType | None:
     """The ``horovod.torch`` module when the user imported and initialised it, else None."""
-    return initialised()
+    return horovod_torch()
 
 
 def engine() -> str:

@@ -46,7 +46,6 @@ import torch
 from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.trace import Trace, multiple_problems
 from aikit.core.validate import positive_int
-from aikit.runtime.Torch.engines.xla import XLA
 
 DATA_AXIS = "data"
 
@@ -117,7 +116,7 @@ def shard(batch: Any, mesh=None) -> Any:
                 "micro-batches are)"
             )
         spec = (DATA_AXIS,) + (None,) * (tensor.dim() - 1)
-        if XLA.owns(tensor.device):
+        if tensor.device.type == torch_xla.device().type:
             return xs.mark_sharding(tensor, mesh, spec).global_tensor
         # from host memory, each device receives only its shard (torch_xla's MpDeviceLoader path)
         sharding = xs.ShardingSpec(mesh, spec)

@@ -27,10 +27,26 @@ from typing import Any, Protocol
 
 import torch
 
-from aikit.runtime.Torch.engines.horovod import HOROVOD
+from aikit.runtime.Torch.engines.horovod import HOROVOD, horovod_torch
 from aikit.runtime.Torch.engines.single import SINGLE
 from aikit.runtime.Torch.engines.torch_distributed import TORCH_DISTRIBUTED
-from aikit.runtime.Torch.engines.xla import XLA
+from aikit.runtime.Torch.engines.xla import XLA, hosts, spmd_devices
+
+__all__ = ["ENGINES", "Engine", "Resizing", "current", "horovod_torch", "hosts", "spmd_devices"]
+
+
+class Resizing(Protocol):
+    """An engine's side of one elastic state, where the engine re-forms the world itself as
+    workers come and go (Horovod elastic: ``hvd.elastic.run`` drives the state)."""
+
+    def hosts_updated(self, timestamp: Any, update: Any) -> None:
+        """The engine's driver saw hosts come or go (acted on at the next commit)."""
+
+    def reset(self) -> None:
+        """The world was formed again: forget what the old one's driver said."""
+
+    def check_hosts(self) -> None:
+        """After a commit, with every worker (a collective): stop for a resize where hosts changed."""
 
 
 class Engine(Protocol):
@@ -88,9 +104,10 @@ class Engine(Protocol):
     def mark_step(self, device: torch.device) -> None:
         """Cut the lazy graph of ``device`` here (a no-op where nothing is lazy)."""
 
-    def elastic(self) -> bool:
-        """Whether the engine itself re-forms the world when workers come and go (Horovod
-        elastic), so that aikit's elastic state follows its protocol."""
+    def resizing(self) -> Resizing | None:
+        """A new :class:`Resizing` for an elastic state where the engine itself re-forms the world
+        when workers come and go (Horovod elastic), so that the state follows its protocol; None
+        where aikit's ``restore()`` re-forms it (torchrun restarts every worker). Local."""
 
     def keep_whole(self, kind: type) -> None:
         """Have the engine's own elastic state (Horovod's ``hvd.elastic.TorchState``) save,

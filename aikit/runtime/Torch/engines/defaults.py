@@ -21,8 +21,8 @@ class EngineDefaults:
     def mark_step(self, device: torch.device) -> None:
         pass
 
-    def elastic(self) -> bool:
-        return False
+    def resizing(self) -> None:
+        return None
 
     def keep_whole(self, kind: type) -> None:
         pass

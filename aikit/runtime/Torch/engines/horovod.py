@@ -2,15 +2,17 @@
 ``horovod.torch`` (aikit never imports it).
 
 Its errors pass through unnamed: ``hvd.elastic.run`` acts on its own ``HorovodInternalError``.
-Under ``horovodrun --min-np/--max-np`` (``HOROVOD_ELASTIC=1``) Horovod re-forms the world itself,
-and its ``hvd.elastic.TorchState`` keeps the objects that :meth:`HorovodEngine.keep_whole` names
-by their whole ``state_dict``.
+Under ``horovodrun --min-np/--max-np`` (``HOROVOD_ELASTIC=1``) Horovod re-forms the world itself:
+an elastic state follows its protocol through :class:`HorovodResizing`, and its
+``hvd.elastic.TorchState`` keeps the objects that :meth:`HorovodEngine.keep_whole` names by their
+whole ``state_dict``.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import queue
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -21,7 +23,7 @@ import torch
 from aikit.runtime.Torch.engines.defaults import EngineDefaults
 
 
-def initialised() -> ModuleType | None:
+def horovod_torch() -> ModuleType | None:
     """The ``horovod.torch`` module when the user imported and initialised it, else None."""
     hvd = sys.modules.get("horovod.torch")
     if hvd is None:
@@ -63,7 +65,7 @@ class HorovodEngine(EngineDefaults):
     label = name
 
     def in_use(self) -> bool:
-        return initialised() is not None
+        return horovod_torch() is not None
 
     @staticmethod
     def _hvd() -> ModuleType:
@@ -103,8 +105,8 @@ class HorovodEngine(EngineDefaults):
         handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name=name)
         return lambda: hvd.synchronize(handle)
 
-    def elastic(self) -> bool:
-        return os.environ.get("HOROVOD_ELASTIC") == "1"
+    def resizing(self) -> HorovodResizing | None:
+        return HorovodResizing(self._hvd()) if os.environ.get("HOROVOD_ELASTIC") == "1" else None
 
     def keep_whole(self, kind: type) -> None:
         """Put a handler for ``kind`` first in Horovod's state-handler registry (its documented
@@ -114,6 +116,25 @@ class HorovodEngine(EngineDefaults):
         registry = state.get_handler_registry()
         if not any(handler is _WholeState and known is kind for known, handler in registry):
             state.set_handler_registry([(kind, _WholeState), *registry])
+
+
+class HorovodResizing:
+    """Horovod elastic's side of one elastic state: Horovod's own ``State``, whose host-update
+    bookkeeping its driver notifies through the elastic state."""
+
+    def __init__(self, hvd: ModuleType) -> None:
+        from horovod.common.elastic import State
+
+        self._state = State(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+
+    def hosts_updated(self, timestamp: Any, update: Any) -> None:
+        self._state.on_hosts_updated(timestamp, update)
+
+    def reset(self) -> None:
+        self._state._host_messages = queue.Queue()
+
+    def check_hosts(self) -> None:
+        self._state.check_host_updates()
 
 
 HOROVOD = HorovodEngine()

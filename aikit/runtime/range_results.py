@@ -1,7 +1,7 @@
 """What every range-test front end does with its history: suggest, plot, save.
 
-Framework-free (matplotlib is imported only by ``plot``); the arithmetic is
-``aikit.core.lr_range``'s. The torch and Keras ``LRFinder`` classes inherit this.
+Framework-free (matplotlib is imported only by ``plot``, :func:`aikit.runtime.plots.plot_range_test`);
+the arithmetic is ``aikit.core.lr_range``'s. The torch and Keras ``LRFinder`` classes inherit this.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from aikit.core import lr_range
 from aikit.core.errors import InvalidState
 from aikit.core.validate import checked_float
-from aikit.optional import require
+from aikit.runtime.plots import plot_range_test
 
 
 class RangeTestResults:
@@ -91,40 +91,14 @@ class RangeTestResults:
             suggestion = lr_range.suggest(
                 self.history["lr"], self.history["loss"], method, skip_start, skip_end
             )
-        draw = ax is not None or self._is_master()
-        if draw:
-            ax = self._draw(lrs, losses, log_lr, show_lr, ax, suggestion)
+        if ax is not None or self._is_master():
+            marked = None if suggestion is None else (self.history["lr"][suggestion.index],
+                                                      self.history["loss"][suggestion.index],
+                                                      f"{suggestion.method}: {suggestion.lr:.2E}")
+            ax = plot_range_test(lrs, losses, log_lr, show_lr, ax, marked)
         if suggestion is None:
             return ax
         if self._is_master():
             print(f"LR suggestion: {suggestion.method}")
             print(f"Suggested LR: {suggestion.lr:.2E}")
         return ax, suggestion.lr
-
-    def _draw(self, lrs, losses, log_lr, show_lr, ax, suggestion):
-        plt = require("matplotlib.pyplot", "LRFinder.plot()")
-
-        fig = None
-        if ax is None:
-            fig, ax = plt.subplots()
-        ax.plot(lrs, losses)
-        if suggestion is not None:
-            ax.scatter(
-                self.history["lr"][suggestion.index],
-                self.history["loss"][suggestion.index],
-                s=75,
-                marker="o",
-                color="red",
-                zorder=3,
-                label=f"{suggestion.method}: {suggestion.lr:.2E}",
-            )
-            ax.legend()
-        if log_lr:
-            ax.set_xscale("log")
-        ax.set_xlabel("Learning rate")
-        ax.set_ylabel("Loss")
-        if show_lr is not None:
-            ax.axvline(x=show_lr, color="red")
-        if fig is not None:
-            plt.show()
-        return ax
