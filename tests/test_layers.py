@@ -155,11 +155,62 @@ def package_circles(sources: dict[str, tuple[str, bool]]) -> list[list[str]]:
     return sorted(list(loop) for loop in loops)
 
 
+def module_circles(sources: dict[str, tuple[str, bool]]) -> list[list[str]]:
+    """aikit's modules that import one another in a loop (the strongly connected components of the
+    import graph with more than one module), ``TYPE_CHECKING`` imports counted: ``from pkg import
+    sub`` points at the module ``pkg.sub`` where there is one, else at ``pkg``."""
+    arrows: dict[str, set[str]] = {module: set() for module in sources}
+    for module, (text, is_package) in sources.items():
+        for node, target, _ in imports(ast.parse(text), module, is_package):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else [None]
+            for name in names:
+                found = f"{target}.{name}" if f"{target}.{name}" in sources else target
+                if found in sources and found != module:
+                    arrows[module].add(found)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def connect(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(arrows[module]):
+            if other not in index:
+                connect(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == module:
+                    break
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for module in sorted(arrows):
+        if module not in index:
+            connect(module)
+    return sorted(loops)
+
+
 def test_every_import_of_aikit_points_down():
     sources = aikit_sources()
     assert len(sources) > 50
     assert violations(sources) == []
     assert package_circles(sources) == []
+    assert module_circles(sources) == []
+
+
+def test_a_circle_of_modules_is_named_type_checking_imports_included():
+    sources = {"aikit.elastic.Torch.sampler": ("from aikit.elastic.Torch.trace_optim import TraceOptimizer\n", False),
+               "aikit.elastic.Torch.trace_optim": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                   "    from aikit.elastic.Torch import sampler\n", False),
+               "aikit.elastic.Torch": ("", True)}
+    assert module_circles(sources) == [["aikit.elastic.Torch.sampler", "aikit.elastic.Torch.trace_optim"]]
 
 
 def test_a_circle_of_packages_is_named():

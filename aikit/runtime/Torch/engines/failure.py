@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from aikit.core.errors import AikitError, CollectiveError
-from aikit.runtime.Torch import engines  # the package: the rank a failure names is this process's
 
 
 def _reason(error: BaseException) -> str:
@@ -30,10 +29,12 @@ def _reason(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def named_failure(what: str, timeout: timedelta | None, setting: str) -> Iterator[None]:
+def named_failure(what: str, timeout: timedelta | None, setting: str,
+                  place: Callable[[], tuple[int, int]]) -> Iterator[None]:
     """Raise a failure of the collective ``what`` inside the block as a :class:`CollectiveError`
-    that names it, this rank, the time it waited, the ``timeout`` bounding the wait and the
-    ``setting`` that sets it (the engine's error is its cause)."""
+    that names it, this process's place among those it waited for (``place()``: rank and world, as
+    the engine that ran it counts them), the time it waited, the ``timeout`` bounding the wait and
+    the ``setting`` that sets it (the engine's error is its cause)."""
     started = time.monotonic()
     try:
         yield
@@ -42,9 +43,9 @@ def named_failure(what: str, timeout: timedelta | None, setting: str) -> Iterato
             raise
         waited = time.monotonic() - started
         bound = f"{timeout.total_seconds():g} s" if timeout is not None else "not known"
-        engine = engines.current()
+        rank, world = place()
         raise CollectiveError(
-            f"{what} failed on rank {engine.rank()} of {engine.world_size()} after {waited:.1f} s: "
+            f"{what} failed on rank {rank} of {world} after {waited:.1f} s: "
             f"{_reason(error)} (the wait is bounded by {setting}, {bound} here; docs/resize.md, Several hosts). "
             f"The engine said: {str(error).strip()[:500]}"
         ) from error

@@ -60,7 +60,8 @@ def buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 
 def _failure(what: str):
-    return named_failure(f"{what} over torch.distributed", process_group_timeout(), "init_process_group(timeout=...)")
+    return named_failure(f"{what} over torch.distributed", process_group_timeout(), "init_process_group(timeout=...)",
+                         lambda: (TORCH_DISTRIBUTED.rank(), TORCH_DISTRIBUTED.world_size()))
 
 
 class TorchDistributedEngine(EngineDefaults):

@@ -105,7 +105,7 @@ def _local() -> int:
 
 
 def _hosts_failure(what: str):
-    return named_failure(what, host_timeout(), "AIKIT_HOST_TIMEOUT")
+    return named_failure(what, host_timeout(), "AIKIT_HOST_TIMEOUT", lambda: hosts()[::-1])  # this host of them
 
 
 class XLAEngine(EngineDefaults):
