@@ -59,7 +59,7 @@ class Accumulator:
         self.scaler = scaler
         self.skip_nonfinite = checked_bool(skip_nonfinite, "skip_nonfinite")
         self.skips = SkipCount(max_skips_in_a_row)  # updates skipped (AMP's too), non-finite ones in a row
-        self.outcomes = Outcomes(self.skips, by_amp=amp.enabled(scaler))  # updates applied (some decided on the device)
+        self.outcomes = Outcomes(self.skips, scaler)  # updates applied (some decided on the device)
         self.marks = BackwardMarks(optimizer)  # which micro-steps' backward reached the parameters
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
@@ -305,14 +305,15 @@ class Accumulator:
             stepped = amp.amp_step(self.scaler, self.optimizer, found)
             if stepped is None:
                 self.outcomes.flag(found)
-            elif not stepped:
-                self.skips.amp_skipped()
         self.optimizer.zero_grad()
         self.marks.restart()
         if stepped is None:
             if self.outcomes.due():
                 self.outcomes.settle()  # a run of non-finite skips refused in time, the flags kept few
             return None
+        if found is not None:  # AMP's scaler decided, on the host: its skips count in a run too
+            self.outcomes.settle()
+            self.skips.applied() if stepped else self.skips.amp_skipped(self.scaler.get_scale)
         return self.outcomes.record(stepped)
 
     def _finite(self, grads: list[torch.Tensor], norm: torch.Tensor | None, checked: torch.Tensor | None) -> bool:
