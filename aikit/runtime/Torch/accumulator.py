@@ -38,6 +38,27 @@ from aikit.runtime.Torch.outcomes import Outcomes
 from aikit.runtime.Torch.output_weights import OutputWeights
 
 
+def checked_count(value: Any, name: str = "weight") -> int | torch.Tensor:
+    """``value`` as a count of loss terms: an int >= 0, or a 0-d integer tensor (kept as it is);
+    a tensor's value is checked only where reading it costs nothing, on the CPU. Otherwise the
+    aikit error that names ``name``, what it got and how to count."""
+    if not isinstance(value, torch.Tensor):
+        return term_count(value, name)
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise InvalidType(
+            f"{name} must be an integer count of loss terms, got a {value.dtype} tensor: count the terms, "
+            "e.g. (labels != -100).sum(), which is an int64 tensor"
+        )
+    if value.dim() != 0:
+        raise InvalidValue(
+            f"{name} must be one count (a 0-d tensor), got a tensor of shape {tuple(value.shape)}: sum it "
+            "over the micro-batch, e.g. (labels != -100).sum()"
+        )
+    if value.device.type == "cpu":
+        term_count(int(value), name)  # a negative count refused
+    return value
+
+
 class Accumulator:
     """Weighted gradient accumulation in ``.grad`` and the one update of ``optimizer``.
 
@@ -54,6 +75,9 @@ class Accumulator:
                  max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
         if max_grad_norm is not None:
             checked_float(max_grad_norm, "max_grad_norm", "a positive number or None", lambda norm: norm > 0)
+        if scaler is not None and not all(callable(getattr(scaler, name, None)) for name in amp.SCALER_METHODS):
+            raise InvalidType(f"scaler must be a torch.amp.GradScaler (or None), got {type(scaler).__name__} "
+                              f"{scaler!r:.60}: scaler=torch.amp.GradScaler('cuda'), and scaler.scale(loss).backward()")
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.scaler = scaler
@@ -127,25 +151,13 @@ class Accumulator:
 
     # --- loss terms: accumulate(model, weight=n) ------------------------------------------------
     def checked_terms(self, weight: Any) -> int | torch.Tensor:
-        """``weight`` as a count of loss terms: an int >= 0, or a 0-d integer tensor. A tensor
-        stays a tensor on the parameters' device (the arithmetic never reads it, on every device
-        alike); its value is checked only where reading it costs nothing, on the CPU."""
-        if isinstance(weight, torch.Tensor):
-            if weight.dtype.is_floating_point or weight.dtype.is_complex or weight.dtype == torch.bool:
-                raise InvalidType(
-                    f"weight must be an integer count of loss terms, got a {weight.dtype} tensor: count the terms, "
-                    "e.g. (labels != -100).sum(), which is an int64 tensor"
-                )
-            if weight.dim() != 0:
-                raise InvalidValue(
-                    f"weight must be one count (a 0-d tensor), got a tensor of shape {tuple(weight.shape)}: sum it "
-                    "over the micro-batch, e.g. (labels != -100).sum()"
-                )
-            if weight.device.type == "cpu":
-                term_count(int(weight))  # a negative count refused
-            device = self.device()
-            return weight if weight.device == device else weight.to(device, non_blocking=True)
-        return term_count(weight)
+        """``weight`` as a count of loss terms (:func:`checked_count`), a tensor moved to the
+        parameters' device (the arithmetic never reads it, on every device alike)."""
+        weight = checked_count(weight)
+        device = self.device()
+        if not isinstance(weight, torch.Tensor) or weight.device == device:
+            return weight
+        return weight.to(device, non_blocking=True)
 
     def device(self) -> torch.device:
         params = self.params()
