@@ -64,6 +64,11 @@ MUTANTS = [
     ("core: the sum divides by the micro-steps", "aikit/core/ga.py",
      "    if reduction_name(reduction) == \"sum\":\n        return 1\n",
      "    if reduction_name(reduction) == \"sum\":\n        return micro_steps\n", CORE_TESTS),
+    # issue 47: a ragged plan fed equal, undeclared micro-steps (init(256, "auto") -> 86) trained 258 per update
+    ("core: a ragged plan's undeclared micro-steps weighed as its update", "aikit/core/plan.py",
+     "    if plan is None or plan.is_even or micro_steps != plan.steps",
+     "    if True or plan is None or plan.is_even or micro_steps != plan.steps",
+     "tests/torch/test_auto_batch.py -k ragged_plan_found"),
     ("engine: clipping before AMP unscaling", "aikit/runtime/Torch/accumulator.py",
      "        if amp.enabled(self.scaler):\n            self.scaler.unscale_(",
      "        if self.max_grad_norm is not None:\n"
