@@ -21,6 +21,9 @@ for them, exactly as under torchrun.
   ``init()`` plan, before anything is read or loaded; and it refuses a commit made under another
   global batch than this worker's ``init()`` plans (every Ray worker is a fresh process, so the
   plan it holds is this run's);
+* :class:`StopOnAikitError` (``RunConfig(callbacks=[...])``) ends the run at a worker's aikit error
+  that a restart would meet again (a trace that is not there, workers given different plans), which
+  Ray Train would otherwise retry ``max_failures`` times;
 * ``report(metrics)`` hands the last commit to Ray as a checkpoint, as often as the user likes
   (every epoch, say): hard links inside the run's directory, nothing uploaded. ``Result.checkpoint``,
   ``CheckpointConfig`` and ``ray.train.get_checkpoint()`` then see it, and a new run restores from
@@ -41,13 +44,13 @@ from ray.train import CheckpointUploadMode
 
 import aikit.elastic.Torch
 from aikit.core.agreement import check_agreement, own_row, rows_of
-from aikit.core.errors import CommitError, InvalidState, InvalidType, InvalidValue
+from aikit.core.errors import CommitError, InvalidState, InvalidType, InvalidValue, repeats_on_restart
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.restore_checks import planned_global_batch
 from aikit.runtime.published import latest_plan
 from aikit.runtime.Torch import collectives, distributed
 
-__all__ = ["ElasticState", "run_storage"]
+__all__ = ["ElasticState", "StopOnAikitError", "run_storage"]
 
 SUBDIRECTORY = "aikit"  # the commits, in the run's directory
 REPORTED = "aikit_checkpoints"  # the commits reported to Ray (links), in the run's directory
@@ -168,6 +171,26 @@ class ElasticState(aikit.elastic.Torch.ElasticState):
                 "ElasticState's directory) on a file system every node mounts (NFS, ...)")
         check_agreement(list(settings), rows_of(values[:len(values) - world], world))
         return fresh
+
+
+class StopOnAikitError(ray.train.UserCallback):
+    """``RunConfig(callbacks=[StopOnAikitError()])``: a worker's aikit error that a restart would
+    meet again (bad input or state, a run that cannot go on:
+    :func:`aikit.core.errors.repeats_on_restart`) ends ``fit()`` at once, with the workers' errors,
+    instead of Ray Train restarting the worker group ``FailureConfig(max_failures)`` times into
+    the same refusal. A lost worker, a collective cut off, a commit not written or memory still
+    restart, as Ray's elastic runs should. Runs on Ray Train's controller (Ray's ``UserCallback``):
+    it raises a ``ray.train.ControllerError``, which Ray's failure policy does not retry."""
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        errors = {rank: getattr(error, "_base_exc", error) for rank, error in worker_exceptions.items()}  # Ray's wrap
+        final = {rank: error for rank, error in errors.items() if repeats_on_restart(error)}
+        if not final:
+            return
+        said = "\n".join(f"[rank {rank}] {type(error).__name__}: {error}" for rank, error in sorted(final.items()))
+        raise ray.train.ControllerError(ray.train.WorkerGroupError(
+            f"aikit: a restart would meet this again, so the run stops here rather than Ray retrying it "
+            f"(aikit.integrations.ray.StopOnAikitError):\n{said}", worker_exceptions))
 
 
 def plan_settings() -> dict[str, object]:

@@ -95,6 +95,22 @@ def test_a_directory_or_a_missing_file_as_the_trace(tmp_path, capsys):
         load_trace("a\x00.csv")  # found by tests/core/test_fuzz.py: open() raised a bare ValueError
 
 
+def test_a_missing_relative_trace_names_the_working_directory_it_was_read_in(tmp_path, monkeypatch):
+    """Issue 47: under Ray Train a relative "trace.csv" is read in the worker's own directory, and
+    the error did not say where it had looked; an absolute path needs no more than its name."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TraceFileError) as raised:
+        load_trace("trace.csv")
+    assert str(raised.value) == (
+        f"trace trace.csv does not exist in the working directory {tmp_path}: a relative path is read from the "
+        "process's working directory, and Ray Train runs each worker in a directory of its own, not the driver's; "
+        "give an absolute path, resolved where the file is (str(Path('trace.csv').resolve()) on the driver)")
+    with pytest.raises(TraceFileError) as raised:
+        load_trace(tmp_path / "trace.csv")
+    assert str(raised.value) == f"trace {tmp_path / 'trace.csv'} does not exist: give the path of a 'step,batchsize' " \
+                                "CSV file"
+
+
 def test_a_trace_that_cannot_make_the_first_epoch_is_refused_as_bad_input():
     """Found by tests/core/test_fuzz.py: CustomSampler(2, [1], ...) raised a RuntimeError for a
     trace of fewer samples than the data set (no first epoch): that is bad input."""

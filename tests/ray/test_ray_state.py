@@ -107,3 +107,25 @@ def test_report_outside_a_ray_worker_and_a_start_that_is_no_folder_are_named(ray
     state.commit()
     with pytest.raises(InvalidState, match=refused):
         state.report({"epoch": 0})
+
+
+def test_stop_on_aikit_error_stops_what_a_restart_meets_again_and_no_other(ray_integration):
+    """What StopOnAikitError decides on Ray Train's controller, given the workers' errors as Ray
+    hands them (wrapped with their tracebacks): a refusal ends the run, a lost peer restarts."""
+    import ray.train
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    from aikit.core.errors import CollectiveError, OutOfMemory, TraceFileError
+
+    stop = ray_integration.StopOnAikitError()
+    lost = {0: UserExceptionWithTraceback(CollectiveError("all-reduce: peer gone"), "traceback 0"),
+            1: UserExceptionWithTraceback(OutOfMemory("out of memory"), "traceback 1")}
+    assert stop.after_exception(None, lost) is None  # Ray restarts, as its elastic runs should
+    refused = {**lost, 1: UserExceptionWithTraceback(TraceFileError("trace trace.csv does not exist"), "traceback")}
+    with pytest.raises(ray.train.ControllerError) as stopped:
+        stop.after_exception(None, refused)
+    assert str(stopped.value) == (
+        "Training failed due to controller error:\nTraining failed due to worker errors:\naikit: a restart would meet "
+        "this again, so the run stops here rather than Ray retrying it (aikit.integrations.ray.StopOnAikitError):\n"
+        "[rank 1] TraceFileError: trace trace.csv does not exist")
+    assert stopped.value.controller_failure.worker_failures == refused
