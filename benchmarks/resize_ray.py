@@ -39,7 +39,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "resize"), str(ROOT / "tests" / "ray")]
 
-from ray_cluster import RAY_SETTINGS, WORKER_PATH, Fit, elastic_trainer, ray_settings, start_nodes  # noqa: E402
+from ray_cluster import (  # noqa: E402
+    RAY_SETTINGS,
+    WORKER_PATH,
+    Fit,
+    elastic_trainer,
+    ray_settings,
+    start_local,
+    start_nodes,
+)
 from resize_checks import check_accounting, check_final_weights, commits, free_port, prepare, stop, wait_for  # noqa: E402
 from resize_common import total_steps  # noqa: E402
 from test_resize_torchrun import agent, finish  # noqa: E402  (its elastic agents, as the tests start them)
@@ -143,7 +151,7 @@ def report_cost(scratch: Path, n: int = 10) -> None:
     from ray.train.torch import TorchTrainer
 
     with ray_settings({"PYTHONPATH": WORKER_PATH, "OMP_NUM_THREADS": "1"}):
-        ray.init(num_cpus=2, include_dashboard=False)
+        start_local(2)
         try:
             TorchTrainer(report_loop, train_loop_config={"n": n, "out": str(scratch / "report.json")},
                          scaling_config=ScalingConfig(num_workers=2),

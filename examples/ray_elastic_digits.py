@@ -4,16 +4,21 @@ Ray Train (``ScalingConfig(num_workers=(min, max))``) starts the worker group ag
 worker is lost or more become available, each worker running the training function from the
 top. There ``ElasticState.restore()`` loads the last commit re-planned for the workers there
 are: every update trains the trace's global batch, on the same samples, at the same LR, whatever
-the count. On one machine this starts a local Ray cluster and, to show a restart, SIGKILLs one
-worker after --lose-at updates (0: none); Ray restarts the group and the run goes on from the last
-commit:
+the count. On one machine this starts a local Ray cluster (one node) and SIGKILLs one worker after
+--lose-at updates (0: none); Ray restarts the group and the run goes on from the last commit. That
+is a restart, not a resize: the lost worker's CPU is free again at once, so Ray starts the same 2
+workers ("resumed commit 5, saved by 2 worker(s), now 2"). A resize, the count changing, needs nodes
+that come and go: a cluster of your own (the second line), or tests/ray/test_ray_elastic.py and
+benchmarks/resize_ray.py, which lose and add the nodes of a local ``ray.cluster_utils.Cluster``:
 
     python examples/ray_elastic_digits.py
     python examples/ray_elastic_digits.py --address auto --workers 2 8 --storage /mnt/shared/ray --lose-at 0
 
-The second line joins a running cluster (``ray start``): --storage must then be a directory
-every node mounts. A run of the same --name goes on from its last commit. Exits with code 21 when
-the final test accuracy is under --target.
+The second line joins a running cluster (``ray start``): --storage and --trace must then be on
+storage every node mounts (the trace's path is resolved here, on the driver: Ray runs the workers in
+directories of their own). A run of the same --name goes on from its last commit; an aikit refusal
+(a trace that is not there) ends the run at once (``StopOnAikitError``) rather than Ray retrying it.
+Exits with code 21 when the final test accuracy is under --target.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from aikit.integrations.ray import StopOnAikitError
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -91,17 +98,20 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.9, help="least acceptable test accuracy")
     args = parser.parse_args()
 
-    if args.address is None:
-        ray.init(num_cpus=args.workers[1], include_dashboard=False)
+    # Ray Train 2.60 patches print() in its workers, whose stdout is Ray's own stream, so each line
+    # came out twice (the print, and Ray's logger): printed once, as the process prints it
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    if args.address is None:  # a cluster of its own ("local"), never one this machine runs already
+        ray.init(address="local", num_cpus=args.workers[1], include_dashboard=False)
     else:
         ray.init(address=args.address)
-    config = {"trace": args.trace, "batch_size": args.batch_size, "lr": args.lr, "ref_batch_size": args.ref_batch_size,
-              "epochs": args.epochs, "lose_at": args.lose_at}
+    config = {"trace": str(Path(args.trace).resolve()), "batch_size": args.batch_size, "lr": args.lr,
+              "ref_batch_size": args.ref_batch_size, "epochs": args.epochs, "lose_at": args.lose_at}
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=tuple(args.workers)),
         run_config=RunConfig(storage_path=os.path.abspath(args.storage), name=args.name,
-                             failure_config=FailureConfig(max_failures=3)))
+                             failure_config=FailureConfig(max_failures=3), callbacks=[StopOnAikitError()]))
     result = trainer.fit()
     ray.shutdown()
     if result.metrics is None:  # a run of this name that had finished: nothing left to train

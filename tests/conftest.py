@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from capabilities import skip_or_fail
+
+from aikit.runtime import process  # framework-free: what init() publishes lives here
 from launching import run_launcher
 from multihost import network, require_netns  # noqa: F401 (fixtures: several hosts in network namespaces)
 
@@ -16,6 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 # torchrun sets these for its workers; inherited from a surrounding launch they would confuse it
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _process_state_kept_to_the_test():
+    """What a test's ``init()`` publishes (``aikit.runtime.process``) ends with the test: a ragged
+    plan one test made must not be the plan another test's GA wrapper follows."""
+    saved = process.ProcessState(dict(process._state.publishers), dict(process._state.extras_on),
+                                 process._state.latest, process._state.sampler_made_last,
+                                 process._state.keras_distribution)
+    yield
+    process._state = saved
 
 
 def launch(name: str, command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:

@@ -90,3 +90,13 @@ class ProbeUnresolved(InvalidValue):
 
     samples: int = 0
     seconds: float = 0.0
+
+
+def repeats_on_restart(error: BaseException) -> bool:
+    """Whether ``error`` is one a restart from the last commit meets again, the same input giving
+    the same refusal: bad input or state (:class:`InvalidValue`, :class:`InvalidType`,
+    :class:`InvalidState`, their kinds: a trace file, a checkpoint) and training that cannot go on
+    (:class:`TrainingFailed`); not a peer lost (:class:`CollectiveError`), a commit not written
+    (:class:`CommitError`) or memory (:class:`OutOfMemory`), which another world may not meet. What
+    an elastic engine that restarts on every failure (Ray Train) should not retry."""
+    return isinstance(error, (InvalidValue, InvalidType, InvalidState, TrainingFailed))

@@ -143,6 +143,27 @@ class Plan:
         return "\n".join(lines)
 
 
+def unweighted_problem(plan: Plan | None, micro_steps: int, global_batch_size: int | None) -> str | None:
+    """Why an update of ``micro_steps`` micro-steps weighed equally (each ``1 / micro_steps``:
+    none declared its samples) is not an update of ``plan``, the published plan a GA wrapper of
+    ``global_batch_size`` (None: the plan's) follows with as many micro-steps; None where it is, or
+    where the wrapper follows another plan. A ragged plan's micro-batches differ, so no equal
+    weights are its: a loader of its ``device_batch`` feeds more samples than the global batch
+    (issue 47: ``init(256, "auto")`` found 86, and the basic loop trained 258 per update)."""
+    if plan is None or plan.is_even or micro_steps != plan.steps or global_batch_size not in (
+            None, plan.global_batch_size):
+        return None
+    steps = [str(step[0]) if plan.gpus == 1 else str(list(step)) for step in plan.micro_batch_sizes[:4]]
+    sizes = ", ".join(steps) + (", ..." if plan.steps > 4 else "")
+    fed = plan.device_batch * plan.gpus
+    return (f"the plan of aikit.elastic.Torch.init is ragged (global batch {plan.global_batch_size} as {sizes} per GA "
+            f"step{'' if plan.gpus == 1 else ' and device'}), but this update's {micro_steps} micro-steps declared no "
+            f"samples, so each weighs 1/{micro_steps}: not the plan's update (a loader of batch_size {fed} trains "
+            f"{fed * plan.steps} samples per update). Feed each window of {plan.global_batch_size} samples as "
+            "micro_batch_slices(plan), each piece inside optimizer.accumulate(model, samples=len(x)); or plan an "
+            "even split (policy='fewer_devices'); a wrapper that follows no plan takes its own global_batch_size=")
+
+
 def micro_batch_slices(plan: Plan, device: int | None = None) -> list[slice]:
     """One slice per GA step into a window of ``plan.global_batch_size`` samples: the samples
     ``device`` processes in that step, or with ``device=None`` the whole step over all devices

@@ -197,7 +197,7 @@ def _text(path: Path) -> str:
                                  "write the trace to a 'step,batchsize' CSV file and give its path")
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise TraceFileError(f"trace {path} does not exist: give the path of a 'step,batchsize' CSV file") from None
+        raise TraceFileError(_missing(path)) from None
     except IsADirectoryError:
         raise TraceFileError(f"trace {path} is a directory: give the path of a 'step,batchsize' CSV file") from None
     except TraceFileError:
@@ -221,6 +221,17 @@ def _text(path: Path) -> str:
     if not text.strip():
         raise TraceFileError(f"trace {path} is empty: write a 'step,batchsize' header, then one row per step")
     return text
+
+
+def _missing(path: Path) -> str:
+    """The words for a trace that is not there: where a relative ``path`` was looked for, and why
+    that may not be where the user wrote it."""
+    if path.is_absolute():
+        return f"trace {path} does not exist: give the path of a 'step,batchsize' CSV file"
+    return (f"trace {path} does not exist in the working directory {os.getcwd()}: a relative path is read from the "
+            "process's working directory, and Ray Train runs each worker in a directory of its own, not the "
+            f"driver's; give an absolute path, resolved where the file is (str(Path({str(path)!r}).resolve()) on the "
+            "driver)")
 
 
 def _integer_cell(text: str) -> int | None:

@@ -8,6 +8,7 @@ size to a user), and so is a string that looks like a number (``"0.5"``): the ca
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import os
@@ -122,3 +123,24 @@ def checked_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise InvalidValue(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r:.100}")
     return value
+
+
+
+def callable_with(function: object, name: str, how: str, fix: str, arguments: int = 1, more: bool = False) -> Callable:
+    """``function`` if aikit can call it as ``how`` says, with ``arguments`` positional arguments
+    (``more``: and the caller's own after them), or an :class:`InvalidType` that says how aikit
+    calls it, what the function takes and ``fix``, before it runs (where the call would raise a
+    ``TypeError`` from inside aikit, about arguments the user never passed)."""
+    if not callable(function):
+        raise InvalidType(f"{name} must be a function, called as {how}, got {function!r:.60}: {fix}")
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin: nothing to read
+        return function
+    try:
+        (signature.bind_partial if more else signature.bind)(*range(arguments))
+    except TypeError as error:
+        title = getattr(function, "__qualname__", type(function).__name__)
+        raise InvalidType(f"{name} is called as {how}, but {title}{signature} cannot be called so ({error}): "
+                          f"{fix}") from None
+    return function

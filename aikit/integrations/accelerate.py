@@ -29,13 +29,14 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import find_executable_batch_size as accelerate_find_executable_batch_size
 
 from aikit.core.device_batch import device_batches, smaller_plan, steps_note
 from aikit.core.errors import InvalidType, InvalidValue, SmallSplitWarning, TrainingFailed
 from aikit.core.ga import mean_scale
 from aikit.core.plan import Plan, make_plan, nearest_even_batches
-from aikit.core.validate import positive_int
+from aikit.core.validate import callable_with, positive_int
+from aikit.runtime.Torch import memory
+from aikit.runtime.Torch.accumulator import checked_count
 
 __all__ = ["GlobalBatch", "Update", "even_device_batches"]
 
@@ -122,31 +123,58 @@ class GlobalBatch:
         return smaller.device_batch
 
     def find_executable_batch_size(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """``accelerate.utils.find_executable_batch_size`` over the plans of the global batch:
+        """Accelerate's ``find_executable_batch_size`` loop over the plans of the global batch:
         ``function(device_batch, ...)`` runs with the accelerator's GA steps set to the plan's and,
-        when it runs out of memory, again at the next plan's per-device batch."""
+        when it runs out of memory, again at the next plan's per-device batch
+        (:meth:`reduce_batch_size`). Out of memory is what aikit's ``init(G, "auto")`` and
+        ``AutoBatch`` retry (:func:`aikit.runtime.Torch.memory.out_of_memory`): Accelerate's own
+        loop takes only a ``RuntimeError`` with its phrases, so Python's ``MemoryError`` ended the run."""
+        callable_with(function, "find_executable_batch_size's function", "function(device_batch, ...), the "
+                      "per-device batch first", "def train(device_batch): ... (a DataLoader of "
+                      "batch_size=device_batch in it)", more=True)
 
         @functools.wraps(function)
-        def planned(device_batch: int, *args, **kwargs):
-            self.use(device_batch)
-            return function(device_batch, *args, **kwargs)
+        def planned(*args, **kwargs):
+            device_batch = self.device_batch
+            while True:
+                self.use(device_batch)
+                try:
+                    return function(device_batch, *args, **kwargs)
+                except Exception as error:  # the user's training: out of memory re-plans, any other is raised
+                    if not memory.out_of_memory(error):
+                        raise
+                    device_batch = self.reduce_batch_size()  # in here: it names the error
+                memory.free()  # out here: the failed try's frames and tensors are gone
 
-        return accelerate_find_executable_batch_size(planned, starting_batch_size=self.device_batch,
-                                                     reduce_batch_size_fn=self.reduce_batch_size)
+        return planned
 
     def updates(self, batches: Iterable, count: Callable[[Any], Any]) -> Iterator[Update]:
         """The updates of ``batches`` (this process's loader): each the plan's GA steps of
         micro-batches, with ``count(batch)`` (its loss terms: tokens whose label is not ignored,
-        or its samples) summed over the micro-batches and over every process, left on the device.
-        A last update short of micro-batches is left out: it would not hold the global batch."""
-        batches = iter(batches)
+        or its samples; an int or an integer tensor of one element) summed over the micro-batches
+        and over every process, left on the device. A last update short of micro-batches is left
+        out: it would not hold the global batch; a loader without one whole update is refused."""
+        batches, updates = iter(batches), 0
         while len(micro_batches := list(islice(batches, self.steps))) == self.steps:
-            counts = [torch.as_tensor(count(batch), device=self.accelerator.device) for batch in micro_batches]
-            if any(c.dtype.is_floating_point or c.numel() != 1 for c in counts):
-                raise InvalidValue(f"count(batch) must be a whole number of loss terms (an int or a 1-element "
-                                   f"integer tensor), got {counts[0]!r:.80}: e.g. (batch['labels'] != -100).sum()")
-            total = self.accelerator.reduce(torch.stack([c.reshape(()) for c in counts]).sum(), "sum")
+            counts = [self._count(count, batch) for batch in micro_batches]
+            total = self.accelerator.reduce(torch.stack(counts).sum(), "sum")
+            updates += 1
             yield Update(self.accelerator, micro_batches, total, self.steps)
+        if not updates:
+            raise InvalidValue(
+                f"the loader gave {len(micro_batches)} micro-batch(es), fewer than one update's {self.steps} "
+                f"(global batch {self.global_batch_size} as {steps_note(self.plan)} on {self.devices} process(es)): "
+                "nothing was trained; give each process at least one update's micro-batches (a data set of at "
+                f"least {self.global_batch_size} samples, DataLoader(batch_size=global_batch.device_batch))")
+
+    def _count(self, count: Callable[[Any], Any], batch: Any) -> torch.Tensor:
+        """``count(batch)`` checked (:func:`aikit.runtime.Torch.accumulator.checked_count`), a
+        0-d tensor on the accelerator's device."""
+        value = count(batch)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.reshape(())
+        value = checked_count(value, "count(batch)")
+        return torch.as_tensor(value, device=self.accelerator.device)
 
 
 class Update:

@@ -11,6 +11,7 @@ multiplies the batch by 0.9: transformers PR #33281, open).
 from __future__ import annotations
 
 from aikit.optional import transformers  # noqa: F401  isort: skip  (first: a missing transformers names its extra)
+import copy
 import functools
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ import aikit.elastic.Torch
 from aikit.core.device_batch import device_batches, smaller_plan
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue, TrainingFailed
 from aikit.core.plan import make_plan, nearest_even_batches
+from aikit.runtime.Torch import memory, random_state
 
 __all__ = ["AutoLRSCallback", "keep_global_batch", "plan_arguments"]
 
@@ -62,10 +64,16 @@ def keep_global_batch(trainer: Trainer) -> Trainer:
     ``gradient_accumulation_steps`` x data-parallel processes), as :func:`plan_arguments` set it.
     The Trainer offers no hook between an out-of-memory error and its next try (its
     ``find_executable_batch_size`` passes Accelerate no ``reduce_batch_size_fn``), so this wraps
-    the two methods of *this* trainer that frame a try, ``train`` and ``_inner_training_loop``
-    (no class or module is patched): each try runs the plan's per-device batch with
-    ``args.gradient_accumulation_steps`` set to its GA steps; the batch the Trainer proposes is
-    used only to start a ``train()`` call (below it on a resume: the checkpoint's batch).
+    the method of *this* trainer that runs a try, ``_inner_training_loop`` (no class or module is
+    patched), in a loop of its own: each try runs the plan's per-device batch with
+    ``args.gradient_accumulation_steps`` set to its GA steps, after an out-of-memory error as aikit
+    tells one (:func:`aikit.runtime.Torch.memory.out_of_memory`: Python's ``MemoryError`` too,
+    which Accelerate's matcher lets end the run). A try starts over from the state the ``train()``
+    call began with: the model's weights, the optimizer (made again where the Trainer made it,
+    else its state put back), a scheduler you gave, the GradScaler and the random streams, so
+    updates made before the error are not kept (one copy of the weights is held on the CPU for
+    that, while ``train()`` runs). The batch the Trainer proposes starts the search (below it on a
+    resume: the checkpoint's batch).
     """
     if not isinstance(trainer, Trainer):
         raise InvalidType(f"keep_global_batch takes a transformers.Trainer, got {type(trainer).__name__}")
@@ -77,34 +85,72 @@ def keep_global_batch(trainer: Trainer) -> Trainer:
     global_batch = trainer.get_total_train_batch_size(args)
     devices = global_batch // (args.per_device_train_batch_size * args.gradient_accumulation_steps)
     sizes = device_batches(global_batch, devices, "error")
-    plan, fresh = None, True
-    train, inner = trainer.train, trainer._inner_training_loop
-
-    @functools.wraps(train)
-    def planned_train(*arguments, **options):
-        nonlocal fresh
-        fresh = True
-        return train(*arguments, **options)
+    inner = trainer._inner_training_loop
 
     @functools.wraps(inner)
-    def planned_try(batch_size=None, *arguments, **options):
-        nonlocal plan, fresh
-        if fresh:  # the Trainer's batch: the arguments' or a resumed checkpoint's
-            start = max(1, (batch_size or args.train_batch_size) // parallel)
-            plan = make_plan(global_batch, next(s for s in sizes if s <= start), devices, policy="error")
-        else:  # the last try ran out of memory
-            tried, plan = plan.device_batch, smaller_plan(plan)
-            if plan is None:
-                raise TrainingFailed(
-                    f"out of memory even at {tried} sample per device (global batch {global_batch} on {devices} "
-                    "device(s)): the model's step does not fit at all: free memory (gradient checkpointing, mixed "
-                    "precision, a smaller model) or shard the model (FSDP, DeepSpeed)")
-        fresh = False
-        args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.steps
-        return inner(plan.device_batch * parallel, *arguments, **options)
+    def planned_tries(batch_size=None, *arguments, **options):
+        start = max(1, (batch_size or args.train_batch_size) // parallel)  # the Trainer's: the arguments' or a resume's
+        plan = make_plan(global_batch, next(s for s in sizes if s <= start), devices, policy="error")
+        before = TrainerStart(trainer)
+        while True:
+            args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.steps
+            try:
+                return inner(plan.device_batch * parallel, *arguments, **options)
+            except Exception as error:  # the Trainer's try: out of memory re-plans, any other is raised
+                if not memory.out_of_memory(error):
+                    raise
+                tried, plan = plan.device_batch, smaller_plan(plan)
+                if plan is None:
+                    raise TrainingFailed(
+                        f"out of memory even at {tried} sample per device (global batch {global_batch} on {devices} "
+                        "device(s)): the model's step does not fit at all: free memory (gradient checkpointing, "
+                        "mixed precision, a smaller model) or shard the model (FSDP, DeepSpeed)"
+                    ) from error  # the allocator's words in the cause: in here, Accelerate's matcher would retry them
+            memory.free()  # out here: the failed try's frames and tensors are gone
+            before.put_back(trainer)
 
-    trainer.train, trainer._inner_training_loop = planned_train, planned_try
+    trainer._inner_training_loop = planned_tries
     return trainer
+
+
+class TrainerStart:
+    """What a ``Trainer.train()`` call began with, to start a try again from it after an
+    out-of-memory error: the model's weights (a copy on the CPU), the optimizer (None where the
+    Trainer makes it, else its state), a scheduler given to the Trainer, the GradScaler, and the
+    random streams."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.weights = {k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()}
+        self.optimizer = None if trainer.optimizer is None else _cpu_copy(trainer.optimizer.state_dict())
+        self.scheduler = None if trainer.lr_scheduler is None else _cpu_copy(trainer.lr_scheduler.state_dict())
+        scaler = getattr(trainer.accelerator, "scaler", None)
+        self.scaler = None if scaler is None else _cpu_copy(scaler.state_dict())
+        self.random = random_state.get_state()
+
+    def put_back(self, trainer: Trainer) -> None:
+        trainer.model.load_state_dict(self.weights)
+        if self.optimizer is None:
+            trainer.optimizer = None  # the Trainer makes a fresh one
+        else:
+            trainer.optimizer.load_state_dict(self.optimizer)
+        if self.scheduler is None:
+            trainer.lr_scheduler = None
+        else:
+            trainer.lr_scheduler.load_state_dict(self.scheduler)
+        if self.scaler is not None:
+            trainer.accelerator.scaler.load_state_dict(self.scaler)
+        random_state.set_state(self.random)
+
+
+def _cpu_copy(state):
+    """A deep copy of a ``state_dict``, its tensors on the CPU (a later load puts them back where they go)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: _cpu_copy(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cpu_copy(value) for value in state)
+    return copy.deepcopy(state)
 
 
 class AutoLRSCallback(TrainerCallback):

@@ -21,6 +21,9 @@ for them, exactly as under torchrun.
   ``init()`` plan, before anything is read or loaded; and it refuses a commit made under another
   global batch than this worker's ``init()`` plans (every Ray worker is a fresh process, so the
   plan it holds is this run's);
+* :class:`StopOnAikitError` (``RunConfig(callbacks=[...])``) ends the run at a worker's aikit error
+  that a restart would meet again (a trace that is not there, workers given different plans), which
+  Ray Train would otherwise retry ``max_failures`` times;
 * ``report(metrics)`` hands the last commit to Ray as a checkpoint, as often as the user likes
   (every epoch, say): hard links inside the run's directory, nothing uploaded. ``Result.checkpoint``,
   ``CheckpointConfig`` and ``ray.train.get_checkpoint()`` then see it, and a new run restores from
@@ -41,28 +44,33 @@ from ray.train import CheckpointUploadMode
 
 import aikit.elastic.Torch
 from aikit.core.agreement import check_agreement, own_row, rows_of
-from aikit.core.errors import CommitError, InvalidState, InvalidValue
+from aikit.core.errors import CommitError, InvalidState, InvalidType, InvalidValue, repeats_on_restart
 from aikit.elastic.Torch import checkpoint
 from aikit.elastic.Torch.restore_checks import planned_global_batch
 from aikit.runtime.process import TORCH, plan_of
 from aikit.runtime.Torch import collectives, distributed
 
-__all__ = ["ElasticState", "run_storage"]
+__all__ = ["ElasticState", "StopOnAikitError", "run_storage"]
 
 SUBDIRECTORY = "aikit"  # the commits, in the run's directory
 REPORTED = "aikit_checkpoints"  # the commits reported to Ray (links), in the run's directory
 SEEN_WAIT_S = 5.0  # how long a worker looks for rank 0's marker (a shared file system's caches)
 
 
+def train_storage(refusal: str):
+    """Ray Train's storage context of this run, or an :class:`InvalidState` of ``refusal`` (what
+    needs a Ray Train worker, and the fix) where this is none of ``trainer.fit()``'s workers."""
+    try:
+        return ray.train.get_context().get_storage()
+    except RuntimeError as error:
+        raise InvalidState(refusal) from error
+
+
 def run_storage() -> Path:
     """The run's directory, ``<RunConfig.storage_path>/<RunConfig.name>``, as a path of this file
     system: what ``ray.train.get_context().get_storage()`` says, inside ``train_loop_per_worker``."""
-    try:
-        storage = ray.train.get_context().get_storage()
-    except RuntimeError as error:
-        raise InvalidState(
-            "aikit.integrations.ray.ElasticState() without a directory reads the run's storage from Ray Train: "
-            "build it inside train_loop_per_worker, or give it a directory") from error
+    storage = train_storage("aikit.integrations.ray.ElasticState() without a directory reads the run's storage "
+                            "from Ray Train: build it inside train_loop_per_worker, or give it a directory")
     kind = storage.storage_filesystem.type_name
     if kind != "local":
         raise InvalidValue(
@@ -87,8 +95,12 @@ class ElasticState(aikit.elastic.Torch.ElasticState):
         starts when its directory holds no commit yet, a commit another run gave Ray (its
         ``Result.checkpoint``, or that folder): Ray Train v2 dropped ``resume_from_checkpoint=``
         and passes such a checkpoint through ``train_loop_config`` instead."""
-        fresh = self._check_workers()
         folder = getattr(start_from, "path", start_from)
+        if folder is not None and not isinstance(folder, (str, os.PathLike)):
+            raise InvalidType(f"restore(start_from=...) takes a folder (a str or a path) or a ray.train.Checkpoint, "
+                              f"got {type(start_from).__name__} {start_from!r:.60}: the Result.checkpoint another run "
+                              "gave Ray, passed in train_loop_config, e.g. restore(start_from=config['checkpoint'])")
+        fresh = self._check_workers()
         if not fresh or folder is None:
             return super().restore()
         folder = Path(folder)
@@ -113,9 +125,11 @@ class ElasticState(aikit.elastic.Torch.ElasticState):
         (Ray's report waits for all of them): rank 0 links the commit's files into
         ``<run>/aikit_checkpoints/commit_<n>`` and reports that folder, which Ray keeps or prunes
         as ``CheckpointConfig`` says. ``metrics`` gets ``aikit_commit``, the commit's number."""
+        storage = train_storage("ElasticState.report() hands the last commit to Ray Train (ray.train.report), "
+                                "which takes it only in a worker of trainer.fit(): call it inside "
+                                "train_loop_per_worker; outside Ray the commits are in ElasticState's directory")
         reported = None
         if self.commits and distributed.rank() == 0:
-            storage = ray.train.get_context().get_storage()
             folder = Path(storage.experiment_fs_path) / REPORTED / f"commit_{self.commits:09d}"
             link_commit(self.directory, self.commits, folder)
             reported = ray.train.Checkpoint(str(folder), filesystem=storage.storage_filesystem)
@@ -157,6 +171,26 @@ class ElasticState(aikit.elastic.Torch.ElasticState):
                 "ElasticState's directory) on a file system every node mounts (NFS, ...)")
         check_agreement(list(settings), rows_of(values[:len(values) - world], world))
         return fresh
+
+
+class StopOnAikitError(ray.train.UserCallback):
+    """``RunConfig(callbacks=[StopOnAikitError()])``: a worker's aikit error that a restart would
+    meet again (bad input or state, a run that cannot go on:
+    :func:`aikit.core.errors.repeats_on_restart`) ends ``fit()`` at once, with the workers' errors,
+    instead of Ray Train restarting the worker group ``FailureConfig(max_failures)`` times into
+    the same refusal. A lost worker, a collective cut off, a commit not written or memory still
+    restart, as Ray's elastic runs should. Runs on Ray Train's controller (Ray's ``UserCallback``):
+    it raises a ``ray.train.ControllerError``, which Ray's failure policy does not retry."""
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        errors = {rank: getattr(error, "_base_exc", error) for rank, error in worker_exceptions.items()}  # Ray's wrap
+        final = {rank: error for rank, error in errors.items() if repeats_on_restart(error)}
+        if not final:
+            return
+        said = "\n".join(f"[rank {rank}] {type(error).__name__}: {error}" for rank, error in sorted(final.items()))
+        raise ray.train.ControllerError(ray.train.WorkerGroupError(
+            f"aikit: a restart would meet this again, so the run stops here rather than Ray retrying it "
+            f"(aikit.integrations.ray.StopOnAikitError):\n{said}", worker_exceptions))
 
 
 def plan_settings() -> dict[str, object]:

@@ -57,7 +57,7 @@ def test_a_list_with_an_inexact_or_foreign_size_is_refused(sizes, error, message
 
 def test_a_size_above_the_data_set_fails_trace_check(tmp_path, capsys):
     path = write(tmp_path, "step,batchsize\n0,9223372036854775807\n")
-    assert main(["trace", "check", str(path), "--minibatch-size", "1", "--dataset-size", "1000"]) == 1
+    assert main(["trace", "check", str(path), "--micro-batch", "1", "--dataset-size", "1000"]) == 1
     assert "batch size 9223372036854775807 is larger than the data set (1000 samples)" in capsys.readouterr().out
 
 
@@ -87,12 +87,28 @@ def test_a_malformed_file_is_named_with_the_right_line(tmp_path, content, messag
 def test_a_directory_or_a_missing_file_as_the_trace(tmp_path, capsys):
     with pytest.raises(TraceFileError, match=rf"trace {tmp_path} is a directory: give the path of a"):
         load_trace(tmp_path)
-    assert main(["trace", "check", str(tmp_path), "--minibatch-size", "8", "--dataset-size", "100"]) == 2
+    assert main(["trace", "check", str(tmp_path), "--micro-batch", "8", "--dataset-size", "100"]) == 2
     assert f"aikit: error: trace {tmp_path} is a directory" in capsys.readouterr().err
     with pytest.raises(TraceFileError, match=rf"trace {tmp_path / 'no.csv'} does not exist"):
         load_trace(tmp_path / "no.csv")
     with pytest.raises(TraceFileError, match=r"trace path 'a\\x00.csv' holds a NUL character: give the path of a"):
         load_trace("a\x00.csv")  # found by tests/core/test_fuzz.py: open() raised a bare ValueError
+
+
+def test_a_missing_relative_trace_names_the_working_directory_it_was_read_in(tmp_path, monkeypatch):
+    """Issue 47: under Ray Train a relative "trace.csv" is read in the worker's own directory, and
+    the error did not say where it had looked; an absolute path needs no more than its name."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TraceFileError) as raised:
+        load_trace("trace.csv")
+    assert str(raised.value) == (
+        f"trace trace.csv does not exist in the working directory {tmp_path}: a relative path is read from the "
+        "process's working directory, and Ray Train runs each worker in a directory of its own, not the driver's; "
+        "give an absolute path, resolved where the file is (str(Path('trace.csv').resolve()) on the driver)")
+    with pytest.raises(TraceFileError) as raised:
+        load_trace(tmp_path / "trace.csv")
+    assert str(raised.value) == f"trace {tmp_path / 'trace.csv'} does not exist: give the path of a 'step,batchsize' " \
+                                "CSV file"
 
 
 def test_a_trace_that_cannot_make_the_first_epoch_is_refused_as_bad_input():
@@ -191,10 +207,10 @@ def test_plan_answers_instantly_for_a_huge_batch(capsys):
 
 def test_trace_check_refuses_a_trace_that_does_not_cover_its_first_epoch(tmp_path, capsys):
     path = write(tmp_path, "step,batchsize\n0,32\n1,32\n")  # 64 samples of a data set of 1000
-    assert main(["trace", "check", str(path), "--minibatch-size", "32", "--dataset-size", "1000"]) == 1
+    assert main(["trace", "check", str(path), "--micro-batch", "32", "--dataset-size", "1000"]) == 1
     out = capsys.readouterr().out
     assert "epoch 0 needs steps past the end of the trace" in out and "1 problem(s)" in out
-    assert main(["trace", "check", str(path), "--minibatch-size", "32", "--dataset-size", "1000",
+    assert main(["trace", "check", str(path), "--micro-batch", "32", "--dataset-size", "1000",
                  "--when-exhausted", "stop"]) == 0
 
 

@@ -189,3 +189,34 @@ def test_first_as_a_fraction_of_the_budget():
         ProbePolicy(probe(), first=0.25)
     with pytest.raises(InvalidType, match="first"):
         ProbePolicy(probe(), first=1.5, budget=10_000)
+
+
+# ---- issue 47's bad inputs: a probe given a mean, a controller given no branches ----------------------
+
+@pytest.mark.parametrize("z", [2.0, 0.0])
+def test_held_out_losses_given_as_one_mean_are_refused_whatever_z(z):
+    """A losses() that returned the mean was told "held-out set of 1 samples" (256 were given),
+    and with z=0 it passed, deciding on one number with no standard error."""
+    run = Progress(critical=256)
+    run.evaluate = lambda: np.float64((run.loss + run.offsets).mean())
+    with pytest.raises(InvalidValue) as raised:
+        probe(z=z).run(run, 32, max_batch=1024, dataset_size=10_000)
+    assert str(raised.value).startswith("the probe's held-out losses must be one per held-out sample (their "
+                                        "spread gives the standard error), got one number (2.007): return the "
+                                        "unreduced losses")
+    assert run.loss == 2.0 and run.trained == []  # refused before any branch trained
+
+
+def test_a_controller_attached_to_what_is_no_training_is_refused_at_once():
+    """controller.attach("branches") was accepted, and failed only when the first probe ran."""
+    from aikit.core.critical_batch import ProbeController
+
+    controller = ProbeController(ProbePolicy(probe(), first=1024), 64, ref_batch_size=32, max_batch=1024)
+    with pytest.raises(InvalidType, match=r"controller\.attach\(\) takes the training a probe branches from "
+                                          r"\(snapshot, restore, train, evaluate and dataset_size.*got str "
+                                          r"'branches': PyTorch: "
+                                          r"aikit\.elastic\.Torch\.TorchBranches"):
+        controller.attach("branches")
+    assert controller.branches is None
+    controller.attach(Progress(critical=256))
+    assert controller.branches is not None

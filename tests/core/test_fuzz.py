@@ -122,7 +122,7 @@ def test_schedule_answers_any_input_naming_the_argument(trace, dataset_size, num
        replicas=st.one_of(st.integers(-1, 5), st.text(max_size=1)), rank=st.one_of(st.integers(-1, 5), st.floats()),
        minibatch=st.one_of(st.integers(-1, 70), st.floats()), seed=st.one_of(st.integers(-2, 2**70), st.floats()))
 def test_custom_sampler_answers_any_input_naming_the_argument(dataset, trace, replicas, rank, minibatch, seed):
-    sampler = pytest.importorskip("aikit.elastic.Torch.sampler")
+    sampler = pytest.importorskip("aikit.elastic.Torch")
     result = outcome(lambda: sampler.CustomSampler(dataset, trace, seed, replicas, rank, minibatch))
     if isinstance(result, Exception):
         assert any(name in str(result) for name in ("data set", "dataset", "trace", "num_replicas", "rank",

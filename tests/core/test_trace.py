@@ -156,7 +156,7 @@ def test_trace_check_reads_a_concatenated_trace_and_strict_steps_refuses_it(tmp_
     from aikit.cli import main
 
     path = write(tmp_path, "step,batchsize\n0,32\n1,64\n0,32\n1,64\n")
-    args = ["trace", "check", str(path), "--minibatch-size", "32", "--dataset-size", "192"]
+    args = ["trace", "check", str(path), "--micro-batch", "32", "--dataset-size", "192"]
     with pytest.warns(TraceStepWarning, match=r"row 2, line 4: step 0"):
         assert main(args) == 0
     assert main([*args, "--strict-steps"]) == 2

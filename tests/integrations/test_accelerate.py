@@ -128,7 +128,7 @@ def test_bad_input_is_named(accelerator):
                                            r"128 on 1 process\(es\): use one of \[128, 64, 32"):
         GlobalBatch(accelerator, 128).use(48)
     global_batch = GlobalBatch(accelerator, 128, 32)
-    with pytest.raises(InvalidValue, match=r"count\(batch\) must be a whole number"):
+    with pytest.raises(InvalidType, match=r"count\(batch\) must be an integer count of loss terms"):
         next(global_batch.updates([torch.ones(2)] * 4, count=lambda batch: batch.sum()))
 
 
@@ -152,3 +152,66 @@ def test_two_processes_sum_the_counts_and_train_as_big_batches(torchrun, tmp_pat
         assert rank["tried"] == [64] and rank["steps"] == 2  # 128 on 2 processes: 64 each OOMs, 2 x 32
         for got, want in zip(rank["params"], by_hand().parameters(), strict=True):
             torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want.detach(), rtol=1e-10, atol=1e-12)
+
+
+# ---- issue 47: Python's MemoryError re-planned; counts, short loaders and functions named -------------
+
+def test_python_s_memory_error_is_re_planned_as_init_auto_and_auto_batch_re_plan_it(accelerator):
+    """Accelerate's matcher takes a RuntimeError with its phrases only, so a MemoryError ended the
+    run under GlobalBatch while aikit's init(G, "auto") and AutoBatch re-planned it."""
+    tried = []
+
+    def step(device_batch):
+        tried.append(device_batch)
+        if device_batch > 40:
+            raise MemoryError(f"cannot allocate {device_batch * 10**9} bytes")
+        return device_batch
+
+    global_batch = GlobalBatch(accelerator, GLOBAL_BATCH)
+    assert global_batch.find_executable_batch_size(step)() == 32
+    assert tried == [128, 64, 32] and global_batch.tried == [128, 64] and accelerator.gradient_accumulation_steps == 4
+    with pytest.raises(ZeroDivisionError):  # any other error is the user's, raised as it is, at once
+        GlobalBatch(accelerator, GLOBAL_BATCH).find_executable_batch_size(lambda device_batch: 1 / 0)()
+
+
+@pytest.mark.parametrize(("count", "error", "message"), [
+    (lambda batch: -3, InvalidValue, r"count\(batch\) must be an integer >= 0, got -3; the number of loss terms"),
+    (lambda batch: torch.tensor(-3), InvalidValue, r"count\(batch\) must be an integer >= 0, got -3"),
+    (lambda batch: "4", InvalidType, r"count\(batch\) must be an integer >= 0, got '4'"),
+    (lambda batch: 2.5, InvalidType, r"count\(batch\) must be an integer >= 0, got 2\.5"),
+    (lambda batch: batch.sum(), InvalidType, r"count\(batch\) must be an integer count of loss terms, got a "
+                                             r"torch\.float32 tensor"),
+])
+def test_a_count_that_is_no_count_of_loss_terms_is_named(accelerator, count, error, message):
+    """count=lambda b: -3 was accepted (the total clamped to 1: each loss 12 times too large), a
+    str raised torch's "new(): invalid data type 'str'"."""
+    global_batch = GlobalBatch(accelerator, 128, 32)
+    with pytest.raises(error, match=message):
+        next(global_batch.updates([torch.ones(2)] * 4, count=count))
+    assert [int(u.total) for u in global_batch.updates([torch.ones(2)] * 4, count=lambda batch: 3)] == [12]
+
+
+@pytest.mark.parametrize("micro_batches", [0, 3])
+def test_a_loader_without_one_whole_update_is_refused(accelerator, micro_batches):
+    """A loader of fewer micro-batches than one update (or none) gave 0 updates, and no word."""
+    global_batch = GlobalBatch(accelerator, 128, 32)
+    with pytest.raises(InvalidValue) as raised:
+        list(global_batch.updates([torch.ones(2)] * micro_batches, count=lambda batch: 2))
+    assert str(raised.value) == (
+        f"the loader gave {micro_batches} micro-batch(es), fewer than one update's 4 (global batch 128 as 4 GA steps "
+        "of 32 per device on 1 process(es)): nothing was trained; give each process at least one update's "
+        "micro-batches (a data set of at least 128 samples, DataLoader(batch_size=global_batch.device_batch))")
+    assert len(list(global_batch.updates([torch.ones(2)] * 7, count=lambda batch: 2))) == 1  # 3 left out, as before
+
+
+def test_a_training_function_without_a_batch_parameter_is_named(accelerator):
+    """Accelerate's own check said "Batch size was passed into `train` as the first argument" to a
+    user who had passed none."""
+    def train():
+        return 0
+
+    with pytest.raises(InvalidType, match=r"find_executable_batch_size's function is called as function\(device_batch, "
+                                          r"\.\.\.\), the per-device batch first, but .*train\(\) cannot be called so "
+                                          r"\(too many positional arguments\): def train\(device_batch\)"):
+        GlobalBatch(accelerator, 128).find_executable_batch_size(train)
+    assert GlobalBatch(accelerator, 128).find_executable_batch_size(lambda device_batch, extra: extra)(7) == 7

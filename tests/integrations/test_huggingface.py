@@ -121,15 +121,17 @@ class OutOfMemoryNet(nn.Module):
         return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
 
 
-def trainer_on_digits(tmp_path, fits: int, **arguments):
-    model = OutOfMemoryNet(fits)
+def trainer_on_digits(tmp_path, fits: int | None, model: nn.Module | None = None, given_optimizer: bool = True,
+                      **arguments):
+    """A Trainer on the digits, with accelerate_case's SGD (``given_optimizer``) or the AdamW it makes."""
+    model = OutOfMemoryNet(fits) if model is None else model
+    arguments = {"auto_find_batch_size": True, **arguments}
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), num_train_epochs=accelerate_case.EPOCHS, use_cpu=True, report_to="none",
         save_strategy="no", disable_tqdm=True, max_grad_norm=0.0, lr_scheduler_type="constant", learning_rate=0.2,
-        train_sampling_strategy="sequential", dataloader_drop_last=True, logging_strategy="no",
-        auto_find_batch_size=True, **arguments)
+        train_sampling_strategy="sequential", dataloader_drop_last=True, logging_strategy="no", **arguments)
     return transformers.Trainer(model=model, args=args, train_dataset=Samples(*accelerate_case.data(ignore=False)),
-                                optimizers=(accelerate_case.optimizer(model), None))
+                                optimizers=(accelerate_case.optimizer(model) if given_optimizer else None, None))
 
 
 def test_auto_find_batch_size_keeps_the_global_batch(tmp_path):
@@ -160,3 +162,46 @@ def test_keep_global_batch_refuses_what_cannot_work(tmp_path):
                                                   gradient_accumulation_steps=1))
     with pytest.raises(TrainingFailed, match=r"out of memory even at 1 sample per device \(global batch 4 on 1"):
         trainer.train()
+
+
+class LateOutOfMemoryNet(nn.Module):
+    """accelerate_case's MLP as a Trainer model that runs out of memory above ``fits`` samples only
+    after ``after`` forwards (a longer batch later in the epoch), raising ``error``."""
+
+    def __init__(self, fits: int, after: int, error: type[BaseException]):
+        super().__init__()
+        self.net = accelerate_case.Net()
+        self.fits, self.after, self.error, self.calls = fits, after, error, 0
+
+    def forward(self, x, labels=None):
+        self.calls += 1
+        if self.calls > self.after and len(x) > self.fits:
+            raise self.error(accelerate_case.OOM.format(len(x) * 4_000_000))
+        logits = self.net(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+@pytest.mark.parametrize(("error", "given_optimizer"), [(RuntimeError, True), (MemoryError, True),
+                                                       (RuntimeError, False)],
+                         ids=["cpu-allocator", "python-memory-error", "trainer-made-adamw"])
+def test_a_try_that_ran_out_of_memory_after_some_updates_starts_over_from_the_state_train_began_with(
+        tmp_path, error, given_optimizer):
+    """Issue 47: a try that ran out of memory after two updates left them (and the optimizer's
+    state) in the weights of the next, while the docs said training starts over; and Python's
+    MemoryError, which aikit's own search retries, ended the run (Accelerate's matcher takes a
+    RuntimeError only). Now the try at 32 x 4 starts from the weights, optimizer and random streams
+    train() began with, and ends as a run that began at 32 x 4: the big-batch run's weights."""
+    model = LateOutOfMemoryNet(fits=32, after=4, error=error)  # 64 x 2: two updates, then out of memory
+    trainer = keep_global_batch(trainer_on_digits(tmp_path, None, model, given_optimizer, **plan_arguments(128, 64)))
+    trainer.train()
+    assert model.calls > 4 and (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) \
+        == (32, 4)
+    if given_optimizer:
+        want = accelerate_case.by_hand(ignore=False)
+    else:  # the same Trainer, begun at the plan that fits
+        want = LateOutOfMemoryNet(fits=32, after=0, error=error)
+        trainer_on_digits(tmp_path, None, want, False, auto_find_batch_size=False, per_device_train_batch_size=32,
+                          gradient_accumulation_steps=4).train()
+        want = want.net
+    for got, wanted in zip(model.net.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(got, wanted, rtol=1e-10, atol=1e-12)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from aikit.core.errors import InvalidValue
 from aikit.core.lr_range import lr_sequence, read_history
 from aikit.lr_finder.Torch import LRFinder, TrainDataLoaderIter, ValDataLoaderIter
 
@@ -664,13 +665,14 @@ class HalfLabels(TrainDataLoaderIter):
 ])
 def test_a_criterion_that_fails_on_the_first_batch_says_so_with_the_shapes(criterion, loader, error, shapes):
     """torch's "The size of tensor a (2) must match ..." alone did not say that the user's
-    criterion failed, nor on what: the same error (its type kept) now says both."""
+    criterion failed, nor on what: an aikit InvalidValue now says both, torch's error chained
+    (issue 47: the same type kept was a raw RuntimeError still)."""
     x, y = xor_data().dataset.tensors
     torch.manual_seed(0)
     model = nn.Linear(2, 2)
     weights = state(model.state_dict())
     finder = LRFinder(model, torch.optim.SGD(model.parameters(), lr=1e-5), criterion)
-    with pytest.raises(error) as raised:
+    with pytest.raises(InvalidValue) as raised:
         finder.range_test(loader(x, y), num_iter=3, progress_bar=False)
     message = str(raised.value)
     assert message.endswith(
@@ -679,7 +681,7 @@ def test_a_criterion_that_fails_on_the_first_batch_says_so_with_the_shapes(crite
         "nn.CrossEntropyLoss() for class indices of shape (N,) and outputs (N, classes), nn.MSELoss() for targets of "
         "the outputs' shape)")
     assert message.split("\n")[0] == str(raised.value.__cause__)  # torch's own words first
-    assert type(raised.value) is type(raised.value.__cause__)
+    assert type(raised.value.__cause__) is error  # torch's error chained as it was
     assert_same_state(model.state_dict(), weights)
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from capabilities import skip_or_fail
-from ray_cluster import ROOT, ray_settings, start_nodes
+from ray_cluster import ROOT, ray_settings, start_local, start_nodes
 
 sys.path.insert(0, str(ROOT / "tests" / "resize"))  # resize_common, resize_checks, resize_worker
 
@@ -38,17 +38,18 @@ def ray_integration():
 
 @pytest.fixture(scope="module")
 def ray_environment():
-    """ray_cluster.RAY_SETTINGS in this process's environment for the module."""
+    """ray_cluster.RAY_SETTINGS in this process's environment for the module, and a temp directory
+    of the module's own: its cluster meets no other (ray_cluster.ray_settings)."""
     with ray_settings():
         yield
 
 
 @pytest.fixture(scope="module")
 def ray_local(ray_environment):
-    """One node with 2 CPUs (``ray.init(num_cpus=2)``): two workers of one CPU each."""
+    """One node with 2 CPUs (``ray.init(address="local", num_cpus=2)``): two workers of one CPU each."""
     ray = require_ray()
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+        start_local(2)
     except Exception as error:  # whatever stops Ray from starting here
         skip_or_fail("RAY", f"a local Ray cluster cannot start here: {type(error).__name__}: {error}")
     yield ray

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -29,7 +31,13 @@ HEAD_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_thre
 
 @contextlib.contextmanager
 def ray_settings(settings: dict[str, str] = RAY_SETTINGS):
-    """This process's environment as Ray's nodes and controller must see it, put back after."""
+    """This process's environment as Ray's nodes and controller must see it, put back after, with
+    a temp directory of its own (``RAY_TMPDIR``, removed after): Ray's sessions, sockets and the
+    file that names the "current" cluster (``ray_current_cluster``) are this cluster's alone, so
+    two clusters at once (pytest-xdist's workers, another Ray on the machine) never meet. Short,
+    under /tmp: Ray's socket paths inside it must stay under the 107 bytes a Unix socket takes."""
+    temp = tempfile.mkdtemp(prefix="aikit-ray-", dir="/tmp")
+    settings = {**settings, "RAY_TMPDIR": temp}
     before = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:
@@ -40,6 +48,17 @@ def ray_settings(settings: dict[str, str] = RAY_SETTINGS):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def start_local(num_cpus: int):
+    """One node of ``num_cpus`` CPUs, this driver connected: a cluster of its own, never one found
+    running (``address="local"``: ``ray.init()`` alone joins the cluster the machine's
+    ``ray_current_cluster`` names, or warns of several, "Connecting to latest cluster")."""
+    import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    return ray
 
 
 def start_nodes(system_config: dict = HEAD_SYSTEM_CONFIG) -> Nodes:
@@ -50,7 +69,7 @@ def start_nodes(system_config: dict = HEAD_SYSTEM_CONFIG) -> Nodes:
 
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": False, "_system_config": system_config})
-    ray.init(address=cluster.address)
+    ray.init(address=cluster.address)  # this cluster's address, never one found running
     return Nodes(cluster)
 
 
@@ -119,6 +138,15 @@ class Fit(threading.Thread):
             self.outcome = self.trainer.fit()
         except BaseException as error:  # handed to the test
             self.error = error
+
+    def poll(self) -> int | None:
+        """None while ``fit()`` runs, then 0 (returned) or 1 (raised): a launcher, to
+        ``resize_checks.wait_for``, which stops waiting for what a finished fit can no longer log."""
+        return None if self.is_alive() else int(self.error is not None)
+
+    @property
+    def returncode(self) -> str:
+        return f"{type(self.error).__name__}: {str(self.error)[:2000]}" if self.error is not None else "0"
 
     def result(self, timeout: float):
         self.join(timeout)

@@ -5,7 +5,8 @@ tests' own runs, with ``aikit.integrations.ray.ElasticState`` in the run's stora
   resize_checks reads back), restored at the top as every Ray restart runs it anew;
 * :func:`sharded_run`: tests/resize/fsdp_common.py's FSDP2 model under the GA wrapper, each step
   planned for Ray's world by ``init(G, M)``;
-* :func:`ddp_run`: tests/torch/ddp_worker.py's DDP + GA scenarios at a fixed worker count.
+* :func:`ddp_run`: tests/torch/ddp_worker.py's DDP + GA scenarios at a fixed worker count;
+* :func:`checked_run`, :func:`missing_trace_run`: what must be refused, once.
 
 Each takes Ray's ``train_loop_config`` dict.
 """
@@ -124,6 +125,16 @@ def checked_run(config: dict) -> None:
     state = ElasticState(directory, model=net, optimizer=opt)
     state.restore()
     state.commit()
+
+
+def missing_trace_run(config: dict) -> None:
+    """The recipe's first line with a trace path as the user wrote it (``config["trace"]``), each
+    attempt noted in run_dir/attempts.txt: a relative path is read in Ray's directory, not the driver's."""
+    from aikit.elastic.Torch import CustomSampler
+
+    with open(Path(config["run_dir"]) / "attempts.txt", "a") as attempts:
+        attempts.write(f"{os.getpid()} {os.getcwd()}\n")
+    CustomSampler(64, config["trace"], micro_batch=4)
 
 
 def ddp_run(config: dict) -> dict:

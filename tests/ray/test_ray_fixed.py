@@ -18,12 +18,14 @@ DDP_WORKER = Path(__file__).resolve().parents[1] / "torch" / "ddp_worker.py"
 FIT_TIMEOUT = 240
 
 
-def fit(loop, tmp_path, config: dict, name: str = "run", workers: int = 2, **options):
+def fit(loop, tmp_path, config: dict, name: str = "run", workers: int = 2, run_options: dict | None = None,
+        **options):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    run_config = RunConfig(storage_path=str(tmp_path / "storage"), name=name, **(run_options or {}))
     return TorchTrainer(loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=workers),
-                        run_config=RunConfig(storage_path=str(tmp_path / "storage"), name=name), **options).fit()
+                        run_config=run_config, **options).fit()
 
 
 def test_two_fixed_workers_train_as_two_torchrun_processes(ray_local, torchrun, tmp_path):
@@ -59,6 +61,31 @@ def test_a_directory_some_workers_cannot_see_is_refused_before_anything_is_writt
     assert "is not storage every worker sees: rank(s) 1 cannot see the file rank 0 wrote there" in message
     assert message.count("InvalidValue") >= 2  # rank 0 and rank 1 alike
     assert [p for p in (tmp_path / "local").rglob("*") if p.is_file()] == []  # no commit, no marker left
+
+
+def test_a_relative_trace_path_is_named_with_the_workers_directory_and_not_retried(ray_local, tmp_path):
+    """Issue 47: docs/resize.md's recipe with a relative "trace.csv" failed on every worker (Ray
+    Train runs the function in a directory of its own), with a TraceFileError that did not say
+    where it looked, and Ray retried it max_failures times. The error now names the worker's
+    directory and the fix; with StopOnAikitError the run ends at the first attempt (the path
+    resolved on the driver, as every other test here gives its trace, is found)."""
+    from ray.train import FailureConfig
+    from ray_worker import missing_trace_run
+
+    from aikit.integrations.ray import StopOnAikitError
+
+    (tmp_path / "trace.csv").write_text("step,batchsize\n" + "".join(f"{step},8\n" for step in range(8)))  # beside
+    # the driver, not where Ray looks
+    message = failure(fit, missing_trace_run, tmp_path, {"run_dir": str(tmp_path), "trace": "trace.csv"},
+                      run_options={"failure_config": FailureConfig(max_failures=3), "callbacks": [StopOnAikitError()]})
+    attempts = (tmp_path / "attempts.txt").read_text().split("\n")[:-1]
+    assert len(attempts) == 2, attempts  # one attempt of each worker: no retry
+    directory = attempts[0].split(" ", 1)[1]
+    assert directory != str(tmp_path) and not Path(directory, "trace.csv").exists()
+    assert "a restart would meet this again, so the run stops here rather than Ray retrying it" in message
+    assert (f"TraceFileError: trace trace.csv does not exist in the working directory {directory}: a relative path is "
+            "read from the process's working directory, and Ray Train runs each worker in a directory of its own, not "
+            "the driver's; give an absolute path" in message)
 
 
 def test_workers_given_different_plans_are_refused_alike(ray_local, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from resize_common import make_model, make_sgd
 
-from aikit.core.errors import InvalidState, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 
 pytestmark = pytest.mark.ray
 
@@ -88,3 +88,44 @@ def test_start_from_a_folder_without_a_commit_is_refused(ray_integration, tmp_pa
                                            r"ElasticState.report\(\) gave Ray, e.g. Result.checkpoint"):
         state.restore(start_from=tmp_path / "empty")
     assert all(torch.equal(a, b) for a, b in zip(weights(state.model), start, strict=True))
+
+
+def test_report_outside_a_ray_worker_and_a_start_that_is_no_folder_are_named(ray_integration, tmp_path):
+    """Issue 47: report() outside Ray raised Ray's RuntimeError (before a commit from ray.train.report,
+    after one from get_context), restore(start_from=123) a TypeError from pathlib."""
+    state = ga_state(tmp_path, 32)
+    with pytest.raises(InvalidType, match=r"restore\(start_from=\.\.\.\) takes a folder \(a str or a path\) or a "
+                                          r"ray\.train\.Checkpoint, got int 123: .*restore\(start_from="
+                                          r"config\['checkpoint'\]\)"):
+        state.restore(start_from=123)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    refused = (r"ElasticState\.report\(\) hands the last commit to Ray Train \(ray\.train\.report\), which takes it "
+               r"only in a worker of trainer\.fit\(\): call it inside train_loop_per_worker")
+    with pytest.raises(InvalidState, match=refused):
+        state.report({"epoch": 0})
+    state.restore()
+    state.commit()
+    with pytest.raises(InvalidState, match=refused):
+        state.report({"epoch": 0})
+
+
+def test_stop_on_aikit_error_stops_what_a_restart_meets_again_and_no_other(ray_integration):
+    """What StopOnAikitError decides on Ray Train's controller, given the workers' errors as Ray
+    hands them (wrapped with their tracebacks): a refusal ends the run, a lost peer restarts."""
+    import ray.train
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    from aikit.core.errors import CollectiveError, OutOfMemory, TraceFileError
+
+    stop = ray_integration.StopOnAikitError()
+    lost = {0: UserExceptionWithTraceback(CollectiveError("all-reduce: peer gone"), "traceback 0"),
+            1: UserExceptionWithTraceback(OutOfMemory("out of memory"), "traceback 1")}
+    assert stop.after_exception(None, lost) is None  # Ray restarts, as its elastic runs should
+    refused = {**lost, 1: UserExceptionWithTraceback(TraceFileError("trace trace.csv does not exist"), "traceback")}
+    with pytest.raises(ray.train.ControllerError) as stopped:
+        stop.after_exception(None, refused)
+    assert str(stopped.value) == (
+        "Training failed due to controller error:\nTraining failed due to worker errors:\naikit: a restart would meet "
+        "this again, so the run stops here rather than Ray retrying it (aikit.integrations.ray.StopOnAikitError):\n"
+        "[rank 1] TraceFileError: trace trace.csv does not exist")
+    assert stopped.value.controller_failure.worker_failures == refused

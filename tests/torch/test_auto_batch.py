@@ -131,3 +131,54 @@ def test_auto_written_otherwise_and_a_bad_candidate_are_named():
         elastic.init(48, "AUTO", trial=lambda batch: None)
     with pytest.raises(InvalidValue, match=r"candidates\[1\] must be a positive integer, got 0"):
         elastic.init(48, "auto", trial=lambda batch: None, candidates=[24, 0])
+
+
+def found_86(batch: int) -> None:
+    """A trial that runs out of memory above 86 per device: 256's plans try 256, 128, 86 ..."""
+    if batch > 86:
+        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch} MiB")
+
+
+def test_a_ragged_plan_found_by_auto_is_refused_to_a_loop_that_declares_no_samples():
+    """Issue 47: init(256, "auto") found 86 (86/85/85 per update) and docs/torch.md's basic loop,
+    DataLoader(batch_size=aikit.elastic.Torch.batch_size) with equal micro-steps, trained 258, 258,
+    258, 250 samples per update without a word. The GA wrapper now refuses such an update by name,
+    nothing applied; the loop that declares the plan's micro-batches trains the big-batch step."""
+    plan = elastic.init(256, "auto", trial=found_86)
+    assert plan.micro_batch_sizes == ((86,), (85,), (85,)) and elastic.batch_size == 86
+    torch.manual_seed(0)
+    x, y = torch.randn(1024, 4, dtype=torch.float64), torch.randn(1024, 1, dtype=torch.float64)
+    net = torch.nn.Linear(4, 1).double()
+    start = [p.detach().clone() for p in net.parameters()]
+    optimizer = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), elastic.steps)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=elastic.batch_size)
+    with pytest.raises(InvalidValue) as refused:
+        for xb, yb in loader:  # docs/torch.md's basic loop
+            torch.nn.functional.mse_loss(net(xb), yb).backward()
+            optimizer.step()
+    assert str(refused.value).startswith(
+        "the plan of aikit.elastic.Torch.init is ragged (global batch 256 as 86, 85, 85 per GA step), but this "
+        "update's 3 micro-steps declared no samples, so each weighs 1/3: not the plan's update (a loader of "
+        "batch_size 86 trains 258 samples per update). Feed each window of 256 samples as micro_batch_slices(plan)")
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), start, strict=True))  # nothing applied
+    assert all(p.grad is None for p in net.parameters()) and optimizer.applied == 0
+
+    from aikit.core.plan import micro_batch_slices
+
+    optimizer = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), elastic.steps)
+    reference = torch.nn.Linear(4, 1).double()
+    reference.load_state_dict(net.state_dict())
+    big = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for update in range(len(x) // plan.global_batch_size):  # "When the batch must change": every window's samples
+        window = slice(update * plan.global_batch_size, (update + 1) * plan.global_batch_size)
+        for piece in micro_batch_slices(plan):
+            xb, yb = x[window][piece], y[window][piece]
+            with optimizer.accumulate(net, samples=len(xb)):
+                torch.nn.functional.mse_loss(net(xb), yb).backward()
+            optimizer.step()
+        big.zero_grad()
+        torch.nn.functional.mse_loss(reference(x[window]), y[window]).backward()
+        big.step()
+    assert optimizer.applied == 4
+    for got, want in zip(net.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

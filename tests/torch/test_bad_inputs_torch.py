@@ -110,3 +110,112 @@ def test_lr_finder_to_csv_into_a_folder_is_named(tmp_path):
         test.to_csv(tmp_path / "missing" / "lr.csv")
     test.to_csv(tmp_path / "lr.csv")
     assert (tmp_path / "lr.csv").read_text().startswith("lr,loss\n")
+
+
+# ---- issue 47: the new APIs' silent and raw cases, each now named with its fix ------------------------
+
+def test_init_auto_with_a_trial_that_takes_no_batch_is_named_before_it_runs():
+    """init(256, "auto", trial=lambda: None) raised "takes 0 positional arguments but 1 was given"
+    from inside aikit's search."""
+    import aikit.elastic.Torch as elastic
+
+    with pytest.raises(InvalidType) as raised:
+        elastic.init(256, "auto", trial=lambda: None)
+    assert str(raised.value).startswith("init(..., 'auto', trial=) is called as trial(device_batch), but ")
+    assert str(raised.value).endswith("(too many positional arguments): max_device_batch='auto' needs trial=, a "
+                                      "function that runs one forward and backward of yours at the per-device batch "
+                                      "it is given: def trial(batch): ...")
+
+
+def auto_batch(global_batch: int = 8):
+    from aikit.core.plan import make_plan
+    from aikit.elastic.Torch import AutoBatch
+    from aikit.ga.Torch.optim import Optimizer
+
+    net = torch.nn.Linear(2, 1)
+    optimizer = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2, global_batch_size=global_batch)
+    return AutoBatch(optimizer, net, make_plan(global_batch, 4, 1)), net
+
+
+@pytest.mark.parametrize(("loss", "error", "message"), [
+    (lambda net, x, y: (net(x) - y).pow(2).flatten(), InvalidValue,
+     r"AutoBatch's loss_fn must return the micro-batch's mean loss \(a 0-d tensor\), got a tensor of shape \(4,\): "
+     r"return its mean"),
+    (lambda net, x, y: float((net(x) - y).pow(2).mean()), InvalidType,
+     r"AutoBatch's loss_fn must return the micro-batch's mean loss as a tensor computed from the model \(its backward "
+     r"trains it\), got float .*: return the loss tensor itself, not loss\.item\(\) or a number"),
+])
+def test_auto_batch_names_a_loss_that_is_no_mean_loss_tensor(loss, error, message):
+    """Per-sample losses raised torch's "grad can be implicitly created only for scalar outputs", a
+    float an AttributeError; the update's micro-steps are dropped, so the next update starts clean."""
+    auto, net = auto_batch()
+    x, y = torch.randn(8, 2), torch.randn(8, 1)
+    with pytest.raises(error, match=message):
+        auto.update(lambda xb, yb: loss(net, xb, yb), x, y)
+    assert auto.optimizer.position == 0 and all(p.grad is None for p in net.parameters())
+    auto.update(lambda xb, yb: (net(xb) - yb).pow(2).mean(), x, y)
+    assert auto.updates == 1 and auto.optimizer.applied == 1
+
+
+@pytest.mark.parametrize(("state", "error", "message"), [
+    ({}, InvalidValue, r"AutoBatch\.load_state_dict takes what AutoBatch\.state_dict\(\) gave, \{'device_batch': n\}, "
+                       r"got \{\}"),
+    ({"device_batch": "x"}, InvalidType, r"AutoBatch state_dict\(\)\['device_batch'\] must be a positive integer, got "
+                                         r"'x'"),
+    ({"device_batch": 0}, InvalidValue, r"must be a positive integer, got 0"),
+])
+def test_auto_batch_names_a_state_it_did_not_give(state, error, message):
+    """load_state_dict({}) raised a KeyError, ({'device_batch': 'x'}) int()'s ValueError."""
+    auto, _ = auto_batch()
+    with pytest.raises(error, match=message):
+        auto.load_state_dict(state)
+    auto.load_state_dict(auto.state_dict())
+
+
+def test_the_ga_optimizer_names_a_scaler_that_is_no_gradscaler():
+    """Optimizer(..., scaler="amp") raised "'str' object has no attribute 'is_enabled'" at the first update."""
+    from aikit.ga.Torch.optim import Optimizer
+
+    net = torch.nn.Linear(2, 1)
+    with pytest.raises(InvalidType, match=r"scaler must be a torch\.amp\.GradScaler \(or None\), got str 'amp': "
+                                          r"scaler=torch\.amp\.GradScaler\('cuda'\)"):
+        Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 2, scaler="amp")
+
+
+def probe_sampler(data):
+    from aikit.core.critical_batch import CriticalBatchProbe, ProbePolicy
+    from aikit.elastic.Torch import AdaptiveSampler
+
+    policy = ProbePolicy(CriticalBatchProbe(64, z=0.0), first=64)
+    return AdaptiveSampler(data, ref_batch_size=8, max_batch=64, max_device_batch=64, batch_policy=policy)
+
+
+@pytest.mark.parametrize("rule", ["adascale", "linear", "sqrt"])
+def test_an_lr_rule_beside_a_probe_policy_is_refused(rule):
+    """AdaptiveOptimizer(rule='adascale') with a batch_policy trained at AdaScale's LR times the
+    probe's (0.223 where the probe chose 0.16), nothing said; the default (constant) is the probe's."""
+    from aikit.elastic.Torch import AdaptiveOptimizer
+
+    data = TensorDataset(torch.randn(256, 3), torch.randn(256, 1))
+    sgd = torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1)
+    with pytest.raises(InvalidValue, match=rf"rule='{rule}' scales the LR to each batch, but the sampler's "
+                                           r"batch_policy chooses the LR with its probes, and the two would multiply"):
+        AdaptiveOptimizer(sgd, probe_sampler(data), rule=rule)
+    assert AdaptiveOptimizer(sgd, probe_sampler(data)).run.rule == "constant"
+    assert AdaptiveOptimizer(sgd, probe_sampler(data), rule="constant").run.rule == "constant"
+
+
+def test_torch_branches_name_held_out_losses_that_are_no_loss_per_sample():
+    """A losses() returning the mean was told "held-out set of 1 samples" (256 were given)."""
+    from aikit.elastic.Torch import AdaptiveOptimizer, TorchBranches
+
+    data = TensorDataset(torch.randn(256, 3), torch.randn(256, 1))
+    model = torch.nn.Linear(3, 1)
+    optimizer = AdaptiveOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), probe_sampler(data))
+    branches = TorchBranches(model, optimizer, lambda m, x, y: ((m(x) - y) ** 2).mean(), data, data.tensors)
+    with pytest.raises(InvalidValue, match=r"TorchBranches' losses\(model, x, y\) must give one loss per held-out "
+                                           r"sample, 256 here .*got a tensor of shape \(\): return the unreduced "
+                                           r"losses, e\.g\. F\.cross_entropy\(model\(x\), y, reduction='none'\)"):
+        branches.evaluate()
+    per_sample = TorchBranches(model, optimizer, lambda m, x, y: ((m(x) - y) ** 2).mean(1), data, data.tensors)
+    assert per_sample.evaluate().shape == (256,)

@@ -7,6 +7,7 @@ import pytest
 
 import aikit.elastic
 import aikit.elastic.Torch as elastic
+from aikit.core.errors import InvalidValue
 from aikit.core.plan import make_plan
 from aikit.elastic.Torch import distributed
 
@@ -103,8 +104,22 @@ def test_gpus_that_disagree_with_the_process_count_are_refused(monkeypatch):
 
 def test_a_plan_that_leaves_a_process_idle_is_refused(monkeypatch):
     torchrun_env(monkeypatch, world=3, rank=0)
-    with pytest.raises(ValueError, match=r"the plan uses 2 of the 3 processes \(policy 'fewer_devices'"):
+    with pytest.raises(ValueError, match=r"the plan uses 2 of the 3 processes \(policy 'fewer_devices'.*: launch 2 "
+                                         r"processes or use policy 'ragged'$"):
         elastic.init(256, 64, policy="fewer_devices")
+
+
+@pytest.mark.parametrize("policy", ["ragged", "fewer_devices"])
+def test_a_global_batch_below_the_process_count_names_the_fix_that_helps(monkeypatch, policy):
+    """Issue 47: init(1, ...) on 2 processes told the user to use policy 'ragged', which it was
+    already, and which cannot give 2 processes a sample each of 1."""
+    torchrun_env(monkeypatch, world=2, rank=0)
+    with pytest.raises(InvalidValue) as refused:
+        elastic.init(1, 4, policy=policy)
+    assert str(refused.value) == (
+        f"the plan uses 1 of the 2 processes (policy {policy!r}, global_batch_size 1), but every process of a "
+        "torch.distributed run must train on at least one sample per update: use global_batch_size 2 or more, or "
+        "launch 1 process")
 
 
 @pytest.mark.parametrize(

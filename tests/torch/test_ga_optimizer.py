@@ -706,10 +706,13 @@ def test_an_update_amp_skips_is_counted_in_skipped_without_a_warning():
     opt = Optimizer(torch.optim.SGD(net.parameters(), lr=0.1), 1, scaler=scaler)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(12):  # the scaler's own business, however long: never TrainingFailed
+        for _ in range(10):  # the scaler's own search for a first scale, halving 2**10 down to 1: not warned
             opt.scaler.scale(loss_fn(net, *batches([4])[0]) * math.inf).backward()
             opt.step()
-    assert not opt.updated and opt.skipped == 12 and opt.applied == 0
+    assert not opt.updated and opt.skipped == 10 and opt.applied == 0 and scaler.get_scale() == 1
+    with pytest.warns(NonFiniteGradientWarning, match=r"whose scale is down to 0\.5"):  # below 1: a failure's start
+        opt.scaler.scale(loss_fn(net, *batches([4])[0]) * math.inf).backward()
+        opt.step()
 
 
 # --- a forgotten backward() -------------------------------------------------------------------

@@ -478,3 +478,88 @@ def test_a_fused_optimizer_stuck_on_nan_is_refused_at_the_next_read():
     reference = nan_run(True, set(), updates=1)[0]
     for got, want in zip(net.parameters(), reference.parameters(), strict=True):
         assert torch.equal(got, want)
+
+
+# --- a run of skips under AMP: max_skips_in_a_row holds under a GradScaler too (issue 47) ----------------
+
+def inf_at(update: int, first_finite: int) -> float:
+    """The factor of an update's loss: finite for the first ``first_finite`` updates, inf after."""
+    return 1.0 if update < first_finite else math.inf
+
+
+def amp_run(optimizer_of, scaler: torch.amp.GradScaler, first_finite: int, updates: int = 40):
+    """``updates`` fp16 updates of STEPS micro-batches through ``optimizer_of(net)``; every update's
+    loss from ``first_finite`` on is inf. Returns the updates run before the error it raised (if
+    any), the error and the warnings."""
+    net = model()
+    optimizer = optimizer_of(net)
+    x, y = data(updates * MICRO * STEPS)
+    ran, error = 0, None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for update in range(updates):
+                for step in range(STEPS):
+                    start = (update * STEPS + step) * MICRO
+                    loss = loss_of(net, x[start:start + MICRO], y[start:start + MICRO], torch.float16)
+                    scaler.scale(loss * inf_at(update, first_finite)).backward()
+                    optimizer.step()
+                ran += 1
+        except TrainingFailed as failed:
+            error = failed
+    return ran, error, [w.message for w in caught if isinstance(w.message, NonFiniteGradientWarning)]
+
+
+AMP_WRAPPERS = pytest.mark.parametrize("wrapper", ["ga", "ga-fused", "trace"])
+
+
+def wrapped(wrapper: str, scaler: torch.amp.GradScaler):
+    if wrapper == "trace":
+        def trace(net):
+            sampler = CustomSampler(100 * MICRO * STEPS, [MICRO * STEPS] * 100, micro_batch=MICRO, shuffle=False)
+            optimizer = LinearRuleOptimizer(inner_optimizer("AdamW", net.parameters(), False), sampler,
+                                            ref_batch_size=MICRO * STEPS, scaler=scaler)
+            sampler.set_epoch(0)
+            optimizer.set_epoch(0)
+            return optimizer
+        return trace
+    return lambda net: Optimizer(inner_optimizer("AdamW", net.parameters(), wrapper == "ga-fused"), STEPS,
+                                 scaler=scaler)
+
+
+@AMP_WRAPPERS
+def test_a_gradscaler_that_never_finds_a_scale_is_refused_once_its_scale_is_below_one(wrapper):
+    """Every update inf from the start (issue 47's probe: 30 of 30 skipped, the scale halved down
+    to 1e-44, nothing said). From GradScaler's default 65536 the first 16 skips find no scale that
+    works but still scale the loss up (the scaler's own search, not counted); from the 17th, at a
+    scale below 1, each counts: warned once, and the 10th in a row raises TrainingFailed."""
+    scaler = torch.amp.GradScaler("cpu")  # init_scale 2**16, halved at every skip
+    ran, error, warned = amp_run(wrapped(wrapper, scaler), scaler, first_finite=0)
+    assert error is not None and ran == 16 + 10 - 1, (ran, scaler.get_scale())  # refused in update 26
+    assert str(error).startswith("10 updates in a row were skipped because their gradient was not finite (found by "
+                                 "AMP's GradScaler, whose scale is down to 0.000977 without finding one that works)")
+    assert "skip_nonfinite" not in str(error)  # under AMP the scaler decides: that switch changes nothing
+    assert len(warned) == 1 and "whose scale is down to 0.5" in str(warned[0])  # the first skip counted
+
+
+@AMP_WRAPPERS
+def test_a_gradscaler_that_found_its_scale_counts_a_run_of_skips_as_any_other(wrapper):
+    """Four updates applied, then inf at every update: the scaler had a scale that works, so its
+    skips count from the first, and the 10th in a row is refused in its own update (a fused
+    optimizer's flags are read as soon as a run could be that long), not warned about before: a
+    GradScaler's single skips are its work."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=FITS)
+    ran, error, warned = amp_run(wrapped(wrapper, scaler), scaler, first_finite=4)
+    assert error is not None and ran == 4 + 10 - 1, ran  # refused in the 10th skipped update
+    assert str(error).startswith("10 updates in a row were skipped because their gradient was not finite (found "
+                                 "by AMP's GradScaler)")
+    assert warned == []
+
+
+def test_a_gradscaler_finding_its_first_scale_from_far_above_is_not_refused():
+    """Megatron-LM starts its scale at 2**32: the 20-odd skips until it fits halve a scale that is
+    still above 1, the scaler's own search, and training goes on."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**32)
+    ran, error, warned = amp_run(wrapped("ga", scaler), scaler, first_finite=40)
+    assert (ran, error, warned) == (40, None, [])
+    assert 1 <= scaler.get_scale() <= 2.0**16

@@ -14,7 +14,7 @@ import numpy as np
 
 from aikit.core.critical_batch.policy import ProbePolicy
 from aikit.core.critical_batch.probe import Branches
-from aikit.core.errors import InvalidState, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.goodput import GoodputController
 
 PROBED_NOISE_EVERY = 64
@@ -35,7 +35,15 @@ class ProbeController(GoodputController):
         self.branches: Branches | None = None
 
     def attach(self, branches: Branches) -> None:
-        """The adapter's training, which the probes branch from."""
+        """The adapter's training, which the probes branch from (checked now, not when a probe runs)."""
+        missing = [name for name in ("snapshot", "restore", "train", "evaluate") if not callable(getattr(branches, name,
+                                                                                                        None))]
+        if missing or not isinstance(getattr(branches, "dataset_size", None), int):
+            raise InvalidType(
+                f"controller.attach() takes the training a probe branches from (snapshot, restore, train, evaluate "
+                f"and dataset_size: aikit.core.critical_batch.Branches), got {type(branches).__name__} "
+                f"{branches!r:.60}: PyTorch: aikit.elastic.Torch.TorchBranches(model, optimizer, losses, dataset, "
+                "held_out); Keras: aikit.keras.elastic.KerasBranches")
         self.branches = branches
 
     def lr_scale(self) -> float:

@@ -195,6 +195,10 @@ def checked_rules(rules: Sequence[str]) -> tuple[str, ...]:
 
 def _losses(branches: Branches) -> np.ndarray:
     losses = np.asarray(branches.evaluate(), dtype=np.float64).ravel()
+    if len(losses) == 1:  # a mean: the spread that tells a recovery from noise is gone (with z=0 it would pass)
+        raise InvalidValue(f"the probe's held-out losses must be one per held-out sample (their spread gives the "
+                           f"standard error), got one number ({losses[0]:.4g}): return the unreduced losses, e.g. "
+                           "F.cross_entropy(..., reduction='none'), not their mean")
     if not len(losses) or not np.isfinite(losses).all():
         raise InvalidValue(f"the probe's held-out losses must be finite numbers, one per held-out sample, got "
                            f"{len(losses)} of them{'' if not len(losses) else ', not all finite'}")

@@ -103,10 +103,13 @@ def init(global_batch_size: int, max_device_batch: int | str | None = None, gpus
                            "leave them out, or pass max_device_batch='auto'")
     plan = make_plan(g, m, devices, policy=policy, rank=distributed.rank())
     if processes > 1 and plan.gpus != processes:
+        launch = f"launch {plan.gpus} process{'es' if plan.gpus > 1 else ''}"
+        fix = (f"use global_batch_size {processes} or more, or {launch}" if g < processes  # no policy can help
+               else f"{launch} or use policy 'ragged'")
         raise InvalidValue(
             f"the plan uses {plan.gpus} of the {processes} processes (policy {policy!r}, "
             f"global_batch_size {plan.global_batch_size}), but every process of a "
-            f"{distributed.engine()} run must train: launch {plan.gpus} processes or use policy 'ragged'"
+            f"{distributed.engine()} run must train on at least one sample per update: {fix}"
         )
     if distributed.spmd_devices() > 1 and not (plan.is_even and plan.gpus == devices):
         below, above = nearest_even_batches(plan.global_batch_size, plan.max_device_batch, devices)

@@ -97,8 +97,12 @@ class AdaptiveOptimizer(TraceOptimizer):
     ) -> None:
         if not isinstance(sampler, AdaptiveSampler):
             raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
-        if rule is None:  # a probe policy chooses the LR itself (ProbeController.lr_scale)
-            rule = "constant" if isinstance(sampler.controller, ProbeController) else "adascale"
+        probed = isinstance(sampler.controller, ProbeController)  # a probe policy chooses the LR itself (lr_scale)
+        if probed and rule not in (None, "constant"):
+            raise InvalidValue(f"rule={rule!r} scales the LR to each batch, but the sampler's batch_policy chooses the "
+                               "LR with its probes, and the two would multiply (an LR no probe chose): leave rule out "
+                               "(or rule='constant') with a batch_policy, or give the sampler no batch_policy")
+        rule = ("constant" if probed else "adascale") if rule is None else rule
         self.run = AdaptiveRun(sampler.schedule, rule)
         policy = LRPolicy(rule, sampler.controller.ref_batch_size, warmup_steps, adaptive=True,
                           user="AdaptiveOptimizer")

@@ -29,6 +29,7 @@ import torch
 from aikit.core.device_batch import Search, agreed, device_batches, largest_fitting, smaller_plan, steps_note
 from aikit.core.errors import InvalidType, InvalidValue, OutOfMemory
 from aikit.core.plan import Plan, make_plan, micro_batch_slices
+from aikit.core.validate import callable_with, positive_int
 from aikit.runtime.process import TORCH, plan_of
 from aikit.runtime.Torch import collectives, distributed, memory
 
@@ -40,9 +41,9 @@ def find_device_batch(global_batch_size: int, devices: int, policy: str, trial: 
     """The largest per-device batch at which ``trial(batch)`` (one forward and backward of the
     user's, on the largest inputs the run will see) runs out of memory on no replica, and the
     search that found it (its tries and their cost). Every replica must call it."""
-    if not callable(trial):
-        raise InvalidType(f"max_device_batch='auto' needs trial=, a function that runs one forward and backward at "
-                          f"a per-device batch it is given (trial(batch_size)), got {trial!r:.60}")
+    callable_with(trial, "init(..., 'auto', trial=)", "trial(device_batch)",
+                  "max_device_batch='auto' needs trial=, a function that runs one forward and backward of yours at "
+                  "the per-device batch it is given: def trial(batch): ...")
     sizes = device_batches(global_batch_size, devices, policy, candidates)
     said: dict[int, str] = {}
 
@@ -124,6 +125,7 @@ class AutoBatch:
                 return loss
             except Exception as error:  # the user's loss: an out-of-memory error re-plans, any other raised
                 if not memory.out_of_memory(error):
+                    self.optimizer.restart()  # the failed update leaves no micro-step behind
                     raise
                 failed = memory.described(error)
             self.optimizer.restart()
@@ -139,7 +141,7 @@ class AutoBatch:
             samples = part.stop - part.start
             with self.optimizer.accumulate(self.model, samples=samples):
                 if samples:
-                    loss = loss_fn(*(t[part] for t in window))
+                    loss = _mean_loss(loss_fn(*(t[part] for t in window)))
                     loss.backward()
                     total, seen = total + loss.detach() * samples, seen + samples
             self.optimizer.step()
@@ -166,8 +168,25 @@ class AutoBatch:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """A resumed run keeps the plan this machine's search found; a saved device batch that no
         longer fits (larger than it) is said once."""
-        saved = int(state["device_batch"])
+        if not isinstance(state, dict) or set(state) != {"device_batch"}:
+            raise InvalidValue(f"AutoBatch.load_state_dict takes what AutoBatch.state_dict() gave, "
+                               f"{{'device_batch': n}}, got {state!r:.100}")
+        saved = positive_int(state["device_batch"], "AutoBatch state_dict()['device_batch']")
         if saved > self.plan.device_batch:
             log.warning("auto batch: the run was saved at per-device batch %d, which no longer fits here: "
                         "re-planned to %s (global batch %d kept)", saved, steps_note(self.plan),
                         self.plan.global_batch_size)
+
+
+def _mean_loss(loss: Any) -> torch.Tensor:
+    """``loss_fn``'s result if it is one micro-batch's mean loss, a 0-d tensor to run backward on
+    (each micro-batch is then weighed by its samples); else the aikit error that says what it got."""
+    if not isinstance(loss, torch.Tensor):
+        raise InvalidType(f"AutoBatch's loss_fn must return the micro-batch's mean loss as a tensor computed from "
+                          f"the model (its backward trains it), got {type(loss).__name__} {loss!r:.60}: return the "
+                          "loss tensor itself, not loss.item() or a number")
+    if loss.dim() != 0:
+        raise InvalidValue(f"AutoBatch's loss_fn must return the micro-batch's mean loss (a 0-d tensor), got a tensor "
+                           f"of shape {tuple(loss.shape)}: return its mean, e.g. F.cross_entropy(..., "
+                           "reduction='mean'), which AutoBatch weighs by the micro-batch's samples")
+    return loss

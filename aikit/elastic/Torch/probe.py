@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aikit.core.errors import InvalidType
+from aikit.core.errors import InvalidType, InvalidValue
 from aikit.elastic.Torch.adaptive import AdaptiveOptimizer
 
 
@@ -88,9 +88,18 @@ class TorchBranches:
         training = self.model.training
         self.model.eval()
         try:
-            return self.losses(self.model, *self.held_out).double().cpu().numpy()
+            losses = self.losses(self.model, *self.held_out)
         finally:
             self.model.train(training)
+        samples = len(self.held_out[1])
+        if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (samples,):
+            got = (f"a tensor of shape {tuple(losses.shape)}" if isinstance(losses, torch.Tensor)
+                   else f"{type(losses).__name__} {losses!r:.40}")
+            raise InvalidValue(
+                f"TorchBranches' losses(model, x, y) must give one loss per held-out sample, {samples} here (the "
+                f"probe compares branches sample by sample, with their standard error), got {got}: return the "
+                "unreduced losses, e.g. F.cross_entropy(model(x), y, reduction='none'), not their mean")
+        return losses.double().cpu().numpy()
 
     def _gather(self, indices: np.ndarray) -> tuple[Any, Any]:
         tensors = getattr(self.dataset, "tensors", None)

@@ -22,6 +22,7 @@ import torch
 
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import common_size, equal_share, relative_weight, sample_share, short_window_factor
+from aikit.core.plan import unweighted_problem
 from aikit.core.validate import non_negative_int
 from aikit.runtime.process import TORCH, plan_of
 from aikit.runtime.Torch.accumulator import Accumulator
@@ -138,6 +139,10 @@ class Window:
             (samples,) = engine.reduce([float(samples)])
             samples = round(samples)
         if not self.weighted:  # reducing, the replicas' sum is divided by the world; DDP averages it itself
+            problem = None if short or reduction == "sum" else unweighted_problem(plan_of(TORCH), self.position,
+                                                                                  global_batch_size)
+            if problem:
+                _refuse(engine, problem)
             return equal_share(self.position, reduction, world, averaging)
         total = _global_batch(global_batch_size, samples)
         # reducing, the samples are summed with the gradients: a short window (an epoch's last)

@@ -82,18 +82,15 @@ class ValDataLoaderIter(DataLoaderIter):
         return super().__next__()
 
 
-def criterion_failed(error: Exception, outputs, labels) -> Exception | None:
-    """``error`` (of the criterion on the first batch) again, of its type, saying what failed
-    (None for an error class that takes other arguments: raise the original as it was)."""
-    message = (f"{error}\n(aikit LRFinder: the criterion failed on the range test's first batch: "
-               f"criterion(model(inputs), labels) got outputs of {shapes(outputs)} and labels of {shapes(labels)}; "
-               "give a criterion that takes the model's outputs and the loader's labels as they are, e.g. "
-               "nn.CrossEntropyLoss() for class indices of shape (N,) and outputs (N, classes), nn.MSELoss() for "
-               "targets of the outputs' shape)")
-    try:
-        return type(error)(message)
-    except Exception:
-        return None
+def criterion_failed(error: Exception, outputs, labels) -> InvalidValue:
+    """The aikit error for ``error``, the criterion's on the first batch: its words first (the
+    caller chains it), then what failed, on what shapes, and which criterion fits."""
+    return InvalidValue(
+        f"{error}\n(aikit LRFinder: the criterion failed on the range test's first batch: "
+        f"criterion(model(inputs), labels) got outputs of {shapes(outputs)} and labels of {shapes(labels)}; "
+        "give a criterion that takes the model's outputs and the loader's labels as they are, e.g. "
+        "nn.CrossEntropyLoss() for class indices of shape (N,) and outputs (N, classes), nn.MSELoss() for "
+        "targets of the outputs' shape)")
 
 
 def shapes(obj) -> str:

@@ -241,11 +241,8 @@ class LRFinder(RangeTestResults):
             return self.criterion(outputs, labels)
         try:
             return self.criterion(outputs, labels)
-        except Exception as error:  # the user's criterion: any error, the same type with the shapes added
-            failed = criterion_failed(error, outputs, labels)
-            if failed is None:
-                raise
-            raise failed from error
+        except Exception as error:  # the user's criterion: any error, named, with the shapes added
+            raise criterion_failed(error, outputs, labels) from error
 
     def _validation_totals(self, val_iter, non_blocking_transfer: bool = True) -> tuple[float, int]:
         """This rank's validation loss summed over its batches (each batch's mean times

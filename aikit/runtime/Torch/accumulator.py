@@ -38,6 +38,27 @@ from aikit.runtime.Torch.outcomes import Outcomes
 from aikit.runtime.Torch.output_weights import OutputWeights
 
 
+def checked_count(value: Any, name: str = "weight") -> int | torch.Tensor:
+    """``value`` as a count of loss terms: an int >= 0, or a 0-d integer tensor (kept as it is);
+    a tensor's value is checked only where reading it costs nothing, on the CPU. Otherwise the
+    aikit error that names ``name``, what it got and how to count."""
+    if not isinstance(value, torch.Tensor):
+        return term_count(value, name)
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise InvalidType(
+            f"{name} must be an integer count of loss terms, got a {value.dtype} tensor: count the terms, "
+            "e.g. (labels != -100).sum(), which is an int64 tensor"
+        )
+    if value.dim() != 0:
+        raise InvalidValue(
+            f"{name} must be one count (a 0-d tensor), got a tensor of shape {tuple(value.shape)}: sum it "
+            "over the micro-batch, e.g. (labels != -100).sum()"
+        )
+    if value.device.type == "cpu":
+        term_count(int(value), name)  # a negative count refused
+    return value
+
+
 class Accumulator:
     """Weighted gradient accumulation in ``.grad`` and the one update of ``optimizer``.
 
@@ -54,12 +75,15 @@ class Accumulator:
                  max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
         if max_grad_norm is not None:
             checked_float(max_grad_norm, "max_grad_norm", "a positive number or None", lambda norm: norm > 0)
+        if scaler is not None and not all(callable(getattr(scaler, name, None)) for name in amp.SCALER_METHODS):
+            raise InvalidType(f"scaler must be a torch.amp.GradScaler (or None), got {type(scaler).__name__} "
+                              f"{scaler!r:.60}: scaler=torch.amp.GradScaler('cuda'), and scaler.scale(loss).backward()")
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.scaler = scaler
         self.skip_nonfinite = checked_bool(skip_nonfinite, "skip_nonfinite")
         self.skips = SkipCount(max_skips_in_a_row)  # updates skipped (AMP's too), non-finite ones in a row
-        self.outcomes = Outcomes(self.skips, by_amp=amp.enabled(scaler))  # updates applied (some decided on the device)
+        self.outcomes = Outcomes(self.skips, scaler)  # updates applied (some decided on the device)
         self.marks = BackwardMarks(optimizer)  # which micro-steps' backward reached the parameters
         self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
@@ -127,25 +151,13 @@ class Accumulator:
 
     # --- loss terms: accumulate(model, weight=n) ------------------------------------------------
     def checked_terms(self, weight: Any) -> int | torch.Tensor:
-        """``weight`` as a count of loss terms: an int >= 0, or a 0-d integer tensor. A tensor
-        stays a tensor on the parameters' device (the arithmetic never reads it, on every device
-        alike); its value is checked only where reading it costs nothing, on the CPU."""
-        if isinstance(weight, torch.Tensor):
-            if weight.dtype.is_floating_point or weight.dtype.is_complex or weight.dtype == torch.bool:
-                raise InvalidType(
-                    f"weight must be an integer count of loss terms, got a {weight.dtype} tensor: count the terms, "
-                    "e.g. (labels != -100).sum(), which is an int64 tensor"
-                )
-            if weight.dim() != 0:
-                raise InvalidValue(
-                    f"weight must be one count (a 0-d tensor), got a tensor of shape {tuple(weight.shape)}: sum it "
-                    "over the micro-batch, e.g. (labels != -100).sum()"
-                )
-            if weight.device.type == "cpu":
-                term_count(int(weight))  # a negative count refused
-            device = self.device()
-            return weight if weight.device == device else weight.to(device, non_blocking=True)
-        return term_count(weight)
+        """``weight`` as a count of loss terms (:func:`checked_count`), a tensor moved to the
+        parameters' device (the arithmetic never reads it, on every device alike)."""
+        weight = checked_count(weight)
+        device = self.device()
+        if not isinstance(weight, torch.Tensor) or weight.device == device:
+            return weight
+        return weight.to(device, non_blocking=True)
 
     def device(self) -> torch.device:
         params = self.params()
@@ -305,14 +317,15 @@ class Accumulator:
             stepped = amp.amp_step(self.scaler, self.optimizer, found)
             if stepped is None:
                 self.outcomes.flag(found)
-            elif not stepped:
-                self.skips.amp_skipped()
         self.optimizer.zero_grad()
         self.marks.restart()
         if stepped is None:
             if self.outcomes.due():
                 self.outcomes.settle()  # a run of non-finite skips refused in time, the flags kept few
             return None
+        if found is not None:  # AMP's scaler decided, on the host: its skips count in a run too
+            self.outcomes.settle()
+            self.skips.applied() if stepped else self.skips.amp_skipped(self.scaler.get_scale)
         return self.outcomes.record(stepped)
 
     def _finite(self, grads: list[torch.Tensor], norm: torch.Tensor | None, checked: torch.Tensor | None) -> bool:

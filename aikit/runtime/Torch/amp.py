@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+SCALER_METHODS = ("scale", "unscale_", "step", "update", "is_enabled", "get_scale")  # what aikit calls on one
+
 
 def enabled(scaler: Any) -> bool:
     """Whether ``scaler`` is a GradScaler that scales (``GradScaler(enabled=False)`` does nothing)."""

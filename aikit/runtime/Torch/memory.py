@@ -7,7 +7,8 @@ DefaultCPUAllocator: can't allocate memory: you tried to allocate 400000000 byte
 (Cannot allocate memory)", checked under ``RLIMIT_AS``; older builds say "not enough memory"); CUDA
 libraries a ``RuntimeError`` with "CUDA error: out of memory" or cuDNN's
 "CUDNN_STATUS_NOT_SUPPORTED" (its workspace: Accelerate counts it too); Python's own allocations
-``MemoryError``; MPS and XPU their own words.
+``MemoryError``; MPS, XPU and HPU their own words. Every phrase of Accelerate's
+``should_reduce_batch_size`` is here, so aikit's integrations use this matcher in its place.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _WORDS = (
     " out of memory",  # CUDA, HIP, XPU ("CUDA out of memory.", "CUDA error: out of memory")
     "MPS backend out of memory",
     "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN when its workspace cannot be allocated
+    "MODULE:PT_DEVMEM Allocation failed",  # Intel Gaudi (HPU), as Accelerate's matcher has it
 )
 
 

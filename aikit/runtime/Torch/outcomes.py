@@ -5,27 +5,30 @@ warmup or AutoLRS count) and those skipped for an inf/NaN gradient. Where the up
 host the outcome is known at once (:meth:`Outcomes.record`). A fused optimizer handed the inf/NaN
 flag skips inside its kernel (:mod:`aikit.runtime.Torch.amp`): its flags stay on the device, as
 they are (:meth:`Outcomes.flag`: no work added to the update), until someone asks (:meth:`Outcomes.settle`: one read for
-all of them); a read is due at the latest every ``max_skips_in_a_row`` updates without AMP, so
-that a run of skips is refused in time, and every ``MAX_UNREAD`` with it (:meth:`Outcomes.due`).
+all of them); a read is due at the latest every ``max_skips_in_a_row`` updates, AMP's included, so
+that a run of skips is refused in time (every ``MAX_UNREAD`` without a limit: :meth:`Outcomes.due`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from aikit.core.skips import SkipCount
+from aikit.runtime.Torch import amp
 
 ON_DEVICE = "found on the device by the fused optimizer's check"
-MAX_UNREAD = 100  # the flags are read at least this often (under AMP, or without max_skips_in_a_row)
+MAX_UNREAD = 100  # the flags are read at least this often (without max_skips_in_a_row)
 
 
 class Outcomes:
-    """The updates ``applied``, whether the last was (``stepped``), and the ``skips`` (``by_amp``:
-    the flags come from AMP's scaler, else from aikit's finiteness check)."""
+    """The updates ``applied``, whether the last was (``stepped``), and the ``skips`` (the flags
+    come from AMP's ``scaler`` where it scales, else from aikit's finiteness check)."""
 
-    def __init__(self, skips: SkipCount, by_amp: bool) -> None:
+    def __init__(self, skips: SkipCount, scaler: Any = None) -> None:
         self.skips = skips
-        self.by_amp = by_amp
+        self.scaler = scaler if amp.enabled(scaler) else None  # its flags: by AMP's scaler, else by aikit's check
         self.applied = 0  # updates applied (skips not counted)
         self.stepped = False  # whether the last update was applied
         self._unread: list[torch.Tensor] = []  # the inf/NaN flags of updates decided on the device, in order
@@ -45,7 +48,8 @@ class Outcomes:
     def due(self) -> bool:
         """Whether the flags must be read now: lest a run of non-finite skips go on unrefused, and
         lest they pile up where nobody asks."""
-        return len(self._unread) >= (MAX_UNREAD if self.by_amp else self.skips.max_in_a_row or MAX_UNREAD)
+        limit = self.skips.max_in_a_row
+        return len(self._unread) >= (MAX_UNREAD if limit is None else limit - self.skips.in_a_row)
 
     def settle(self) -> bool:
         """Whether the last update was applied, the flags kept on the device read first (one read
@@ -57,8 +61,8 @@ class Outcomes:
             in_a_row = next((i for i, skip in enumerate(reversed(skips)) if not skip), len(skips))
             self.applied += len(flags) - skipped
             self.stepped = not skips[-1]
-            if self.by_amp:
-                self.skips.amp_skipped(skipped)
+            if skipped and self.scaler is not None:
+                self.skips.amp_skipped(self.scaler.get_scale, skipped, last_in_a_row=in_a_row, updates=len(flags))
             elif skipped:
                 self.skips.nonfinite(ON_DEVICE, count=skipped, last_in_a_row=in_a_row, updates=len(flags))
             else:
