@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from capabilities import skip_or_fail
-
-from aikit.runtime import process  # framework-free: what init() publishes lives here
 from launching import run_launcher
 from multihost import network, require_netns  # noqa: F401 (fixtures: several hosts in network namespaces)
+
+from aikit.runtime import process  # framework-free: what init() publishes lives here
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
