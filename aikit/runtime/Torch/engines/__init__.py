@@ -10,7 +10,8 @@ module of aikit names an engine.
 initialised torch.distributed group, then an initialised Horovod, then an imported torch_xla;
 aikit imports neither Horovod nor torch_xla itself), then for one only *launched* (torchrun's
 ``WORLD_SIZE`` before ``init_process_group``: a script may call ``aikit.elastic.Torch.init()``
-first), where one process, last, always answers. Tensors on a device an engine owns (XLA's)
+first), where one process, last, always answers. TorchFT's replica groups come first: a group in
+use trains across the groups whatever else the process runs. Tensors on a device an engine owns (XLA's)
 go through that engine whatever else runs.
 
 Adding an engine (issue 37's Ray Train, say) takes two files: a module here whose class
@@ -30,6 +31,7 @@ import torch
 from aikit.runtime.Torch.engines.horovod import HOROVOD
 from aikit.runtime.Torch.engines.single import SINGLE
 from aikit.runtime.Torch.engines.torch_distributed import TORCH_DISTRIBUTED
+from aikit.runtime.Torch.engines.torchft import TORCHFT
 from aikit.runtime.Torch.engines.xla import XLA
 
 
@@ -46,6 +48,10 @@ class Engine(Protocol):
     update cuts the graph before it reduces, reduces even on one replica (the same program for
     every world), and reads nothing from the device to branch on (a parameter no replica
     touched gets a zero gradient)."""
+    per_update: bool
+    """Every update has its own world, known from its quorum (TorchFT): no update may be dealt
+    or joined before its :meth:`membership` (a replica with nothing to do in a step waits for it
+    instead of joining ahead)."""
 
     def in_use(self) -> bool:
         """Whether this process has initialised the engine (detection's first pass)."""
@@ -92,6 +98,14 @@ class Engine(Protocol):
         """Whether the engine itself re-forms the world when workers come and go (Horovod
         elastic), so that aikit's elastic state follows its protocol."""
 
+    def membership(self) -> tuple[int, int]:
+        """(replicas, this replica's rank) for the update about to be dealt: the world, or where
+        every update has its own (TorchFT), the update's quorum, taken once per update."""
+
+    def commit(self) -> bool:
+        """Whether the update just summed over the replicas may be applied: always, except where
+        a quorum decides it (TorchFT's ``should_commit()``), which also closes the update."""
+
     def keep_whole(self, kind: type) -> None:
         """Have the engine's own elastic state (Horovod's ``hvd.elastic.TorchState``) save,
         restore and sync objects of ``kind`` whole, through their ``state_dict``. Local (no
@@ -99,6 +113,7 @@ class Engine(Protocol):
 
 
 ENGINES: tuple[Engine, ...] = (  # in the order detection asks them
+    TORCHFT,
     TORCH_DISTRIBUTED,
     HOROVOD,
     XLA,
