@@ -46,7 +46,15 @@ from aikit.core.validate import positive_int
 from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.elastic.Torch.trace_state import TraceState
 from aikit.runtime.Torch.accumulator import Accumulator
-from aikit.runtime.Torch.collectives import broadcast_gathering_, engine, lazy, mark_step, world
+from aikit.runtime.Torch.collectives import (
+    broadcast_gathering_,
+    engine,
+    lazy,
+    mark_step,
+    per_update,
+    reduce_and_commit,
+    world,
+)
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 if TYPE_CHECKING:  # the sampler module inherits eth-easl's names, whose optimizers are built on this one
@@ -204,7 +212,10 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
 
     def redeal(self) -> None:
         """Take this replica's share of the current step again after the sampler was dealt to a
-        new world (``CustomSampler.set_world``); a step cut short is dropped. Local."""
+        new world (``CustomSampler.set_world``), at its rank; a step cut short is dropped, its gradients too. Local."""
+        self.engine.discard()
+        self.optimizer.zero_grad()
+        self.rank = self.sampler.rank
         self._start(self.epoch, self.step_index, 0)
 
     @contextlib.contextmanager
@@ -228,7 +239,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         """Does nothing: gradients are zeroed after every update (accumulating needs them kept)."""
 
     def step(self, closure=None) -> bool:
-        """Account for one micro-batch; returns True when it completed a global step's update."""
+        """Account for one micro-batch; returns True when it completed a global step's update (committed)."""
         if self._broadcast_pending:
             raise InvalidState(
                 f"{type(self).__name__}.step() before set_epoch(): with {self.sampler.num_replicas} replicas, "
@@ -251,26 +262,35 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
             mark_step(self.device)
             self.updated = False
             return False
-        self._update()
+        committed = self._update()
         self._join_empty_steps()
-        return True
+        return committed
 
     def _join_empty_steps(self) -> None:
-        while self.step_index < len(self.plan) and self.counts[self.step_index] == 0:
+        while self.step_index < len(self.plan) and self.counts[self.step_index] == 0 and not per_update(self.device):
             self._update()
 
-    def _update(self) -> None:
-        """All-reduce this step's gradients and make its one update at the step's LR."""
+    def sit_out(self) -> bool:
+        """Join the step's update with zero gradients, dealt none of it, after its quorum (TorchFT); True: committed."""
+        return self._update()
+
+    def _update(self) -> bool:
+        """All-reduce this step's gradients and make its one update at the step's LR (False: not committed)."""
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
         extras = self._local_statistics()
         if self.takes_weights:  # every replica adds its loss terms, declared or not (0)
             extras = [*extras, self.engine.take_terms(), float(self._declared)]
             self._declared = 0
-        settings = self.settings() if self._agreement_pending else {}  # broadcast=False: nothing was shared yet
+        settings = {**self.settings(), "micro": 0} if self._agreement_pending else {}  # at the step, dealt unevenly
         table = own_row(settings, self.rank, replicas)
-        if replicas > 1 or lazy(self.device):
-            extras = self.engine.reduce([*table, *extras])
-            table, extras = extras[:len(table)], extras[len(table):]
+        committed, summed = reduce_and_commit(self.device, lambda: self.engine.reduce([*table, *extras])
+                                              if replicas > 1 or lazy(self.device) else None)
+        if not committed:  # TorchFT's quorum did not: nothing applied, the step dealt again after the next
+            self.updated = False
+            self.redeal()
+            return False
+        if summed is not None:
+            table, extras = summed[:len(table)], summed[len(table):]
         if settings:
             self._agree(settings, rows_of(table, replicas))
         if self.takes_weights:
@@ -286,6 +306,7 @@ class TraceOptimizer(TraceState, WrappingOptimizer):
         self._updated(lr)
         if self.log_steps and self.rank == 0:
             self._log(step, batch, lr)
+        return True
 
     def _step_at_adapted_lr(self) -> tuple[float, ...]:
         """The wrapped optimizer's one update with the settings :meth:`_adapt` gives it, the
