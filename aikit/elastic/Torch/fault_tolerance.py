@@ -86,7 +86,7 @@ class ReplicaGroup:
         self._taken = False  # the quorum of the update about to be trained is taken
         self._slow = 0  # updates in a row that timed out although every group came back
         self._timed_out: tuple[int, int] | None = None  # the members of the last update, if it timed out
-        self._members = (0, 0)
+        self._members, self._quorum = (0, 0), -1  # of the last update this group was dealt
 
     # ---- joining and leaving -----------------------------------------------------------------
 
@@ -222,7 +222,8 @@ class ReplicaGroup:
             raise InvalidState(f"TorchFT's step {step} is not the {self.loop.position()} updates this group's state "
                                "has committed: the replica groups do not train one run (the same state, settings "
                                "and data?)")
-        self.loop.deal(replicas, rank)
+        self.loop.deal(replicas, rank, TORCHFT.quorum != self._quorum)
+        self._quorum = TORCHFT.quorum
         if rank == 0 and self._members[1] != 0:
             self.state.take_over_commits()  # this group writes the commits now
         if self.verbose and (replicas, rank) != self._members:

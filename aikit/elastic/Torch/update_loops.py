@@ -39,13 +39,16 @@ class TraceLoop:
         self.optimizer.sampler.set_epoch(epoch)
         self.optimizer.set_epoch(epoch)
 
-    def deal(self, replicas: int, rank: int) -> None:
-        """Deal the step to ``replicas`` (the same samples, another share for each): as a resize does."""
+    def deal(self, replicas: int, rank: int, new_quorum: bool) -> None:
+        """Deal the step to ``replicas`` (the same samples, another share for each), as a resize
+        does; in a quorum of other groups every group compares its settings in the update's sum
+        (all of them: the sum's size must be the same on every group)."""
         opt, sampler = self.optimizer, self.optimizer.sampler
         if (sampler.num_replicas, sampler.rank) != (replicas, rank):
             sampler.set_world(replicas, rank)
             opt.redeal()
-            opt.compare_again()  # the replicas compare their settings in the next update's sum
+        if new_quorum:
+            opt.compare_again()
 
     def update(self) -> Iterator[list[int]]:
         opt = self.optimizer
@@ -83,7 +86,7 @@ class PlanLoop:
     def start_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
-    def deal(self, replicas: int, rank: int) -> None:
+    def deal(self, replicas: int, rank: int, new_quorum: bool) -> None:
         self.members = replicas, rank
 
     def update(self) -> Iterator[list[int]]:

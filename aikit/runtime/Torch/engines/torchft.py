@@ -45,6 +45,7 @@ class TorchFTEngine(EngineDefaults):
 
     def _reset(self) -> None:
         self.members = (1, 0)  # (replica groups, this group's rank) of the last quorum; one before the first
+        self.quorum = -1  # the lighthouse's id of the last quorum: the same groups, the same id
         self.open = False  # a quorum was taken and its update not decided yet
         self.decision: bool | None = None  # whether the last update was committed (None: not decided yet)
         self.failure = ""  # why the last aborted update's sum failed (the engine's words)
@@ -96,6 +97,7 @@ class TorchFTEngine(EngineDefaults):
                 raise InvalidState("this replica group is not among the quorum's participants (TorchFT's spares): "
                                    "aikit trains every group of the quorum, WorldSizeMode.DYNAMIC")
             self.members, self.open, self.decision = (self.manager.num_participants(), rank), True, None
+            self.quorum = self.manager._quorum_id  # torchft 0.2.0's: a new id whenever the groups differ
         return self.members
 
     def commit(self) -> bool:
