@@ -222,3 +222,22 @@ def test_the_update_sampler_resumes_its_position_and_refuses_another_runs():
     with pytest.raises(InvalidValue, match=r"deals other samples: seed 7 \(this sampler: 8\)"):
         other.load_state_dict(sampler.state_dict())
     assert (other.epoch, other.update) == (0, 0)
+
+
+def test_the_lr_finder_runs_before_the_group_starts_and_is_refused_by_name_after(tmp_path, lighthouse):
+    from aikit.autolrs.Torch import AutoLRS
+    from aikit.lr_finder.Torch import LRFinder
+
+    net, state = trace_state(tmp_path)
+    x, y = common.data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    finder = LRFinder(net, torch.optim.SGD(net.parameters(), lr=1e-3), torch.nn.CrossEntropyLoss())
+    finder.range_test(loader, end_lr=1, num_iter=6, progress_bar=False)  # before group.start(): one process
+    assert len(finder.history["lr"]) == 6
+    finder.reset()
+    autolrs = AutoLRS(net, state.optimizer.optimizer, lambda: 1.0, 1e-3, 1.0)
+    with group(state, lighthouse.address):
+        with pytest.raises(InvalidState, match=r"run the range test before group.start\(\)"):
+            finder.range_test(loader, end_lr=1, num_iter=6, progress_bar=False)
+        with pytest.raises(InvalidState, match=r"AutoLRS under TorchFT's replica groups: its trials and rollbacks"):
+            autolrs.on_train_batch_end(1.0)
