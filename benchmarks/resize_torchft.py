@@ -16,14 +16,15 @@ batch TorchFT's own averaging would have trained in the updates of the run with 
 (its ``DistributedSampler`` keeps each group's shard; the average is over the groups there are).
 
 **Overhead** (``--only overhead``): two processes train the GA wrapper (``reduce=True``) on a CPU MLP
-(float32, 2 x 1024 hidden, 256 samples an update in micro-batches of 64), the same samples dealt
+(float32, 2 x 1024 hidden, 256 and 1024 samples an update in micro-batches of 64), the same samples dealt
 by the same UpdateSampler, under TorchFT (a ReplicaGroup: its quorum, ``Manager.allreduce`` and
 ``should_commit`` every update) and under torchrun (aikit's own all-reduce over torch.distributed's
-gloo). Paired and interleaved: each round runs both, in alternating order; an update's wall time
-and its main thread's CPU time, medians of each run, then of the rounds. Goal: TorchFT / torchrun
-<= 1.05.
+gloo). Paired and interleaved: each round runs both, in alternating order; an update's wall time,
+its main thread's CPU time and its process's, medians of each run, then of the rounds; and what
+TorchFT adds an update, in milliseconds (a fixed cost: the ratio falls as updates grow). Goal:
+TorchFT / torchrun <= 1.05.
 
-    python benchmarks/resize_torchft.py [--runs 3] [--only faults|torchrun|overhead]
+    python benchmarks/resize_torchft.py [--runs 3] [--only faults|torchrun|overhead]   # all three by default
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / part) for part in ("torchft", "", "resize", "ray")] + [str(ROOT / "benchmarks")]
-UPDATES, WARMUP, G, M, WIDTH = 40, 5, 256, 64, 1024
+UPDATES, WARMUP, M, WIDTH = 40, 5, 64, 1024
 
 
 # ---- faults ---------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def commits_of(rows: list[dict]) -> list[dict]:
 def faults_run(scratch: Path, where: str) -> tuple[float, tuple[float, float], float, list[int]]:
     """One run: b killed ``where`` ("in" or "after" update 3), b2 relaunched; returns (stall, (rejoin,
     of which after it joined the lighthouse), a normal update's seconds, the groups of every update)."""
-    from ft_checks import check_exact
+    import ft_checks
     from torchft.coordination import LighthouseServer
 
     from conftest import Groups  # tests/torchft's: its groups as processes
@@ -92,9 +93,9 @@ def faults_run(scratch: Path, where: str) -> tuple[float, tuple[float, float], f
         first = min(row["time"] for row in commits_of(joined))
         rejoin = first - launched, first - next(row["time"] for row in joined if row["event"] == "ready")
         run.finish("a", "b2")
-        updates = check_exact(run, ("a", "b", "b2"), epochs=8)
+        updates = ft_checks.check_exact(run, ("a", "b", "b2"), epochs=8)
         a = commits_of(run.events("a"))
-        stall = min(row["time"] for row in a if row["time"] > run.kills["b"]) - run.kills["b"]
+        stall = ft_checks.stall(run, "a", "b")
         normal = statistics.median(later["time"] - row["time"] for row, later in itertools.pairwise(a[:4]))
         return stall, rejoin, normal, [len(updates[p]) for p in sorted(updates)]
     finally:
@@ -147,7 +148,7 @@ def faults(scratch: Path, runs: int, with_torchrun: bool) -> None:
 
 # ---- overhead -------------------------------------------------------------------------------
 
-def overhead_worker(engine: str, out: Path, lighthouse: str | None) -> None:
+def overhead_worker(engine: str, out: Path, lighthouse: str | None, G: int) -> None:
     """One process of the overhead runs: UPDATES updates of the GA wrapper, each timed."""
     import torch
     import torch.distributed as dist
@@ -208,14 +209,14 @@ def overhead_worker(engine: str, out: Path, lighthouse: str | None) -> None:
         out.write_text(json.dumps(times))
 
 
-def overhead_run(scratch: Path, engine: str) -> tuple[float, float, float]:
+def overhead_run(scratch: Path, engine: str, batch: int) -> tuple[float, float, float]:
     scratch.mkdir(parents=True, exist_ok=True)
     out = scratch / f"{engine}.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RUST_LOG": "error", "PYTHONPATH": str(ROOT)}
-    me = [sys.executable, __file__, "--worker", engine, "--out", str(out)]
+    me = [sys.executable, __file__, "--worker", engine, "--out", str(out), "--global-batch", str(batch)]
     if engine == "torchrun":
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   __file__, "--worker", engine, "--out", str(out)]
+                   __file__, "--worker", engine, "--out", str(out), "--global-batch", str(batch)]
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -235,11 +236,11 @@ def overhead_run(scratch: Path, engine: str) -> tuple[float, float, float]:
     return tuple(statistics.median(t[i] for t in times) for i in range(3))
 
 
-def overhead(scratch: Path, rounds: int) -> None:
+def overhead(scratch: Path, rounds: int, batch: int) -> None:
     results: dict[str, list[tuple[float, float, float]]] = {"torchrun": [], "torchft": []}
     for round_ in range(rounds):
         for engine in (("torchrun", "torchft") if round_ % 2 == 0 else ("torchft", "torchrun")):
-            results[engine].append(overhead_run(scratch / f"{engine}{round_}", engine))
+            results[engine].append(overhead_run(scratch / f"{engine}{batch}-{round_}", engine, batch))
             wall, thread, process = results[engine][-1]
             print(f"round {round_ + 1} {engine}: {wall * 1000:.1f} ms an update, {thread * 1000:.1f} ms of its main "
                   f"thread's CPU, {process * 1000:.1f} ms of the process's", flush=True)
@@ -248,8 +249,8 @@ def overhead(scratch: Path, rounds: int) -> None:
     cpu = {engine: med(r[1] for r in runs) for engine, runs in results.items()}
     process = {engine: med(r[2] for r in runs) for engine, runs in results.items()}
     ratios = [ft[0] / tr[0] for ft, tr in zip(results["torchft"], results["torchrun"], strict=True)]
-    print(f"\nan update of the GA wrapper, two processes, medians of {rounds} paired rounds ({UPDATES - WARMUP} "
-          "updates each):")
+    print(f"\nan update of the GA wrapper ({batch} samples, micro-batches of {M}), two processes, medians of {rounds} "
+          f"paired rounds ({UPDATES - WARMUP} updates each):")
     print(f"{'engine':<44} {'wall ms':>8} {'main CPU':>9} {'all CPU':>8}")
     for engine, label in (("torchrun", "torchrun (aikit's all-reduce over gloo)"),
                           ("torchft", "TorchFT (quorum, Manager.allreduce, commit)")):
@@ -257,6 +258,9 @@ def overhead(scratch: Path, rounds: int) -> None:
     print(f"TorchFT / torchrun: wall {wall['torchft'] / wall['torchrun']:.3f} (paired rounds: "
           f"{', '.join(f'{r:.3f}' for r in ratios)}), main-thread CPU {cpu['torchft'] / cpu['torchrun']:.3f}, "
           f"the process's CPU {process['torchft'] / process['torchrun']:.3f}; goal <= 1.05")
+    print(f"TorchFT's cost an update: {(wall['torchft'] - wall['torchrun']) * 1000:+.1f} ms of wall time, "
+          f"{(cpu['torchft'] - cpu['torchrun']) * 1000:+.1f} ms of the main thread's CPU, "
+          f"{(process['torchft'] - process['torchrun']) * 1000:+.1f} ms of the process's\n", flush=True)
 
 
 def main() -> None:
@@ -266,10 +270,12 @@ def main() -> None:
     parser.add_argument("--worker", choices=("torchrun", "torchft"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    parser.add_argument("--global-batch", type=int, nargs="+", default=[256, 1024],
+                        help="the overhead runs' global batches (micro-batches of 64: 2 or 8 a process)")
     args = parser.parse_args()
     os.environ.setdefault("RUST_LOG", "error")  # TorchFT's Rust side logs every quorum at INFO
     if args.worker:
-        overhead_worker(args.worker, Path(args.out), args.lighthouse)
+        overhead_worker(args.worker, Path(args.out), args.lighthouse, args.global_batch[0])
         return
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -278,9 +284,10 @@ def main() -> None:
                 for down, up in torchrun_runs(scratch, args.runs):
                     print(f"torchrun c10d: node lost {down:.1f} s, node added {up:.1f} s", flush=True)
             else:
-                faults(scratch, args.runs, with_torchrun=True)
+                faults(scratch, args.runs, with_torchrun=args.only is None)
         if args.only in (None, "overhead"):
-            overhead(scratch, args.runs)
+            for batch in args.global_batch:
+                overhead(scratch, args.runs, batch)
 
 
 if __name__ == "__main__":

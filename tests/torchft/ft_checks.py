@@ -61,8 +61,11 @@ def check_never_restarted(run, group: str, total: int, healed: bool = False) -> 
 
 
 def stall(run, survivor: str, victim: str) -> float:
-    """Seconds from the victim's kill (or stop) to the survivor's next committed update."""
+    """Seconds from the victim's kill (or stop) to the survivor's next committed update: the first
+    after the last the victim committed (the survivor may log that one after the kill)."""
     killed = run.kills[victim]
+    last = max([row["position"] for row in run.events(victim) if row["event"] == "update" and row["committed"]],
+               default=-1)
     after = [row["time"] for row in run.events(survivor)
-             if row["event"] == "update" and row["committed"] and row["time"] > killed]
+             if row["event"] == "update" and row["committed"] and row["position"] > last]
     return min(after) - killed
