@@ -5,8 +5,8 @@ part in (committed or not: its position, the quorum, the samples it trained, the
 it), its heals, and its end. ``--pause-in P`` sleeps ``--pause-s`` inside its first micro-batch of
 update P (the tests kill it there: mid-update); ``--pause-after P`` sleeps after committing update P
 (between updates); either ends early once the ``--resume`` file exists. ``--slow-s`` sleeps in
-every micro-batch (a slow group). With ``--go FILE`` it joins the lighthouse, then waits for FILE
-before its first quorum, so that groups begin together."""
+every micro-batch from update ``--slow-from`` on (a slow group). With ``--go FILE`` it joins the
+lighthouse, then waits for FILE before its first quorum, so that groups begin together."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def main() -> None:
                                 ("pause-in", int, -1), ("pause-after", int, -1), ("pause-s", float, 0.0),
                                 ("slow-s", float, 0.0), ("timeout-s", float, 10.0), ("min-replicas", int, 1),
                                 ("quorum-timeout-s", float, 60.0), ("restore", int, 0), ("commit-every", int, 0),
-                                ("go", str, None), ("resume", str, None)):
+                                ("go", str, None), ("resume", str, None), ("slow-from", int, 0)):
         parser.add_argument(f"--{name}", type=kind, default=default)
     args = parser.parse_args()
     log = Path(args.log).open("a", buffering=1)  # noqa: SIM115 (open for the whole run, one line an event)
@@ -85,6 +85,7 @@ def main() -> None:
         write("ready")
         while args.go and not Path(args.go).exists():  # the groups begin together (the test says when)
             time.sleep(0.05)
+        write("asking")  # its first quorum request follows at once
         for _ in group.epochs(args.epochs):
             for indices in group.micro_batches():
                 if group.heals != heals:
@@ -92,7 +93,7 @@ def main() -> None:
                     write("healed", position=group.position, params=common.flat(net))
                 if group.position == args.pause_in and "in" not in paused:
                     pause("in", group.position)
-                if args.slow_s:
+                if args.slow_s and group.position >= args.slow_from:
                     time.sleep(args.slow_s)
                 trained.extend(indices)
                 loss = torch.nn.functional.cross_entropy(net(x[indices]), y[indices])

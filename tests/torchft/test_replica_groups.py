@@ -25,12 +25,16 @@ pytestmark = pytest.mark.torchft
 TRACE_UPDATES, GA_UPDATES = 14, 8  # two epochs of each path
 
 
-def relaunch(run, group: str, holder: str) -> None:
-    """Start ``group`` into the running job while ``holder`` waits between two updates, then let it go on."""
+def relaunch(run, group: str) -> None:
+    """Start ``group`` into the running job while the holder waits between two updates, then let it go on
+    (slowly: the newcomer joins at one of its next quorums, however loaded the machine)."""
     run.start(group, together=False)
-    run.wait_for(group, "ready")
-    time.sleep(1.5)  # its first quorum request is in: the holder's next quorum takes it in
+    run.wait_for(group, "asking")
+    time.sleep(1)
     (run.directory / "resume").touch()
+
+
+HOLD = ("--pause-s", 120, "--slow-s", 0.25)  # a holder waits for the resume file, then trains slowly
 
 
 def quorum_sizes(updates: dict[int, list[dict]]) -> list[int]:
@@ -39,20 +43,20 @@ def quorum_sizes(updates: dict[int, list[dict]]) -> list[int]:
 
 def test_a_group_killed_in_the_middle_of_an_update_costs_that_update_and_a_relaunched_one_heals(groups):
     run = groups("trace")  # the trace's steps deal 5, 3, 4, 2, 5, 6 micro-batches: 3/2, 2/1, ... over two groups
-    run.start("a", "--pause-after", 8, "--pause-s", 120, "--resume", run.directory / "resume")
+    run.start("a", "--pause-after", 8, "--slow-from", 9, *HOLD, "--resume", run.directory / "resume")
     run.start("b", "--pause-in", 3, "--pause-s", 120)
     run.begin("a", "b")
     run.wait_for("b", "paused", position=3)  # inside its first micro-batch of update 3; a waits in the update's sum
     run.signal("b", signal.SIGKILL)
     run.wait_for("a", "paused", position=8)  # a trained updates 3..8 alone
-    relaunch(run, "b2", "a")
+    relaunch(run, "b2")
     run.finish("a", "b2")
 
     updates = checks.check_exact(run, ("a", "b", "b2"))
     checks.check_never_restarted(run, "a", TRACE_UPDATES)
     checks.check_never_restarted(run, "b2", TRACE_UPDATES, healed=True)
-    sizes = quorum_sizes(updates)  # b2 joins at the holder's next quorum (or, on a slow machine, the one after)
-    assert sizes[:9] == [2, 2, 2] + [1] * 6 and sizes[3:] == sorted(sizes[3:]) and 2 in sizes[9:11], sizes
+    sizes = quorum_sizes(updates)  # b2 joins at the holder's next quorum (or, on a slow machine, a later one)
+    assert sizes[:9] == [2, 2, 2] + [1] * 6 and sizes[3:] == sorted(sizes[3:]) and sizes[-1] == 2, sizes
     aborted = [row for row in run.events("a") if row["event"] == "update" and not row["committed"]]
     assert [row["position"] for row in aborted] == [3], "the update b died in is the one update it cost"
     stalled = checks.stall(run, "a", "b")
@@ -62,13 +66,13 @@ def test_a_group_killed_in_the_middle_of_an_update_costs_that_update_and_a_relau
 
 def test_the_ga_wrapper_loses_a_group_between_updates_and_keeps_its_global_batch_of_25(groups):
     run = groups("ga")  # 25 samples an update: 13 + 12 over two groups, all 25 on one
-    run.start("a", "--pause-after", 4, "--pause-s", 120, "--resume", run.directory / "resume")
+    run.start("a", "--pause-after", 4, "--slow-from", 5, *HOLD, "--resume", run.directory / "resume")
     run.start("b", "--pause-after", 1, "--pause-s", 120)
     run.begin("a", "b")
     run.wait_for("b", "paused", position=1)  # b committed update 1 and waits before the next quorum
     run.signal("b", signal.SIGKILL)
     run.wait_for("a", "paused", position=4)
-    relaunch(run, "b2", "a")
+    relaunch(run, "b2")
     run.finish("a", "b2")
 
     updates = checks.check_exact(run, ("a", "b", "b2"))
@@ -83,7 +87,7 @@ def test_the_ga_wrapper_loses_a_group_between_updates_and_keeps_its_global_batch
 
 def test_a_hung_group_holds_the_others_for_the_timeout_then_heals_and_joins_without_a_restart(groups):
     run = groups("trace")
-    run.start("a", "--timeout-s", 5, "--pause-after", 9, "--pause-s", 120, "--resume", run.directory / "resume")
+    run.start("a", "--timeout-s", 5, "--pause-after", 9, "--slow-from", 10, *HOLD, "--resume", run.directory / "resume")
     run.start("b", "--timeout-s", 5, "--pause-in", 2, "--pause-s", 1)
     run.begin("a", "b")
     run.wait_for("b", "paused", position=2)
@@ -117,9 +121,11 @@ def test_a_timeout_shorter_than_an_update_is_refused_by_name(groups):
 
 
 @every_case
-def test_three_groups_down_to_one_and_back(groups):
-    run = groups("trace")  # 5 micro-batches over three groups: 2/2/1; a step of 2 leaves one group idle
-    run.start("a", "--pause-after", 9, "--pause-s", 120, "--resume", run.directory / "resume")
+def test_three_groups_down_to_one_and_back(groups, lighthouse):
+    # 5 micro-batches over three groups: 2/2/1; a step of 2 leaves one group idle. The quorum waits for a
+    # busy group longer than a holds: two newcomers are more than half of three, and would go on alone
+    run = groups("trace", lighthouse(join_ms=60_000))
+    run.start("a", "--pause-after", 9, "--slow-from", 10, *HOLD, "--resume", run.directory / "resume")
     run.start("b", "--pause-in", 2, "--pause-s", 120)
     run.start("c", "--pause-after", 4, "--pause-s", 120)
     run.begin("a", "b", "c")
@@ -130,15 +136,15 @@ def test_three_groups_down_to_one_and_back(groups):
     run.wait_for("a", "paused", position=9)
     run.start("b2", together=False)
     run.start("c2", together=False)
-    run.wait_for("b2", "ready")
-    run.wait_for("c2", "ready")
-    time.sleep(0.5)
+    run.wait_for("b2", "asking")
+    run.wait_for("c2", "asking")
+    time.sleep(1)
     (run.directory / "resume").touch()
     run.finish("a", "b2", "c2")
 
     updates = checks.check_exact(run, ("a", "b", "c", "b2", "c2"))
     checks.check_never_restarted(run, "a", TRACE_UPDATES)
-    assert {len(updates[p]) for p in range(10)} >= {1, 2, 3} and len(updates[TRACE_UPDATES - 1]) == 3
+    assert {len(updates[p]) for p in range(10)} == {1, 2, 3} and len(updates[TRACE_UPDATES - 1]) == 3
 
 
 @every_case
