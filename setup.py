@@ -24,6 +24,9 @@ LIGHTNING = ["lightning>=2.2"]
 HUGGINGFACE = ["transformers>=4.46", "accelerate>=1.15"]
 # Ray Train v2's elastic workers (ScalingConfig(num_workers=(min, max))) and NO_UPLOAD reports
 RAY = ["ray[train]>=2.60"]
+# TorchFT's replica groups (aikit.elastic.Torch.fault_tolerance): one release, since its API moves between
+# releases; 0.2.0's DistributedDataParallel is not used (aikit sums through Manager.allreduce itself)
+TORCHFT = ["torchft==0.2.0"]
 DOCS = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"]
 
 setup(
@@ -48,6 +51,7 @@ setup(
         "lightning": [*LIGHTNING, *TORCH],
         "huggingface": [*HUGGINGFACE, *TORCH],
         "ray": [*RAY, *TORCH],
+        "torchft": [*TORCHFT, *TORCH],
         "horovod": ["horovod==0.28.1"],  # built by scripts/install_horovod.sh (needs a patch)
         "xla": ["torch==2.9.0", "torch_xla==2.9.0"],
         "docs": DOCS,

@@ -26,6 +26,7 @@ EXTRAS = {
     "transformers": ("Hugging Face Transformers", "huggingface"),
     "accelerate": ("Hugging Face Accelerate", "huggingface"),
     "ray": ("Ray Train", "ray"),
+    "torchft": ("TorchFT", "torchft"),
     "safetensors": ("safetensors", "torch"),
     "horovod": ("Horovod", "horovod"),
     "torch_xla": ("torch_xla", "xla"),

@@ -50,6 +50,8 @@ AUTO_TESTS = "tests/core/test_device_batch.py tests/torch/test_auto_batch.py"
 ACCELERATE_TESTS = "tests/integrations/test_accelerate.py"
 TRAINER_TESTS = "tests/integrations/test_huggingface.py -k global_batch"
 TRAINER_RETRY_TESTS = "tests/integrations/test_huggingface.py -k starts_over"
+TORCHFT_INPUTS = "tests/torchft/test_torchft_inputs.py"
+TORCHFT_GROUPS = "tests/torchft/test_replica_groups.py"
 
 # (name, file, original text, planted text, tests that must catch it)
 MUTANTS = [
@@ -335,6 +337,19 @@ MUTANTS = [
      "tests/horovod/test_horovod_tf.py"),
     ("skip: a micro-step without a backward not noticed", "aikit/runtime/Torch/backward_marks.py",
      "        if expect_backward and not _moved(self._last, marks):", "        if False:", GA_TESTS),
+    # TorchFT's replica groups, every update's global batch kept (issue 44)
+    ("torchft: every group takes the first group's share of a GA update", "aikit/elastic/Torch/update_sampler.py",
+     "micro_batch_slices(plan, rank)]", "micro_batch_slices(plan, 0)]", TORCHFT_INPUTS + " -k update_sampler"),
+    ("torchft: the groups' sum averaged, as TorchFT's allreduce does", "aikit/runtime/Torch/engines/torchft.py",
+     "            self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()",
+     "            self.manager.allreduce(flat, reduce_op=dist.ReduceOp.AVG).wait()",
+     TORCHFT_GROUPS + " -k middle_of_an_update"),
+    ("torchft: the GA wrapper's buckets averaged over the groups", "aikit/runtime/Torch/engines/torchft.py",
+     "        work = self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM)",
+     "        work = self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.AVG)", TORCHFT_GROUPS + " -k ga_wrapper"),
+    ("torchft: an update retrained on its old deal after a group was lost", "aikit/elastic/Torch/update_loops.py",
+     "        if (sampler.num_replicas, sampler.rank) != (replicas, rank):\n            sampler.set_world",
+     "        if False:\n            sampler.set_world", TORCHFT_GROUPS + " -k middle_of_an_update"),
 ]
 
 

@@ -8,7 +8,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 bash scripts/install_horovod.sh "$VENV/bin/python"
 bash scripts/install_xla.sh
-export AIKIT_REQUIRE_HOROVOD=1 AIKIT_REQUIRE_XLA=1 AIKIT_REQUIRE_NETNS=1 AIKIT_REQUIRE_RAY=1  # tests fail, not skip, without them
+export AIKIT_REQUIRE_HOROVOD=1 AIKIT_REQUIRE_XLA=1 AIKIT_REQUIRE_NETNS=1 AIKIT_REQUIRE_RAY=1 AIKIT_REQUIRE_TORCHFT=1  # fail, not skip
 ruff check .
 if [ "$#" -eq 0 ]; then
     mkdocs build --strict --quiet  # a broken link or API reference fails the run

@@ -54,6 +54,12 @@ class CollectiveError(AikitError, RuntimeError):
     names the collective, the rank, the time it waited and the timeout that bounds the wait."""
 
 
+class UpdateAborted(CollectiveError):
+    """An update whose sum over the replicas failed where every update has its own quorum (TorchFT:
+    a replica group lost or silent in the middle of it): nothing was applied, and the loop trains
+    the same update again on the same samples, dealt to the replicas of the next quorum."""
+
+
 class TrainingFailed(AikitError, RuntimeError):
     """Training that cannot go on as asked: a loss that stays NaN/inf through every rollback, a
     validation function that never gives a finite number, updates skipped for a non-finite

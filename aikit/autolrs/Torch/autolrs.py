@@ -33,7 +33,7 @@ from aikit.core.autolrs import (
     schedule_lrs,
     write_schedule,
 )
-from aikit.core.errors import InvalidType, InvalidValue
+from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.validate import one_number, positive_int
 from aikit.runtime.plots import plot_progress
 from aikit.runtime.Torch import collectives, random_state
@@ -119,6 +119,12 @@ class AutoLRS:
         Accelerate's ``step_was_skipped``; a GA optimizer's micro-step) is no step of the search:
         nothing advances, and the next update runs at the same LR."""
         loss = _checked_loss(loss)
+        if collectives.per_update(self.device):  # TorchFT: the replicas may change at every update
+            raise InvalidState(
+                "AutoLRS under TorchFT's replica groups: its trials and rollbacks need the same replicas from one step "
+                "to the next, and its snapshots, which a group that heals does not fetch; train the replica groups at "
+                "an LR found by LRFinder before group.start(), or a trace optimizer's rule (docs/resize.md, No "
+                "restart: TorchFT)")
         if update_skipped(self.optimizer):  # the same on every replica: their gradients are summed
             return
         first_decision = None if self._first_step_checked else pack(self._driver.action, self._driver.kept)

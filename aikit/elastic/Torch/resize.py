@@ -310,6 +310,29 @@ class ElasticState(CommitStorage):
             opt.redeal()
         opt.compare_again()  # a worker that joined compares at its first collective: so must the others
 
+    # ---- TorchFT: what a replica group that heals fetches from a live one ----------------------
+
+    def snapshot(self) -> dict:
+        """What a commit would hold now, in memory: tensors and JSON-able values (what a TorchFT
+        replica group that heals fetches from a live one). Local."""
+        return self._payload(self.commits, [])
+
+    def load_snapshot(self, payload: dict, rank: int) -> None:
+        """Load a live replica's :meth:`snapshot` as :meth:`restore` loads a commit: checked whole
+        first, then every object in one order, and ``rank``'s random streams. Local: no collective."""
+        numbered = payload if payload.get("commit") != 0 else {**payload, "commit": 1}  # a state before any commit
+        check_commit(numbered, self._objects, self.optimizer, self.directory, self._expected_global_batch())
+        load(self._objects, laid_out(payload, self._objects)["objects"])
+        set_rng_state(payload["rng"], rank)
+        self.commits = payload["commit"]
+
+    def take_over_commits(self) -> None:
+        """Know the directory's commits as this run's own: where the replica that writes commits
+        changes while the run goes on (TorchFT's quorum has a new rank 0), it goes on from those the
+        one before wrote. Reads the directory, writes nothing."""
+        listing = checkpoint.commit_listing(self.directory)
+        self._learn_commits(listing, max(listing, default=0))
+
     # ---- Horovod elastic protocol (hvd.elastic.run drives these) ----------------------------
 
     def _engine_resizing(self):

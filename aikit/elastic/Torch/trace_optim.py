@@ -47,7 +47,15 @@ from aikit.elastic.Torch import trace_state
 from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.runtime.Torch.accumulator import Accumulator
-from aikit.runtime.Torch.collectives import broadcast_gathering_, engine, lazy, mark_step, world
+from aikit.runtime.Torch.collectives import (
+    broadcast_gathering_,
+    engine,
+    lazy,
+    mark_step,
+    per_update,
+    reduce_and_commit,
+    world,
+)
 from aikit.runtime.Torch.noise import NoiseMeter
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
@@ -87,12 +95,7 @@ class TraceOptimizer(WrappingOptimizer):
         super().__init__(optimizer)
         name = type(self).__name__
         self.sampler = _checked_sampler(sampler, name, self._decides_while_training)
-        if policy is None:
-            policy = LRPolicy(rule, ref_batch_size, warmup_steps, lr_decay, adaptive=None, user=name)
-        elif (rule, ref_batch_size, warmup_steps, lr_decay) != ("linear", None, 0, None):
-            raise InvalidValue(f"{name} got policy= and rule=, ref_batch_size=, warmup_steps= or lr_decay=: give the "
-                               "policy alone (it holds all four) or those")
-        self.policy = policy
+        self.policy = policy = _policy(policy, rule, ref_batch_size, warmup_steps, lr_decay, name)
         self.rule, self.ref_batch_size = policy.rule.name, policy.ref_batch_size  # the rule's name, its reference
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,
@@ -100,12 +103,7 @@ class TraceOptimizer(WrappingOptimizer):
         self._terms: Any = None  # the running update's loss terms over every replica (None: not declared)
         self.params = _trainable(self.engine.params(), name)
         self.device = self.params[0].device
-        replicas, self.rank = world(self.device)  # a local query, no collective
-        if replicas != self.sampler.num_replicas:
-            raise InvalidValue(
-                f"the sampler deals to {self.sampler.num_replicas} replicas but this run has {replicas} "
-                f"({engine(self.device)}): give the sampler num_replicas={replicas}, or leave it to the engine"
-            )
+        replicas, self.rank = _world_of(self.sampler, self.device)
         measured = self._measures_noise or policy.rule.measured  # the noise, where the rule (or the run) reads it
         self.noise = NoiseMeter(self, noise_decay) if measured else None
         self.parts: dict[str, Any] = {"noise": self.noise} if measured else {}  # state_dict() beside the trace
@@ -130,9 +128,8 @@ class TraceOptimizer(WrappingOptimizer):
         self.join()
 
     def join(self) -> None:
-        """The collectives due before this replica's next micro-batch, on every replica alike:
-        rank 0's parameters to every replica (the first time), then the all-reduces and updates
-        of the steps this replica sits out at its position."""
+        """The collectives due before this replica's next micro-batch, on every replica alike: rank 0's
+        parameters to every replica (once), then the updates of the steps it sits out here."""
         if self._broadcast_pending:
             settings = self.settings()
             with torch.no_grad():
@@ -146,9 +143,8 @@ class TraceOptimizer(WrappingOptimizer):
                 self._join_empty_steps()
 
     def settings(self) -> dict[str, object]:
-        """What every replica must share to train one run: the samples of every step (the
-        sampler's identity, less where the trace was read from), the micro-batch, the world, the
-        position, the optimizer, its rule and LRs. Compared at the first collective."""
+        """What every replica must share to train one run (compared at the first collective): the
+        samples of every step, the micro-batch, the world, the position, the optimizer, its LR rule."""
         sampler, schedule = self.sampler, self.sampler.schedule
         identity = {key: value for key, value in sampler.identity().items() if key != "trace_source"}
         return {**identity, "micro_batch": schedule.micro_batch, "max_device_batch": schedule.max_device_batch,
@@ -178,18 +174,21 @@ class TraceOptimizer(WrappingOptimizer):
 
     def redeal(self) -> None:
         """Take this replica's share of the current step again after the sampler was dealt to a new
-        world (``TraceSampler.set_world``): a step cut short is retrained, its norms too. Local."""
+        world (``TraceSampler.set_world``), at its rank: a step cut short is retrained, its gradients
+        and norms dropped. Local."""
+        self.engine.discard()
+        self.optimizer.zero_grad()
         if self.noise is not None:
             self.noise.norms.clear()
+        self.rank = self.sampler.rank
         self._start(self.epoch, self.step_index, 0)
 
     @contextlib.contextmanager
     def accumulate(self, model: torch.nn.Module, weight: int | torch.Tensor) -> Iterator[None]:
-        """Run one micro-batch's forward and backward inside this context when its loss is a mean
-        over ``weight`` loss terms (a language model's tokens whose label is not ignored; an int or
-        a 0-d integer tensor): the step's update is then Σ nᵢ·gᵢ / Σ nᵢ over its micro-batches
-        on every replica, the count summed in the update's one all-reduce, instead of the mean of
-        the micro-batch means. Declare it for every micro-batch of a step or for none."""
+        """Run a micro-batch's forward and backward in here when its loss is a mean over ``weight``
+        loss terms (tokens; an int or a 0-d integer tensor): the update is then Σ nᵢ·gᵢ / Σ nᵢ over
+        the step's micro-batches on every replica (the count in its one all-reduce), not the mean of
+        their means. Declare it for every micro-batch of a step or for none."""
         if not self.takes_weights:
             raise InvalidValue(
                 f"{type(self).__name__} weighs micro-batches its own way (a sum, or gradient noise measured from "
@@ -209,7 +208,7 @@ class TraceOptimizer(WrappingOptimizer):
         """Does nothing: gradients are zeroed after every update (accumulating needs them kept)."""
 
     def step(self, closure=None) -> bool:
-        """Account for one micro-batch; returns True when it completed a global step's update."""
+        """Account for one micro-batch; returns True when it completed a global step's update (committed)."""
         if self.noise is not None:
             self.noise.norms.close()  # the micro-batch backpropagated since the last step()
         _check_steppable(self, joined=False)
@@ -225,24 +224,34 @@ class TraceOptimizer(WrappingOptimizer):
             mark_step(self.device)
             self.updated = False
             return False
-        self._update()
+        committed = self._update()
         self._join_empty_steps()
-        return True
+        return committed
 
     def _join_empty_steps(self) -> None:
-        while self.step_index < len(self.epoch_schedule) and self.counts[self.step_index] == 0:
+        while self.step_index < len(self.epoch_schedule) and self.counts[self.step_index] == 0 \
+                and not per_update(self.device):
             self._update()
 
-    def _update(self) -> None:
-        """All-reduce this step's gradients and make its one update at the step's LR."""
+    def sit_out(self) -> bool:
+        """Join the step's update with zero gradients, dealt none of it, after its quorum (TorchFT); True: committed."""
+        return self._update()
+
+    def _update(self) -> bool:
+        """All-reduce this step's gradients and make its one update at the step's LR (False: not committed)."""
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
         terms = [self.engine.take_terms(), float(self._declared)] if self.takes_weights else []  # 0 if undeclared
         extras, self._declared = [*self._local_statistics(), *terms], 0
-        settings = self.settings() if self._agreement_pending else {}  # broadcast=False: nothing was shared yet
+        settings = {**self.settings(), "micro": 0} if self._agreement_pending else {}  # at the step, dealt unevenly
         table = own_row(settings, self.rank, replicas)
-        if replicas > 1 or lazy(self.device):
-            extras = self.engine.reduce([*table, *extras])
-            table, extras = extras[:len(table)], extras[len(table):]
+        committed, summed = reduce_and_commit(self.device, lambda: self.engine.reduce([*table, *extras])
+                                              if replicas > 1 or lazy(self.device) else None)
+        if not committed:  # TorchFT's quorum did not: nothing applied, the step dealt again after the next
+            self.updated = False
+            self.redeal()
+            return False
+        if summed is not None:
+            table, extras = summed[:len(table)], summed[len(table):]
         if settings:
             self._agree(settings, rows_of(table, replicas))
         if self.takes_weights:
@@ -258,6 +267,7 @@ class TraceOptimizer(WrappingOptimizer):
         self._updated(lr)
         if self.log_steps and self.rank == 0:
             self._log(step, batch, lr)
+        return True
 
     def _step_at_adapted_lr(self) -> tuple[float, ...]:
         """The wrapped optimizer's one update at the settings :meth:`_adapt` gives, the base ones put
@@ -350,6 +360,27 @@ class TraceOptimizer(WrappingOptimizer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
+
+
+def _policy(policy: LRPolicy | None, rule: str | Rule, ref_batch_size: int | None, warmup_steps: int,
+            lr_decay: Callable[[int], float] | None, name: str) -> LRPolicy:
+    """The LR policy given, or the one its four settings make (giving both is refused)."""
+    if policy is None:
+        return LRPolicy(rule, ref_batch_size, warmup_steps, lr_decay, adaptive=None, user=name)
+    if (rule, ref_batch_size, warmup_steps, lr_decay) != ("linear", None, 0, None):
+        raise InvalidValue(f"{name} got policy= and rule=, ref_batch_size=, warmup_steps= or lr_decay=: give the "
+                           "policy alone (it holds all four) or those")
+    return policy
+
+
+def _world_of(sampler: TraceSampler, device: torch.device) -> tuple[int, int]:
+    """(replicas, rank) of this run, a local query (no collective), which the sampler must deal to."""
+    replicas, rank = world(device)
+    if replicas != sampler.num_replicas:
+        raise InvalidValue(
+            f"the sampler deals to {sampler.num_replicas} replicas but this run has {replicas} ({engine(device)}): "
+            f"give the sampler num_replicas={replicas}, or leave it to the engine")
+    return replicas, rank
 
 
 def _check_steppable(optimizer: TraceOptimizer, joined: bool) -> None:

@@ -64,6 +64,7 @@ from aikit.runtime.exports import served
 from aikit.runtime.Torch import engines
 from aikit.runtime.Torch.accumulator import Accumulator
 from aikit.runtime.Torch.buckets import bucket_bytes
+from aikit.runtime.Torch.collectives import reduce_and_commit
 from aikit.runtime.Torch.distributed import world_size
 from aikit.runtime.Torch.gradient_sync import sync_skipper
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
@@ -155,7 +156,7 @@ class Optimizer(WrappingOptimizer):
         self.reduction = reduction
         self.window = Window(self.engine)  # this update's micro-steps so far, and what they declared
         self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
-        self.updated = False  # whether the last step() call made a real update (None: read when asked)
+        self.updated, self.committed = False, True  # the last step(): updated (None: read when asked), committed
         engines.current().keep_whole(Optimizer)  # Horovod's hvd.elastic.TorchState: its whole state_dict
 
     @property
@@ -299,13 +300,14 @@ class Optimizer(WrappingOptimizer):
         self.window = Window(self.engine)
 
     def _update(self, short: bool) -> bool | None:
-        """The real update on the accumulated, weighted gradient; False if it was skipped (inf/NaN),
-        None where a fused optimizer under AMP decided on the device (read when asked)."""
+        """The real update; False if skipped (inf/NaN) or not committed (TorchFT), None if decided on the device."""
         window, self.window = self.window, Window(self.engine)
-        scale = window.scale(reduction=self.reduction, reducing=self.reduce, short=short,
-                             world=world_size(),  # read at every update: an elastic resize changes it
-                             global_batch_size=self.global_batch_size)
-        return self.engine.step(scale)
+        self.committed, scale = reduce_and_commit(self.engine.device(), lambda: window.scale(
+            reduction=self.reduction, reducing=self.reduce, short=short,
+            world=world_size(), global_batch_size=self.global_batch_size))  # the world read at every update
+        if not self.committed:  # TorchFT's quorum did not: nothing applied, the loop trains it again
+            self.restart()
+        return self.engine.step(scale) if self.committed else False
 
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

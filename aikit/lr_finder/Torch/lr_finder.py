@@ -170,6 +170,11 @@ class LRFinder(RangeTestResults):
         The test stops after a loss above ``diverge_th`` times the best, or a non-finite one.
         The groups' LRs are put back afterwards; ``reset()`` restores the weights as well.
         """
+        if collectives.per_update(self.device):  # TorchFT: every update its own quorum, which the test does not take
+            raise InvalidState(
+                "LRFinder.range_test() under TorchFT's replica groups, where every update is dealt after its own "
+                "quorum: run the range test before group.start() (in one process, or under torchrun) and train the "
+                "replica groups at the LR it suggests (docs/resize.md, No restart: TorchFT)")
         test = lr_range.RangeTest(self, self._start_lrs(start_lr), end_lr, num_iter, step_mode, smooth_f, diverge_th,
                                   validate=val_loader is not None, val_average=val_average,
                                   replicas=_Replicas(self.device), progress_bar=progress_bar)

@@ -2,7 +2,8 @@
 
 Tensors go through the engine :func:`aikit.runtime.Torch.engines.current` finds for their device:
 torch_xla for tensors on an XLA device, otherwise the engine of this process
-(:mod:`aikit.runtime.Torch.distributed`): torch.distributed (gloo on CPU, NCCL on GPU), Horovod
+(:mod:`aikit.runtime.Torch.distributed`): TorchFT's replica groups (every update its own
+quorum: :func:`membership`, :func:`commit`), torch.distributed (gloo on CPU, NCCL on GPU), Horovod
 when the program initialised it, torch_xla's replicas over eth-easl's hosts or one SPMD process,
 or a single process with nothing to do. No engine is imported here unless it is in use.
 
@@ -17,11 +18,14 @@ errors pass through unchanged: ``hvd.elastic.run`` acts on its own ``HorovodInte
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+from aikit.core.errors import UpdateAborted
 from aikit.runtime.Torch import distributed, engines
+
+T = TypeVar("T")
 
 
 def engine(device: torch.device | str | None = None) -> str:
@@ -41,6 +45,34 @@ def lazy(device: torch.device | str) -> bool:
     the graph before it reduces, reduces even on one replica, and reads nothing from the device
     to branch on (:attr:`aikit.runtime.Torch.engines.Engine.lazy`)."""
     return engines.current(device).lazy
+
+
+def membership(device: torch.device | str | None = None) -> tuple[int, int]:
+    """(replicas, this replica's rank) for the update about to be dealt: :func:`world`, or where
+    every update has its own world (TorchFT), the update's quorum (:attr:`Engine.per_update`)."""
+    return engines.current(device).membership()
+
+
+def commit(device: torch.device | str | None = None) -> bool:
+    """Whether the update just summed over the replicas may be applied: True, except where a
+    quorum decides (TorchFT's ``should_commit()``); asked once per update, after its sum."""
+    return engines.current(device).commit()
+
+
+def reduce_and_commit(device: torch.device | str, reduce: Callable[[], T]) -> tuple[bool, T | None]:
+    """``reduce()`` (an update's sum over the replicas), then whether the update may be applied
+    (:func:`commit`): a sum that failed where a quorum decides (TorchFT: a replica group lost in
+    the middle) is an update decided and not committed. Returns (committed, what ``reduce`` gave)."""
+    try:
+        summed = reduce()
+        return commit(device), summed
+    except UpdateAborted:  # raised after the engine decided the update
+        return False, None
+
+
+def per_update(device: torch.device | str | None = None) -> bool:
+    """Whether every update has its own world (TorchFT): then no update is joined ahead of its quorum."""
+    return engines.current(device).per_update
 
 
 def all_reduce_sum_(tensors: list[torch.Tensor]) -> None:

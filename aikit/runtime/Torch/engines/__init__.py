@@ -10,7 +10,8 @@ module of aikit names an engine.
 initialised torch.distributed group, then an initialised Horovod, then an imported torch_xla;
 aikit imports neither Horovod nor torch_xla itself), then for one only *launched* (torchrun's
 ``WORLD_SIZE`` before ``init_process_group``: a script may call ``aikit.elastic.Torch.init()``
-first), where one process, last, always answers. Tensors on a device an engine owns (XLA's)
+first), where one process, last, always answers. TorchFT's replica groups come first: a group in
+use trains across the groups whatever else the process runs. Tensors on a device an engine owns (XLA's)
 go through that engine whatever else runs.
 
 Adding an engine (issue 37's Ray Train, say) takes two files: a module here whose class
@@ -30,9 +31,11 @@ import torch
 from aikit.runtime.Torch.engines.horovod import HOROVOD, horovod_torch
 from aikit.runtime.Torch.engines.single import SINGLE
 from aikit.runtime.Torch.engines.torch_distributed import TORCH_DISTRIBUTED
+from aikit.runtime.Torch.engines.torchft import TORCHFT
 from aikit.runtime.Torch.engines.xla import XLA, hosts, spmd_devices
 
-__all__ = ["ENGINES", "Engine", "Resizing", "current", "horovod_torch", "hosts", "spmd_devices"]
+__all__ = ["ENGINES", "Engine", "ReplicaGroups", "Resizing", "current", "horovod_torch", "hosts", "replica_groups",
+           "spmd_devices"]
 
 
 class Resizing(Protocol):
@@ -49,6 +52,31 @@ class Resizing(Protocol):
         """After a commit, with every worker (a collective): stop for a resize where hosts changed."""
 
 
+class ReplicaGroups(Protocol):
+    """The engine of replica groups that go on when one is lost or comes back (TorchFT), as the
+    front end that starts it drives it (``aikit.elastic.Torch.fault_tolerance.ReplicaGroup``): a
+    manager handed in and taken back, and what the last quorum and its update said."""
+
+    manager: Any
+    members: tuple[int, int]  # (groups, this group's rank) of the last quorum
+    quorum: int  # the last quorum's id: the same groups, the same id
+    open: bool  # a quorum was taken and its update not decided yet
+    decision: bool | None  # whether the last update was committed (None: not decided yet)
+    failure: str  # why the last aborted update's sum failed
+
+    def start(self, manager: Any, where: str) -> None:
+        """Train through ``manager`` from now on (``where`` names its lighthouse in messages)."""
+
+    def stop(self) -> Any:
+        """Train through it no more; returns the manager."""
+
+    def membership(self) -> tuple[int, int]:
+        """(groups, rank) of the quorum of the update about to be dealt."""
+
+    def commit(self) -> bool:
+        """Whether the update just summed may be applied (closes the update)."""
+
+
 class Engine(Protocol):
     """What a data-parallel engine provides. A collective waits for every replica, which must
     all call it with tensors of the same shapes, in the same order."""
@@ -62,6 +90,10 @@ class Engine(Protocol):
     update cuts the graph before it reduces, reduces even on one replica (the same program for
     every world), and reads nothing from the device to branch on (a parameter no replica
     touched gets a zero gradient)."""
+    per_update: bool
+    """Every update has its own world, known from its quorum (TorchFT): no update may be dealt
+    or joined before its :meth:`membership` (a replica with nothing to do in a step waits for it
+    instead of joining ahead)."""
 
     def in_use(self) -> bool:
         """Whether this process has initialised the engine (detection's first pass)."""
@@ -109,6 +141,14 @@ class Engine(Protocol):
         when workers come and go (Horovod elastic), so that the state follows its protocol; None
         where aikit's ``restore()`` re-forms it (torchrun restarts every worker). Local."""
 
+    def membership(self) -> tuple[int, int]:
+        """(replicas, this replica's rank) for the update about to be dealt: the world, or where
+        every update has its own (TorchFT), the update's quorum, taken once per update."""
+
+    def commit(self) -> bool:
+        """Whether the update just summed over the replicas may be applied: always, except where
+        a quorum decides it (TorchFT's ``should_commit()``), which also closes the update."""
+
     def keep_whole(self, kind: type) -> None:
         """Have the engine's own elastic state (Horovod's ``hvd.elastic.TorchState``) save,
         restore and sync objects of ``kind`` whole, through their ``state_dict``. Local (no
@@ -116,11 +156,13 @@ class Engine(Protocol):
 
 
 ENGINES: tuple[Engine, ...] = (  # in the order detection asks them
+    TORCHFT,
     TORCH_DISTRIBUTED,
     HOROVOD,
     XLA,
     SINGLE,
 )
+replica_groups: ReplicaGroups = TORCHFT  # the engine a ReplicaGroup starts and drives
 
 
 def current(device: torch.device | str | None = None) -> Engine:

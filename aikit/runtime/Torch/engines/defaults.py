@@ -8,9 +8,10 @@ import torch
 
 class EngineDefaults:
     """Detected only once in use, owning no device, tracing nothing lazily, with no elastic state
-    of its own."""
+    of its own, one world for every update (every update committed)."""
 
     lazy = False
+    per_update = False
 
     def launched(self) -> bool:
         return False
@@ -26,3 +27,9 @@ class EngineDefaults:
 
     def keep_whole(self, kind: type) -> None:
         pass
+
+    def membership(self) -> tuple[int, int]:
+        return self.world_size(), self.rank()
+
+    def commit(self) -> bool:
+        return True
