@@ -153,6 +153,12 @@ MUTANTS = [
      "        return [*self._trainable_variables]", KERAS_BACKEND_TESTS),
     ("keras: an update on every micro-step", "aikit/runtime/Keras/jax.py",
      "    return accumulated + 1 >= steps", "    return accumulated + 1 >= 1", KERAS_BACKEND_TESTS),
+    ("keras: a summed loss's reduction not taken (its updates 1/steps of the big batch's)", "aikit/keras/optimizers.py",
+     "            self.reduction = compiled_reduction(model) or self.reduction",
+     "            self.reduction = self.reduction", "tests/keras/test_ga_backends.py -k summed"),
+    ("keras: torch's update applies the sum, the in-place division skipped", "aikit/runtime/Keras/torch.py",
+     "        torch._foreach_div_(tensors, divisor)", "        pass",
+     "tests/test_keras_backends.py -k 'tests_pass and torch'"),
     # the overlapped all-reduce (engine.Buckets), under torchrun and horovodrun
     ("overlap: a bucket started before its last gradient", "aikit/runtime/Torch/buckets.py",
      "and not self.waiting[len(self.started)]:",

@@ -83,6 +83,12 @@ class NoGradientWarning(RuntimeWarning):
     forgotten ``backward()``). Warned once per optimizer."""
 
 
+class NoFloat64Warning(UserWarning):
+    """float64 asked for (Keras' ``floatx``, a variable's dtype) on a backend that computes it in
+    float32 without a word of its own: Keras on JAX without ``jax_enable_x64``. The message says
+    how to turn float64 on."""
+
+
 class OutOfMemory(AikitError, MemoryError):
     """No per-device batch fits: an ``auto`` search (``init(G, "auto", trial=...)``) whose
     smallest micro-batch ran out of memory too, or an out-of-memory error ``AutoBatch`` cannot

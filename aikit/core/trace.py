@@ -59,6 +59,8 @@ MAX_BATCH_SIZE = np.iinfo(np.int64).max  # sizes are int64 from here on
 _EXACT_FLOAT = 2**53  # every integer up to here is exactly a float64
 # a number as a CSV cell may write it: ASCII digits only (Decimal and int() also read "6_4" and
 # Arabic-Indic digits as 64), with an optional fraction and exponent ("64.0", "6.4e1")
+_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # in no text file (UTF-8 uses none in a character)
+_ASCII_TEXT = bytes(range(0x20, 0x7f)) + b"\t\n\r"
 _ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
@@ -207,17 +209,20 @@ def _text(path: Path) -> str:
     except ValueError:  # the operating system takes no NUL in a path
         raise TraceFileError(f"trace path {str(path)!r:.100} holds a NUL character: give the path of a "
                              "'step,batchsize' CSV file") from None
-    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or (raw[:2].count(0) == 1 and len(raw) > 1):
+    if _utf16(raw):
         raise TraceFileError(f"trace {path} is UTF-16 text: save it as UTF-8 (plain 'step,batchsize' CSV)")
+    control = _CONTROL_BYTE.search(raw)
+    if control:
+        line, byte = raw[: control.start()].count(b"\n") + 1, raw[control.start()]
+        what = "a NUL byte" if byte == 0 else f"control byte {byte:#04x}"
+        raise TraceFileError(f"trace {path}, line {line}: {what}, which no text holds: a trace is plain "
+                             "'step,batchsize' CSV text, not binary data (is this the right file?)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise TraceFileError(f"trace {path}, line {line}: byte {raw[error.start]:#04x} is not UTF-8 text: save it as "
                              "UTF-8 (plain 'step,batchsize' CSV)") from None
-    if "\0" in text:
-        line = text[: text.index("\0")].count("\n") + 1
-        raise TraceFileError(f"trace {path}, line {line}: a NUL byte; a trace is plain 'step,batchsize' CSV text")
     if not text.strip():
         raise TraceFileError(f"trace {path} is empty: write a 'step,batchsize' header, then one row per step")
     return text
@@ -232,6 +237,17 @@ def _missing(path: Path) -> str:
             "process's working directory, and Ray Train runs each worker in a directory of its own, not the "
             f"driver's; give an absolute path, resolved where the file is (str(Path({str(path)!r}).resolve()) on the "
             "driver)")
+
+
+def _utf16(raw: bytes) -> bool:
+    """UTF-16 text: its byte order mark, or ASCII text (a CSV's) with every other byte zero. Not
+    just a zero among the first bytes: most binary data has one there."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return True
+    if len(raw) < 2 or len(raw) % 2:
+        return False
+    return any(zeros.count(0) == len(zeros) and not chars.translate(None, _ASCII_TEXT)
+               for chars, zeros in ((raw[0::2], raw[1::2]), (raw[1::2], raw[0::2])))
 
 
 def _integer_cell(text: str) -> int | None:

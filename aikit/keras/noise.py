@@ -50,12 +50,13 @@ class NoiseOptimizer(Optimizer):
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None, **kwargs):
         if "_all_reduce_sum_gradients" in getattr(optimizer, "__dict__", {}):  # (a dict is a saved config)
             raise InvalidValue("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
-        if reduction_name(kwargs.get("reduction", "mean")) == "sum":
+        if reduction_name(kwargs.get("reduction") or "mean") == "sum":
             raise InvalidValue(
                 "NoiseOptimizer needs reduction='mean', got 'sum': it estimates |G|² from the mean of the micro-batch "
                 "gradients, and a summed update is not that mean; train a mean loss with reduction='mean', or keep "
                 "reduction='sum' with aikit.keras.Optimizer (no noise measurement)"
             )
+        kwargs["reduction"] = "mean"  # given, not the compiled loss's: a summed loss is refused
         super().__init__(optimizer, steps, name=name, **kwargs)
         changed = {name: value for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
                    if (value := getattr(self.inner, name, None)) is not None}

@@ -26,7 +26,9 @@ changes in the middle of an update.
 Loading saved weights (``model.load_weights``) keeps the ``steps`` of the plan compiled now.
 
 ``reduction="sum"`` applies the sum of the micro-batch gradients instead of their mean (for a
-sum-reduced loss); Run:AI's original Keras wrapper averaged, as the default does.
+sum-reduced loss); Run:AI's original Keras wrapper averaged. Left out, the reduction is the
+compiled loss's (:mod:`aikit.keras.reduction`): the sum for a Keras loss made with
+``reduction="sum"``, else the mean; one given that the compiled loss contradicts is refused.
 
 An update whose gradient is inf or NaN is skipped in the graph, the weights and ``iterations``
 left as they were (:mod:`aikit.keras.skipping`); ``skip_nonfinite=False`` applies it, as Keras'
@@ -46,6 +48,8 @@ from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.ga import accumulated_divisor, mean_scale, reduction_name
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW, checked_max_skips
 from aikit.core.validate import checked_bool, positive_int
+from aikit.keras.precision import check_float64
+from aikit.keras.reduction import building_model, compiled_reduction, mismatch
 from aikit.keras.saved import SavedVariables
 from aikit.keras.skipping import SkippedUpdates
 from aikit.runtime.exports import served
@@ -73,15 +77,17 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
             clipping and schedules are used as configured).
         steps: micro-steps per update (1: no accumulation); may be changed later by
             assigning ``.steps``.
-        reduction: ``"mean"`` (default) applies the mean of the micro-batch gradients, right for a
-            mean loss; ``"sum"`` applies their sum, right for a sum-reduced loss.
+        reduction: ``"mean"`` applies the mean of the micro-batch gradients, right for a mean loss;
+            ``"sum"`` applies their sum, right for a sum-reduced loss; None (default): the loss's the
+            model is compiled with (``"mean"`` in a custom loop). A model whose loss needs the other
+            is refused when it builds or compiles this optimizer.
         skip_nonfinite: skip an update whose gradient is inf or NaN (default); False applies it.
         max_skips_in_a_row: this many skipped in a row raise ``TrainingFailed`` where ``apply``
             runs eagerly (default 10; None: never).
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None,
-                 reduction: str = "mean", skip_nonfinite: bool = True,
+                 reduction: str | None = None, skip_nonfinite: bool = True,
                  max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, **kwargs):
         check_backend("aikit's GA Optimizer")
         if kwargs:
@@ -106,11 +112,12 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
                 "aikit accumulate"
             )
         steps = checked_steps(steps)
-        reduction = reduction_name(reduction)
+        reduction = None if reduction is None else reduction_name(reduction)
         checked_bool(skip_nonfinite, "skip_nonfinite")
         checked_max_skips(max_skips_in_a_row)  # both refused before anything is made
         super().__init__(learning_rate=lambda: self.inner.learning_rate, name=name)
-        self.reduction = reduction
+        self.reduction = reduction or "mean"
+        self._reduction_given = reduction is not None  # else the compiled loss's (match_loss)
         self.inner = optimizer
         with keras.name_scope(self.name, caller=self):
             self._steps = keras.Variable(steps, name="steps", dtype="int64", trainable=False,
@@ -130,7 +137,12 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
         self._init_skips(skip_nonfinite, max_skips_in_a_row)
 
     def build(self, variables):
-        """Create one per-replica accumulator per variable, and the wrapped optimizer's state."""
+        """Create one per-replica accumulator per variable, and the wrapped optimizer's state; take
+        the reduction of the loss of the model whose fit builds it."""
+        model = building_model(self)
+        if model is not None:
+            self.match_loss(model)
+        check_float64("aikit's GA Optimizer", variables)
         super().build(variables)
         if not self.inner.built:
             self.inner.build(variables)
@@ -144,6 +156,16 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
                 )
                 for v in variables
             ]
+
+    def match_loss(self, model) -> None:
+        """Take the GA reduction the losses ``model`` is compiled with need (the sum for a loss with
+        ``reduction="sum"``), or refuse the one this optimizer was given if they need the other."""
+        if self._reduction_given:
+            wrong = mismatch(model, self.reduction)
+            if wrong:
+                raise InvalidValue(wrong)
+        else:
+            self.reduction = compiled_reduction(model) or self.reduction
 
     @property
     def steps(self) -> int:
@@ -262,9 +284,9 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
             self._weighs_terms = True
             weight = ops.cast(weight, "float64")
             self.assign_add(self._terms, weight)
-        for total, grad in zip(sums, grads, strict=True):
-            if grad is not None:
-                self.assign_add(total, grad if weight is None else _weighed(grad, weight))
+        present = [(total, grad) for total, grad in zip(sums, grads, strict=True) if grad is not None]
+        seam.add_to(self, [total for total, _ in present],
+                    [grad if weight is None else _weighed(grad, weight) for _, grad in present])
 
         is_update = None
         if not seam.merged_update(self, sums, variables):  # (TensorFlow's replicas: taken across them)
@@ -295,35 +317,31 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
             ) from None
 
     def _maybe_update(self, update):
-        """Run ``update`` when this micro-step completes the update (it says whether it applied
-        it), and count the micro-step and a skipped update."""
+        """Run ``update`` when this micro-step completes the update, and count the micro-step."""
         is_update = seam.window_ends(self._accumulated, self._steps)
-        applied = seam.cond(is_update, update, lambda: ops.convert_to_tensor(True), self._state_variables())
-        self._count_skip(is_update, applied)
+        if is_update is not False:  # (False: known on the host, torch's micro-step that only added its gradients)
+            seam.cond(is_update, update, lambda: None, self._state_variables())
         seam.advance(self._accumulated, is_update)
         self._iterations.assign_add(1)
         return is_update
 
     def _skip(self, sums) -> None:
         """A skipped update (replica context): the sums and the loss terms cleared, nothing applied."""
-        for total in sums:
-            if total is not None:
-                total.assign(ops.zeros_like(total.value))
+        seam.clear([total for total in sums if total is not None])
         if self._weighs_terms:
             self._terms.assign(ops.zeros((), "float64"))
 
     def _update(self, sums, variables) -> None:
         """The real update (replica context): the wrapped optimizer applies the mean gradient."""
+        present = [total for total in sums if total is not None]
         if self._weighs_terms:  # Σ nᵢ·gᵢ over the replicas (Keras sums them) / Σ nᵢ over the replicas
-            grads = [None if s is None else s.value * ops.cast(scale, s.dtype)
-                     for scale in [self._terms_scale()] for s in sums]
-        else:
-            divisor = accumulated_divisor(self._accumulated + 1, self.reduction)  # of aikit.core.ga: mean or sum
-            grads = [None if s is None else s.value / ops.cast(divisor, s.dtype) for s in sums]
-        self.inner.apply(grads, variables)
-        for total in sums:
-            if total is not None:
-                total.assign(ops.zeros_like(total.value))
+            scale = self._terms_scale()
+            means = [total.value * ops.cast(scale, total.dtype) for total in present]
+        else:  # of aikit.core.ga: mean or sum
+            means = seam.divided(present, accumulated_divisor(self._accumulated + 1, self.reduction))
+        means = iter(means)
+        self.inner.apply([None if total is None else next(means) for total in sums], variables)
+        seam.clear(present)
 
     def _terms_scale(self):
         """:func:`aikit.core.ga.mean_scale` of this update's loss terms, summed over the replicas
@@ -336,7 +354,7 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
 
     def get_config(self) -> dict:
         return {"name": self.name, "optimizer": keras.optimizers.serialize(self.inner), "steps": self.steps,
-                "reduction": self.reduction, "skip_nonfinite": self.skip_nonfinite,
+                "reduction": self.reduction if self._reduction_given else None, "skip_nonfinite": self.skip_nonfinite,
                 "max_skips_in_a_row": self.max_skips_in_a_row}
 
     @classmethod
@@ -356,10 +374,10 @@ def _weighed(grad, weight):
 
 
 def _prebuilt(inner: type[keras.optimizers.Optimizer]) -> type[Optimizer]:
-    """Run:AI's prebuilt GA form of ``inner``: ``Name(steps, *args, reduction="mean", **kwargs)``
+    """Run:AI's prebuilt GA form of ``inner``: ``Name(steps, *args, reduction=None, **kwargs)``
     wraps ``inner(*args, **kwargs)``."""
 
-    def __init__(self, steps: int, *args, reduction: str = "mean", skip_nonfinite: bool = True,
+    def __init__(self, steps: int, *args, reduction: str | None = None, skip_nonfinite: bool = True,
                  max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, **kwargs):
         Optimizer.__init__(self, inner(*args, **kwargs), steps, reduction=reduction, skip_nonfinite=skip_nonfinite,
                            max_skips_in_a_row=max_skips_in_a_row)

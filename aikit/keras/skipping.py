@@ -1,18 +1,19 @@
 """The Keras GA wrapper's skip of an update whose gradient is inf or NaN, in its graph.
 
-As Keras' ``LossScaleOptimizer`` and a torch ``GradScaler`` skip one: a condition at the update
-(no read from the device: a ``tf.cond``, a ``jax.lax.cond``, on torch both branches kept by
-``where``) leaves the weights, the wrapped optimizer's ``iterations`` and its LR
-schedule as they were and clears the sums; ``skipped`` and ``skipped_in_a_row`` count the skips.
-Under a multi-replica strategy each replica counts its sums that are not finite and the counts
-are summed to one number in the update, so every replica takes the same branch (a replica's own
-sums differ: one alone cannot decide). A graph cannot warn or raise without a read that would
-stall it, so the words (:mod:`aikit.core.skips`'s, the torch wrapper's) come where Keras runs
-Python: an ``apply`` run eagerly on one replica warns at the first skip and raises
-:class:`~aikit.core.errors.TrainingFailed` after ``max_skips_in_a_row`` in a row; ``Model.fit``
-warns at its end (``finalize_variable_values``) if its compiled steps skipped any. A wrapped
-``LossScaleOptimizer`` checks its own gradients (and lowers its scale on an overflow, which a skip
-here would hide from it): there the wrapper checks nothing, as the torch one under a GradScaler.
+As Keras' ``LossScaleOptimizer`` and a torch ``GradScaler`` skip one: a condition at the update (a
+``tf.cond``, a ``jax.lax.cond``: no read from the device; on torch a Python ``if`` on one number
+read per update, as a GradScaler reads one) leaves the weights, the wrapped optimizer's
+``iterations`` and its LR schedule as they were and clears the sums; ``skipped`` and
+``skipped_in_a_row`` count the skips. Under a multi-replica strategy each replica flags its sums if
+any is not finite and the flags are summed to one number in the update, so every replica takes
+the same branch (a replica's own sums differ: one alone cannot decide). A graph cannot warn or
+raise without a read that would stall it, so the words (:mod:`aikit.core.skips`'s, the torch
+wrapper's) come where Keras runs Python: an ``apply`` run eagerly on one replica warns at the first
+skip and raises :class:`~aikit.core.errors.TrainingFailed` after ``max_skips_in_a_row`` in a row;
+``Model.fit`` warns at its end (``finalize_variable_values``) if its compiled steps skipped any. A
+wrapped ``LossScaleOptimizer`` checks its own gradients (and lowers its scale on an overflow, which
+a skip here would hide from it): there the wrapper checks nothing, as the torch one under a
+GradScaler.
 """
 
 from __future__ import annotations
@@ -75,39 +76,33 @@ class SkippedUpdates:
         return int(to_numpy(self._skipped_in_a_row))
 
     def _replicas_nonfinite(self, sums):
-        """How many of the replicas' ``sums`` hold an inf or NaN, from a replica context (every
+        """How many replicas hold an inf or NaN in their ``sums``, from a replica context (every
         replica must take the same branch; a subclass that averages elsewhere sums there too)."""
         return seam.replicas_sum(self._nonfinite_count(sums))
 
     @staticmethod
     def _nonfinite_count(sums):
-        """How many of this replica's ``sums`` hold an inf or NaN (float32: what a reduction sums)."""
-        counts = [ops.cast(ops.logical_not(ops.all(ops.isfinite(s.value))), "float32") for s in sums if s is not None]
-        return ops.sum(ops.stack(counts)) if counts else ops.zeros((), "float32")
+        """1 if this replica's ``sums`` hold an inf or NaN, else 0 (float32: what a reduction sums)."""
+        return seam.nonfinite([s for s in sums if s is not None])
 
-    def _update_if_finite(self, nonfinite, update, skip):
+    def _update_if_finite(self, nonfinite, update, skip) -> None:
         """``update()`` if ``nonfinite()`` (the replicas' count of non-finite sums) is 0, else
-        ``skip()``: one condition of the backend's; whether it updated, a tensor."""
+        ``skip()``: one condition of the backend's, each branch counting (an update ends a run of
+        skips; a skip adds one to both counts)."""
         if not self._checks_finite:
             update()
-            return ops.convert_to_tensor(True)
+            return
 
         def updated() -> None:  # a branch returns nothing, whatever its call returned
             update()
+            self._skipped_in_a_row.assign(0)
 
         def skipped() -> None:
             skip()
+            self._skipped.assign_add(1)
+            self._skipped_in_a_row.assign_add(1)
 
-        finite = ops.equal(nonfinite(), 0)
-        seam.cond(finite, updated, skipped, self._state_variables())
-        return finite
-
-    def _count_skip(self, is_update, applied) -> None:
-        """Count the update this micro-step made, if it was one and was skipped."""
-        skipped = ops.logical_and(is_update, ops.logical_not(applied))
-        self._skipped.assign_add(ops.cast(skipped, "int64"))
-        in_a_row = self._skipped_in_a_row.value
-        self._skipped_in_a_row.assign(ops.where(skipped, in_a_row + 1, ops.where(is_update, 0, in_a_row)))
+        seam.cond(ops.equal(nonfinite(), 0), updated, skipped, self._state_variables())
 
     def _check_skips(self) -> None:
         """After an ``apply`` run eagerly on one replica: the first skip warned about once, a run
@@ -121,8 +116,11 @@ class SkippedUpdates:
             raise too_many_skips(in_a_row, self.skipped, "inf or NaN", updated=False)
 
     def _report_skips(self) -> None:
-        """At the end of ``Model.fit``: the updates its compiled steps skipped, warned once."""
-        if self._checks_finite and self.skipped:
+        """At the end of ``Model.fit``: the updates its compiled steps skipped, warned once. Keras on
+        JAX takes the variables' values out of them for the fit and puts them back at its end; a
+        fit that failed before its first step (``jax.jit``'s "incompatible devices") put none back,
+        and its error, on its way out through this call, must not become another one here."""
+        if self._checks_finite and self._skipped._value is not None and self.skipped:
             self._warn(f"inf or NaN: {self.skipped} update(s) skipped, the last {self.skipped_in_a_row} in a row")
 
     def _warn(self, detail: str) -> None:

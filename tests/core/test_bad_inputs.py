@@ -3,6 +3,7 @@ file and line) and the fix, never a wrong number, a hang or a raw pandas/numpy t
 
 from __future__ import annotations
 
+import struct
 import time
 
 import pytest
@@ -76,6 +77,10 @@ def test_a_size_above_the_data_set_fails_trace_check(tmp_path, capsys):
     (b"\nstep,batchsize\n\n0,64\n-2,64\n", r"row 1 \(step 1, line 5\) has step '-2'; it must be a non-negative"),
     (b"size\n64\n", r"trace {path}, line 1: columns must be 'step,batchsize', found \['size'\]"),
     (b"step,batchsize\n0,64\x00\n", r"trace {path}, line 2: a NUL byte"),
+    # binary data is binary data, not UTF-16 text (which a zero among its first two bytes made it)
+    (struct.pack("<4q", 64, 0, 64, 1), r"trace {path}, line 1: a NUL byte, which no text holds: a trace is "
+                                         r"plain 'step,batchsize' CSV text, not binary data"),
+    (b"\x93NUMPY\x01\x00v\x00{'descr': '<i8'", r"trace {path}, line 1: control byte 0x01, .*not binary data"),
     (b'step,batchsize\n0,"64\n', r"trace {path}, line 2: not CSV \(unexpected end of data\)"),
 ])
 def test_a_malformed_file_is_named_with_the_right_line(tmp_path, content, message):

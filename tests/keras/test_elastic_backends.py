@@ -43,6 +43,35 @@ def test_one_device_model_fit_equals_the_big_batch(float64):
     assert int(model.optimizer.iterations) == 3
 
 
+def test_model_fit_of_a_summed_loss_equals_the_big_batch(float64):
+    """elastic.Model wraps the optimizer in GA with the compiled loss's reduction: a loss with
+    reduction="sum" gets the sum of its micro-batch gradients, the big batch's gradient."""
+    elastic.init(16, 4, gpus=1, verbose=False)
+    x, y = data(48)
+    summed = keras.losses.MeanSquaredError(reduction="sum")
+    model = elastic.Model(mlp())
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss=summed)
+    model.fit(x, y, epochs=1, shuffle=False, verbose=0)
+    big = mlp()
+    big.compile(keras.optimizers.SGD(0.01, momentum=0.9), loss=summed)
+    big.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert difference(model.model, big) < EXACT
+    with pytest.raises(InvalidValue, match=r"needs reduction='sum'.*made with reduction='mean'"):
+        elastic.Model(mlp()).compile(Optimizer(keras.optimizers.SGD(0.01), 4, reduction="mean"), loss=summed)
+
+
+def test_model_fit_names_x_and_y_of_different_lengths():
+    elastic.init(8, 4, gpus=1, verbose=False)
+    model = elastic.Model(mlp())
+    model.compile(keras.optimizers.SGD(0.1), loss="mse")
+    x, y = data(10)
+    with pytest.raises(InvalidValue, match=r"`Model.fit\(x, y\)` holds arrays of different lengths \(x 10, y 9\): "
+                                           "give one entry per sample in each"):
+        model.fit(x, y[:9], epochs=1, verbose=0)
+    with pytest.raises(InvalidValue, match=r"\(x 10, y 10, sample_weight 8\)"):
+        model.fit(x, y, sample_weight=np.ones(8), epochs=1, verbose=0)
+
+
 def test_fit_trace_sets_every_updates_batch_and_lr(float64):
     elastic.init(16, 4, gpus=1, verbose=False)
     x, y = data(40)
@@ -121,5 +150,21 @@ def test_jax_refuses_a_model_built_before_the_distribution_and_a_batch_the_devic
         model.compile(keras.optimizers.SGD(0.1), loss="mse")
         with pytest.raises(InvalidValue, match=r"last batch of 5, which does not split over the 2 devices.*21167"):
             model.fit(x[:37], y[:37], epochs=1, verbose=0)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
+@jax_devices
+def test_jax_lets_kerass_own_error_through_for_a_model_compiled_before_the_distribution():
+    """Keras' fit of a model compiled before set_distribution fails in its first jitted step with
+    JAX's "incompatible devices"; aikit's optimizer, asked at the fit's end for its skips, must not
+    hide that error behind its own (the variables' values were never put back)."""
+    early = mlp()
+    early.compile(Optimizer(keras.optimizers.SGD(0.1), 2), loss="mse")
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution.list_devices()))
+    try:
+        x, y = data(16)
+        with pytest.raises(ValueError, match="incompatible devices"):
+            early.fit(x, y, batch_size=4, epochs=1, verbose=0)
     finally:
         keras.distribution.set_distribution(None)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from common import EXACT, PerTokenMean, data, difference, mlp
 
+from aikit.core.errors import InvalidValue
 from aikit.keras import Optimizer, TokenMean
 
 OPTIMIZERS = {
@@ -22,9 +23,9 @@ OPTIMIZERS = {
 }
 
 
-def fitted(optimizer, batch_size: int, x, y, epochs: int = 2, **compile_kwargs) -> keras.Model:
+def fitted(optimizer, batch_size: int, x, y, epochs: int = 2, loss="mse", **compile_kwargs) -> keras.Model:
     model = mlp()
-    model.compile(optimizer, loss="mse", **compile_kwargs)
+    model.compile(optimizer, loss=loss, **compile_kwargs)
     model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
     return model
 
@@ -40,6 +41,20 @@ def test_every_update_equals_a_big_batch_step_of_plain_keras(float64, name):
         theirs = fitted(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True, gradient_accumulation_steps=4), 4, x, y)
         assert difference(ga, theirs) < 1e-12
     assert int(ga.optimizer.micro_steps) == 24 and ga.optimizer.accumulated == 0
+
+
+def test_a_summed_loss_gets_the_sum_of_the_micro_batch_gradients_as_the_big_batch_does(float64):
+    """A loss with reduction="sum": the GA optimizer takes the compiled loss's reduction (its
+    mean would train 1/steps too slowly); one given that contradicts the loss is refused by name."""
+    x, y = data(48)
+    summed = keras.losses.MeanSquaredError(reduction="sum")
+    ga = fitted(Optimizer(keras.optimizers.SGD(0.01, momentum=0.9), steps=4), 4, x, y, loss=summed)
+    big = fitted(keras.optimizers.SGD(0.01, momentum=0.9), 16, x, y, loss=summed)
+    assert ga.optimizer.reduction == "sum" and difference(ga, big) < EXACT
+    for reduction, loss in (("mean", summed), ("sum", "mse")):
+        with pytest.raises(InvalidValue, match=f"needs reduction='{'sum' if reduction == 'mean' else 'mean'}'.*"
+                                               f"made with reduction='{reduction}'.*leave reduction out"):
+            fitted(Optimizer(keras.optimizers.SGD(0.01), steps=4, reduction=reduction), 4, x, y, loss=loss)
 
 
 def test_keras_own_ga_runs_lr_schedules_on_micro_steps_where_aikit_counts_updates(float64):
@@ -87,15 +102,19 @@ def test_an_inf_or_nan_update_is_skipped_in_the_compiled_step_and_counted(float6
     assert [str(w.message) for w in caught if "skipped" in str(w.message)], "fit warns at its end"
 
 
-def test_an_eager_apply_skips_a_nan_and_warns_once():
-    weights = keras.Variable(np.ones(3))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # (torch checks float32 sums with AMP's kernel)
+def test_an_eager_apply_skips_a_nan_and_warns_once(dtype):
+    weights = keras.Variable(np.ones(3), dtype=dtype)
     ga = Optimizer(keras.optimizers.SGD(0.1), steps=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ga.apply([keras.ops.convert_to_tensor([np.nan, 1.0, 1.0], "float64")], [weights])
-        ga.apply([keras.ops.convert_to_tensor([1.0, 1.0, 1.0], "float64")], [weights])
-    assert keras.ops.convert_to_numpy(weights).tolist() == [1.0, 1.0, 1.0]
-    assert (ga.skipped, int(ga.iterations)) == (1, 0)
+        for poison in (np.nan, np.inf, 1.0):  # a NaN, then an inf, skip their updates; the third applies
+            ga.apply([keras.ops.convert_to_tensor([poison, 1.0, 1.0], dtype)], [weights])
+            ga.apply([keras.ops.convert_to_tensor([1.0, 1.0, 1.0], dtype)], [weights])
+            if poison != 1.0:
+                assert keras.ops.convert_to_numpy(weights).tolist() == [1.0, 1.0, 1.0]
+    assert np.allclose(keras.ops.convert_to_numpy(weights), 0.9, rtol=0, atol=1e-6)
+    assert (ga.skipped, ga.skipped_in_a_row, int(ga.iterations)) == (2, 0, 1)
     assert len([w for w in caught if "skipped" in str(w.message)]) == 1
 
 

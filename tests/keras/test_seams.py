@@ -27,13 +27,18 @@ def protocol() -> dict[str, list[tuple[str, bool]] | None]:
 
 
 def provided(source: str) -> dict[str, list[tuple[str, bool]] | None]:
-    """What a module's source defines at its top: functions with their arguments, and constants."""
+    """What a module's source defines at its top: functions with their arguments, and constants,
+    its own or imported from another aikit module."""
     found: dict[str, list[tuple[str, bool]] | None] = {}
     for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef):
             arguments = [*node.args.posonlyargs, *node.args.args]
             defaults = len(node.args.defaults)
             found[node.name] = [(a.arg, i >= len(arguments) - defaults) for i, a in enumerate(arguments)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aikit."):
+            imported = provided(Path(importlib.util.find_spec(node.module).origin).read_text())
+            found.update({alias.asname or alias.name: imported[alias.name] for alias in node.names
+                          if alias.name in imported})
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(target, ast.Name):

@@ -23,6 +23,7 @@ from aikit.keras.elastic.adaptive import fit_adaptive
 from aikit.keras.elastic.model import Model, current_plan
 from aikit.keras.elastic.trace import fit_trace
 from aikit.keras.optimizers import MAX_STEPS
+from aikit.keras.precision import check_float64
 from aikit.runtime.Keras.backend import check_backend, seam
 from aikit.runtime.originals import max_device_batch_of
 from aikit.runtime.process import publish
@@ -71,6 +72,7 @@ def init(
             "micro-batches of one size, so 'ragged' plans are for the PyTorch adapter"
         )
     check_backend("aikit.keras.elastic.init")
+    check_float64("aikit.keras.elastic.init")
     available, where, rank, found = seam.found_devices(strategy)
     devices = devices_here(gpus, available, where, g, m)
     new_plan = make_plan(g, m, devices, policy=policy, rank=rank)

@@ -18,6 +18,7 @@ from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.plan import Plan
 from aikit.keras.optimizers import Optimizer
 from aikit.runtime.Keras.backend import check_backend, keras, seam
+from aikit.runtime.Keras.batches import check_lengths
 from aikit.runtime.process import published
 
 
@@ -77,6 +78,8 @@ class Model:
                 if self.plan.steps > 1:
                     optimizer = Optimizer(optimizer, self.plan.steps)
             self.model.compile(optimizer, *args, **kwargs)
+            if isinstance(optimizer, Optimizer):
+                optimizer.match_loss(self.model)  # the compiled loss's reduction (sum or mean), or a mismatch refused
 
     def _batch_size(self, batch_size: int | None, x: Any) -> int | None:
         if batch_size is not None and batch_size != self.plan.batch_size:
@@ -91,6 +94,9 @@ class Model:
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, **kwargs: Any):
         """Keras' ``fit`` with the planned micro-batch on every device."""
+        arrays = (x, y) if kwargs.get("sample_weight") is None else (x, y, kwargs["sample_weight"])
+        if all(hasattr(part, "shape") for part in arrays):  # arrays (not a dict of inputs, nor a dataset)
+            check_lengths(arrays, "Model.fit(x, y)")
         batch_size = self._batch_size(batch_size, x)
         if batch_size is not None and hasattr(x, "__len__"):
             seam.check_batches(self.model, len(x), batch_size)

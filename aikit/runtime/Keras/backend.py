@@ -72,6 +72,21 @@ class Seam(Protocol):
         """Take ``optimizer``'s update across the replicas in one cross-replica call where the
         backend needs one (a ``tf.distribute`` ``merge_call``); False where the replica takes it."""
 
+    def add_to(self, optimizer: Any, totals: list, values: list) -> None:
+        """Add each of ``values`` to its GA total, in place (:mod:`aikit.runtime.Keras.sums`)."""
+
+    def divided(self, totals: list, divisor: Any) -> list:
+        """The totals over ``divisor``: the update's gradients."""
+
+    def clear(self, totals: list) -> None:
+        """Set every total to zero."""
+
+    def nonfinite(self, totals: list) -> Any:
+        """Nonzero when any of ``totals`` holds an inf or NaN (what a reduction over replicas sums)."""
+
+    def computes_float64(self) -> bool:
+        """Whether a float64 variable computes in float64 (JAX without x64 does not)."""
+
     def read_variable(self, variable: keras.Variable) -> Any:
         """A variable's value on the host, as NumPy."""
 

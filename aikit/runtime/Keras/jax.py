@@ -20,6 +20,7 @@ import numpy as np
 
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.runtime.Keras.batches import ArrayBatches
+from aikit.runtime.Keras.sums import add_to, clear, divided, nonfinite  # noqa: F401  (the GA sums' arithmetic)
 from aikit.runtime.process import distribution_set_by_aikit, remember_distribution
 
 ops = keras.ops
@@ -65,6 +66,12 @@ def window_ends(accumulated, steps):
 
 def advance(accumulated, is_update) -> None:
     accumulated.assign(ops.where(is_update, 0, accumulated + 1))
+
+
+def computes_float64() -> bool:
+    """Whether a float64 variable computes in float64: only with ``jax_enable_x64`` (without it JAX
+    makes a float64 array float32, and a Keras variable of dtype float64 holds one)."""
+    return bool(jax.config.jax_enable_x64)
 
 
 def eager(value) -> bool:

@@ -16,6 +16,7 @@ import tensorflow as tf
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.runtime.Keras import strategies
 from aikit.runtime.Keras.batches import check_lengths
+from aikit.runtime.Keras.sums import add_to, clear, divided, nonfinite  # noqa: F401  (the GA sums' arithmetic)
 
 ops = keras.ops
 INT_MAX = 2**63 - 1  # what an int64 variable holds
@@ -47,6 +48,11 @@ def window_ends(accumulated, steps):
 
 def advance(accumulated, is_update) -> None:
     accumulated.assign(ops.where(is_update, 0, accumulated + 1))
+
+
+def computes_float64() -> bool:
+    """Whether a float64 variable computes in float64: always on TensorFlow."""
+    return True
 
 
 def eager(value) -> bool:

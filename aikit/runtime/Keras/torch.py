@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
+from aikit.runtime.Keras import sums
 from aikit.runtime.Keras.batches import ArrayBatches
+from aikit.runtime.Torch.grads import scale_and_check_
 
 ops = keras.ops
 INT_MAX = 2**63 - 1
@@ -70,8 +72,44 @@ def advance(accumulated, is_update: bool) -> None:
     assign_known(accumulated, 0 if is_update else host_value(accumulated) + 1)
 
 
+def computes_float64() -> bool:
+    """Whether a float64 variable computes in float64: always on torch."""
+    return True
+
+
 def eager(value) -> bool:
     return not torch.compiler.is_compiling()
+
+
+# --- the GA sums, in place: one grouped kernel each, where keras.ops would allocate a tensor per
+# variable and copy it back (on a CPU a fresh allocation of a large tensor faults its pages in) ---
+
+def add_to(optimizer, totals: list, values: list) -> None:
+    """Add each of ``values`` to its total, in place."""
+    if totals:
+        torch._foreach_add_([total.value for total in totals], list(values))
+
+
+def divided(totals: list, divisor) -> list:
+    """The totals over ``divisor``, divided in place: the update's gradients are the totals'
+    own tensors (cleared after the update)."""
+    tensors = [total.value for total in totals]
+    if tensors and not (isinstance(divisor, int) and divisor == 1):
+        torch._foreach_div_(tensors, divisor)
+    return tensors
+
+
+def clear(totals: list) -> None:
+    if totals:
+        torch._foreach_zero_([total.value for total in totals])
+
+
+def nonfinite(totals: list):
+    """Nonzero when any of ``totals`` holds an inf or NaN: AMP's check kernel, one pass over them
+    without the allocation of ``isfinite`` (times 1, exact); float64 totals are counted as on
+    the other backends."""
+    flag = scale_and_check_([total.value.detach() for total in totals], 1.0) if totals else None  # (Tensors)
+    return sums.nonfinite(totals) if flag is None else flag
 
 
 def check_apply_context(built: bool) -> None:

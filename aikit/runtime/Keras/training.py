@@ -33,6 +33,7 @@ def compiled_for(model: Any, optimizer_class: type, user: str, needs: str) -> tu
             f"finish it (or start from a fresh optimizer) before {user}"
         )
     seam.check_placed(keras_model, user)
+    optimizer.match_loss(keras_model)  # the reduction its compiled loss needs, or the mismatch refused
     return keras_model, optimizer
 
 
