@@ -97,7 +97,8 @@ def main() -> int:
             accuracy = (net(torch.as_tensor(x_test)).argmax(1) == torch.as_tensor(y_test)).double().mean().item()
         if master:
             last = optimizer.history[-1]
-            print(f"epoch {epoch}: {len(optimizer.plan)} updates, global batch now {sampler.controller.batch}, "
+            updates = len(optimizer.epoch_schedule)
+            print(f"epoch {epoch}: {updates} updates, global batch now {sampler.controller.batch}, "
                   f"noise scale {last['noise_scale']:.0f}, lr {last['lr']:.4g}, test accuracy {accuracy:.3f}",
                   flush=True)
     if master and args.trace_out:

@@ -74,8 +74,8 @@ def main() -> int:
             accuracy = (net(torch.as_tensor(x_test)).argmax(1) == torch.as_tensor(y_test)).double().mean().item()
         best = max(best, accuracy)
         if master:
-            print(f"epoch {epoch}: {len(optimizer.plan)} steps, batch sizes "
-                  f"{int(optimizer.plan.batch_sizes.min())}..{int(optimizer.plan.batch_sizes.max())}, "
+            sizes = optimizer.epoch_schedule.batch_sizes
+            print(f"epoch {epoch}: {len(sizes)} steps, batch sizes {int(sizes.min())}..{int(sizes.max())}, "
                   f"test accuracy {accuracy:.3f}", flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
