@@ -78,7 +78,7 @@ def plan_rows(args: argparse.Namespace) -> tuple[str, int]:
         note = "" if p.is_even else "ragged: micro-batches differ by one sample, weighted exactly"
         if p.gpus < n:
             note = f"{n - p.gpus} device(s) idle: an even split needs fewer"
-        rows.append(f"{n:>4}  {p.gpus:>4}  {p.steps:>8}  {micro:>11}  {p.samples_per_update:>6}  {note}")
+        rows.append(f"{n:>4}  {p.gpus:>4}  {p.micro_steps:>8}  {micro:>11}  {p.samples_per_update:>6}  {note}")
         if args.gpus is not None:
             rows += ["", p.summary()]
     return "\n".join(rows), refused

@@ -68,8 +68,8 @@ MUTANTS = [
      "    if reduction_name(reduction) == \"sum\":\n        return micro_steps\n", CORE_TESTS),
     # issue 47: a ragged plan fed equal, undeclared micro-steps (init(256, "auto") -> 86) trained 258 per update
     ("core: a ragged plan's undeclared micro-steps weighed as its update", "aikit/core/plan.py",
-     "    if plan is None or plan.is_even or micro_steps != plan.steps",
-     "    if True or plan is None or plan.is_even or micro_steps != plan.steps",
+     "    if plan is None or plan.is_even or micro_steps != plan.micro_steps",
+     "    if True or plan is None or plan.is_even or micro_steps != plan.micro_steps",
      "tests/torch/test_auto_batch.py -k ragged_plan_found"),
     ("engine: clipping before AMP unscaling", "aikit/runtime/Torch/accumulator.py",
      "        if amp.enabled(self.scaler):\n            self.scaler.unscale_(",
@@ -226,7 +226,7 @@ MUTANTS = [
      "            self.__dict__[\"directory\"] = directory\n", "            pass\n", RAY_STATE_TESTS),
     # Accelerate and the Hugging Face Trainer keeping the global batch (aikit.integrations.accelerate, .huggingface)
     ("accelerate: GA steps not set from the plan (observed // batch of the try itself: 1)",
-     "aikit/integrations/accelerate.py", "        self.accelerator.gradient_accumulation_steps = plan.steps\n",
+     "aikit/integrations/accelerate.py", "        self.accelerator.gradient_accumulation_steps = plan.micro_steps\n",
      "        self.accelerator.gradient_accumulation_steps = max(1, self.device_batch // device_batch)\n",
      ACCELERATE_TESTS + " -k 'not two'"),
     ("accelerate: Accelerate's x0.9 back-off kept", "aikit/integrations/accelerate.py",
@@ -239,7 +239,7 @@ MUTANTS = [
      "        return loss_sum * (scale * self.steps)\n", "        return loss_sum * scale\n",
      ACCELERATE_TESTS + " -k 'not two'"),
     ("trainer: GA steps left as the arguments set them", "aikit/integrations/huggingface.py",
-     "args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.steps",
+     "args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.micro_steps",
      "args.per_device_train_batch_size = plan.device_batch", TRAINER_TESTS),
     ("trainer: a retry keeps the updates of the try that ran out of memory", "aikit/integrations/huggingface.py",
      "            before.put_back(trainer)\n", "", TRAINER_RETRY_TESTS),
@@ -323,7 +323,7 @@ MUTANTS = [
      "    return not bool(flag) if stepped is None else stepped\n", "    return True\n", SKIP_TESTS + " -k lr_finder"),
     # the per-device batch found by running the user's step, the global batch kept (issue 38)
     ("auto: a re-plan keeps the old GA steps (the global batch shrinks)", "aikit/elastic/Torch/auto_batch.py",
-     "        self.optimizer.steps = smaller.steps\n", "", AUTO_TESTS),
+     "        self.optimizer.steps = smaller.micro_steps\n", "", AUTO_TESTS),
     ("auto: an update that ran out of memory keeps its partial gradients", "aikit/elastic/Torch/auto_batch.py",
      "            self.optimizer.restart()\n", "", AUTO_TESTS),
     ("auto: the replicas run the largest any found", "aikit/core/device_batch.py",

@@ -131,6 +131,6 @@ def agreed(found: Iterable[int | None]) -> int | None:
 
 def steps_note(plan: Plan) -> str:
     """``8 GA steps of 32 per device`` (ragged: ``of 43 or 42``), for a log line."""
-    low = plan.global_batch_size // (plan.gpus * plan.steps)
+    low = plan.global_batch_size // (plan.gpus * plan.micro_steps)
     sizes = f"{plan.device_batch}" if plan.is_even else f"{plan.device_batch} or {low}"
-    return f"{plan.steps} GA step{'s' if plan.steps != 1 else ''} of {sizes} per device"
+    return f"{plan.micro_steps} GA step{'s' if plan.micro_steps != 1 else ''} of {sizes} per device"

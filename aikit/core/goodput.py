@@ -296,7 +296,7 @@ class GoodputController:
         (an epoch's last, shorter update); it is recorded, timed and measured as such."""
         batch = self.batch if batch is None else positive_int(batch, "batch")
         plan = self.plan(batch) if seconds is not None else None
-        self.record(batch, noise, [] if plan is None else [(plan.batch_size, plan.steps, seconds)])
+        self.record(batch, noise, [] if plan is None else [(plan.device_batch, plan.micro_steps, seconds)])
 
     def record(self, batch: int, noise: NoiseEstimate | None = None,
                timings: Iterable[tuple[int, int, float]] = ()) -> None:
@@ -335,7 +335,7 @@ class GoodputController:
         """``(micro-batch, GA steps)`` of :meth:`plan` for many batches at once."""
         if self.policy == "fewer_devices":  # a divisor search per batch
             plans = [self.plan(int(b)) for b in batches]
-            return np.array([p.batch_size for p in plans]), np.array([p.steps for p in plans])
+            return np.array([p.device_batch for p in plans]), np.array([p.micro_steps for p in plans])
         devices = np.minimum(self.devices, batches)
         steps = -(-batches // (devices * self.max_device_batch))
         return -(-batches // (devices * steps)), steps

@@ -44,9 +44,10 @@ POLICIES = ("ragged", "fewer_devices", "error")
 class Plan:
     """How one update of ``global_batch_size`` samples runs on the available devices.
 
-    ``gpus`` devices each run ``steps`` micro-steps per update (Run:AI's name: its "GA steps";
-    aikit's *step* is an update). Device ``d``'s micro-batch in micro-step ``s`` (``size(s, d)``)
-    has ``G // (gpus * steps)`` samples, one more for the first ``G % (gpus * steps)`` of them in
+    ``gpus`` devices each run ``micro_steps`` micro-steps per update (Run:AI's "GA steps", which
+    its table names ``steps``: kept as a read-only property; aikit's *step* is an update).
+    Device ``d``'s micro-batch in micro-step ``s`` (``size(s, d)``) has ``G // (gpus *
+    micro_steps)`` samples, one more for the first ``G % (gpus * micro_steps)`` of them in
     micro-step order: a plan is a few numbers, whatever ``G``.
 
     Run:AI's AIkit Elastic's table names the bound ``max_gpu_batch_size`` and the per-device batch
@@ -58,9 +59,14 @@ class Plan:
     max_device_batch: int  # the most samples one device holds in a micro-batch
     available_gpus: int
     gpus: int  # devices that take part in training
-    steps: int  # micro-steps (GA steps) per update (1 when no accumulation is needed)
+    micro_steps: int  # micro-steps (GA steps) per update (1 when no accumulation is needed)
     policy: str = "ragged"
     rank: int = 0
+
+    @property
+    def steps(self) -> int:
+        """:attr:`micro_steps` by Run:AI's AIkit Elastic's name (its "GA steps", published by ``init``)."""
+        return self.micro_steps
 
     @property
     def max_gpu_batch_size(self) -> int:
@@ -69,7 +75,7 @@ class Plan:
 
     @property
     def _split(self) -> tuple[int, int]:
-        return divmod(self.global_batch_size, self.gpus * self.steps)
+        return divmod(self.global_batch_size, self.gpus * self.micro_steps)
 
     def size(self, micro_step: int, device: int) -> int:
         """Samples device ``device`` processes in ``micro_step`` (0: it sits the micro-step out)."""
@@ -78,8 +84,8 @@ class Plan:
 
     @property
     def micro_batch_sizes(self) -> tuple[tuple[int, ...], ...]:
-        """``[s][d]``: every micro-batch size, spelled out (``steps x gpus`` numbers)."""
-        return tuple(tuple(self.size(s, d) for d in range(self.gpus)) for s in range(self.steps))
+        """``[s][d]``: every micro-batch size, spelled out (``micro_steps x gpus`` numbers)."""
+        return tuple(tuple(self.size(s, d) for d in range(self.gpus)) for s in range(self.micro_steps))
 
     @property
     def device_batch(self) -> int:
@@ -96,7 +102,7 @@ class Plan:
     def samples_per_update(self) -> int:
         """Samples over all micro-batches of one update (``global_batch_size``, by construction)."""
         base, extra = self._split
-        return base * self.gpus * self.steps + extra
+        return base * self.gpus * self.micro_steps + extra
 
     @property
     def master(self) -> bool:
@@ -115,7 +121,7 @@ class Plan:
 
     def device_batch_sizes(self, device: int) -> tuple[int, ...]:
         """The micro-batch sizes one device processes, micro-step by micro-step."""
-        return tuple(self.size(s, device) for s in range(self.steps))
+        return tuple(self.size(s, device) for s in range(self.micro_steps))
 
     def share(self, micro_step: int, device: int) -> float:
         """The share of the update's gradient owed to one micro-batch (its samples / G)."""
@@ -126,19 +132,19 @@ class Plan:
         lines = [
             f"aikit elastic plan: global batch {self.global_batch_size}, at most {self.max_device_batch} per device",
             f"  devices: {self.gpus} used of {self.available_gpus} available",
-            f"  GA steps per update: {self.steps}",
+            f"  GA steps per update: {self.micro_steps}",
         ]
         base, extra = self._split
         if self.is_even:
             lines.append(f"  micro-batch: {self.device_batch} on every device in every step")
-        elif self.steps * self.gpus <= 64:
+        elif self.micro_steps * self.gpus <= 64:
             lines.append(
                 f"  micro-batches (policy {self.policy!r}, exact sample weights): "
                 + "; ".join(f"step {s}: {list(sizes)}" for s, sizes in enumerate(self.micro_batch_sizes))
             )
         else:
             lines.append(f"  micro-batches (policy {self.policy!r}, exact sample weights): the first {extra} "
-                         f"(in step order) of {base + 1}, the other {self.steps * self.gpus - extra} of {base}")
+                         f"(in step order) of {base + 1}, the other {self.micro_steps * self.gpus - extra} of {base}")
         lines.append(f"  master: {self.master} (rank {self.rank})")
         return "\n".join(lines)
 
@@ -150,16 +156,16 @@ def unweighted_problem(plan: Plan | None, micro_steps: int, global_batch_size: i
     where the wrapper follows another plan. A ragged plan's micro-batches differ, so no equal
     weights are its: a loader of its ``device_batch`` feeds more samples than the global batch
     (issue 47: ``init(256, "auto")`` found 86, and the basic loop trained 258 per update)."""
-    if plan is None or plan.is_even or micro_steps != plan.steps or global_batch_size not in (
+    if plan is None or plan.is_even or micro_steps != plan.micro_steps or global_batch_size not in (
             None, plan.global_batch_size):
         return None
-    steps = [str(step[0]) if plan.gpus == 1 else str(list(step)) for step in plan.micro_batch_sizes[:4]]
-    sizes = ", ".join(steps) + (", ..." if plan.steps > 4 else "")
+    shown = [str(step[0]) if plan.gpus == 1 else str(list(step)) for step in plan.micro_batch_sizes[:4]]
+    sizes = ", ".join(shown) + (", ..." if plan.micro_steps > 4 else "")
     fed = plan.device_batch * plan.gpus
     return (f"the plan of aikit.elastic.Torch.init is ragged (global batch {plan.global_batch_size} as {sizes} per GA "
             f"step{'' if plan.gpus == 1 else ' and device'}), but this update's {micro_steps} micro-steps declared no "
             f"samples, so each weighs 1/{micro_steps}: not the plan's update (a loader of batch_size {fed} trains "
-            f"{fed * plan.steps} samples per update). Feed each window of {plan.global_batch_size} samples as "
+            f"{fed * plan.micro_steps} samples per update). Feed each window of {plan.global_batch_size} samples as "
             "micro_batch_slices(plan), each piece inside optimizer.accumulate(model, samples=len(x)); or plan an "
             "even split (policy='fewer_devices'); a wrapper that follows no plan takes its own global_batch_size=")
 
@@ -179,15 +185,15 @@ def micro_batch_slices(plan: Plan, device: int | None = None) -> list[slice]:
     starts = list(accumulate((size for step in plan.micro_batch_sizes for size in step), initial=0))
     n = plan.gpus
     if device is None:
-        return [slice(starts[s * n], starts[(s + 1) * n]) for s in range(plan.steps)]
-    return [slice(starts[s * n + device], starts[s * n + device + 1]) for s in range(plan.steps)]
+        return [slice(starts[s * n], starts[(s + 1) * n]) for s in range(plan.micro_steps)]
+    return [slice(starts[s * n + device], starts[s * n + device + 1]) for s in range(plan.micro_steps)]
 
 
 def nearest_even_batches(global_batch_size: int, max_device_batch: int, gpus: int) -> tuple[int, int]:
     """The closest global batches below and above G that split evenly over ``gpus`` devices."""
-    steps = math.ceil(global_batch_size / (gpus * max_device_batch))
-    below = (global_batch_size // (gpus * steps)) * gpus * steps
-    above = math.ceil(global_batch_size / (gpus * steps)) * gpus * steps
+    micro_steps = math.ceil(global_batch_size / (gpus * max_device_batch))
+    below = (global_batch_size // (gpus * micro_steps)) * gpus * micro_steps
+    above = math.ceil(global_batch_size / (gpus * micro_steps)) * gpus * micro_steps
     return below, above
 
 
@@ -229,19 +235,19 @@ def make_plan(
     rank = index_in(rank, "rank", n)
 
     if policy == "fewer_devices":
-        devices, steps = fewest_steps_even_split(g, m, n)
-        return Plan(g, m, n, devices, steps, policy, rank)
+        devices, micro_steps = fewest_micro_steps_even_split(g, m, n)
+        return Plan(g, m, n, devices, micro_steps, policy, rank)
 
     devices = min(n, g)  # a device that could never get a sample is not used
-    steps = -(-g // (devices * m))
-    if g % (devices * steps) and policy == "error":
+    micro_steps = -(-g // (devices * m))
+    if g % (devices * micro_steps) and policy == "error":
         below, above = nearest_even_batches(g, m, devices)
         raise InvalidValue(
             f"global_batch_size {g} does not split evenly over {devices} devices with at most "
             f"{m} samples each: use global_batch_size {below} or {above}, or policy "
             f"'fewer_devices' (an even split on fewer devices) or, in PyTorch, 'ragged' (exact weighted micro-batches)"
         )
-    return Plan(g, m, n, devices, steps, policy, rank)
+    return Plan(g, m, n, devices, micro_steps, policy, rank)
 
 
 def even_micro_batches(
@@ -256,19 +262,20 @@ def even_micro_batches(
     micro-batch: how an adaptive run that grows its per-device batch (as AdaptDL does) is
     replayed by ``TraceSampler(max_device_batch=...)``."""
     sizes = np.asarray(batch_sizes, dtype=np.int64)
-    steps = np.maximum(-(-min_micro_batches // devices), -(-sizes // (devices * max_device_batch)))
-    return np.where(sizes % (devices * steps) == 0, sizes // (devices * steps), 0)
+    micro_steps = np.maximum(-(-min_micro_batches // devices), -(-sizes // (devices * max_device_batch)))
+    return np.where(sizes % (devices * micro_steps) == 0, sizes // (devices * micro_steps), 0)
 
 
 def largest_even_batch(limit: int, max_device_batch: int, devices: int, min_micro_batches: int = 1) -> int:
     """The largest batch of at most ``limit`` samples that :func:`even_micro_batches` splits (0 if
     none): what an epoch's last update takes of the samples left."""
-    least = -(-min_micro_batches // devices)  # fewest GA steps
-    steps = max(least, -(-limit // (devices * max_device_batch)))
-    batch = limit // (devices * steps) * devices * steps
-    if batch and (steps == least or batch > devices * (steps - 1) * max_device_batch):
-        return batch  # the largest even split with this many steps
-    return devices * (steps - 1) * max_device_batch if steps > least else 0  # one step fewer, full micro-batches
+    least = -(-min_micro_batches // devices)  # fewest GA micro_steps
+    micro_steps = max(least, -(-limit // (devices * max_device_batch)))
+    batch = limit // (devices * micro_steps) * devices * micro_steps
+    if batch and (micro_steps == least or batch > devices * (micro_steps - 1) * max_device_batch):
+        return batch  # the largest even split with this many micro-steps
+    # one micro-step fewer, full micro-batches
+    return devices * (micro_steps - 1) * max_device_batch if micro_steps > least else 0
 
 
 def even_split_problems(batch_sizes: np.ndarray, max_device_batch: int, devices: int,
@@ -294,21 +301,21 @@ def even_split_problems(batch_sizes: np.ndarray, max_device_batch: int, devices:
     return problems
 
 
-def fewest_steps_even_split(g: int, m: int, n: int) -> tuple[int, int]:
-    """``(devices, steps)``: an even split of ``g`` (``g = devices * steps * b``, ``b <= m``,
-    ``devices <= n``) with the fewest steps, then the most devices. Both are divisors of ``g``,
+def fewest_micro_steps_even_split(g: int, m: int, n: int) -> tuple[int, int]:
+    """``(devices, micro_steps)``: an even split of ``g`` (``g = devices * micro_steps * b``, ``b <= m``,
+    ``devices <= n``) with the fewest micro_steps, then the most devices. Both are divisors of ``g``,
     so the search runs over those: bounded by their count (at most 103,680 below 10**18)."""
     divisors = divisors_of(g)
-    first = bisect.bisect_left(divisors, -(-g // (n * m)))  # fewer steps cannot hold g
-    for steps in divisors[first:]:
-        per_step = g // steps
+    first = bisect.bisect_left(divisors, -(-g // (n * m)))  # fewer micro_steps cannot hold g
+    for micro_steps in divisors[first:]:
+        per_step = g // micro_steps
         fewest = -(-per_step // m)  # fewer devices would need micro-batches above m
         for devices in reversed(divisors[: bisect.bisect_right(divisors, min(n, per_step))]):
             if devices < fewest:
                 break
             if per_step % devices == 0:
-                return devices, steps
-    raise AssertionError("unreachable: steps = g on one device always splits evenly")
+                return devices, micro_steps
+    raise AssertionError("unreachable: micro_steps = g on one device always splits evenly")
 
 
 # ---- divisors of a batch size (Miller-Rabin and Pollard's rho, bounded) ---------------------

@@ -91,7 +91,7 @@ class GlobalBatch:
     @property
     def steps(self) -> int:
         """The current plan's GA steps per update."""
-        return self.plan.steps
+        return self.plan.micro_steps
 
     def use(self, device_batch: int) -> Plan:
         """The plan at ``device_batch``, made current: the accelerator's GA steps set to its steps."""
@@ -103,7 +103,7 @@ class GlobalBatch:
                 "find_executable_batch_size hands out only these)")
         plan = self._plan(device_batch)
         self.plan = plan
-        self.accelerator.gradient_accumulation_steps = plan.steps
+        self.accelerator.gradient_accumulation_steps = plan.micro_steps
         return plan
 
     def reduce_batch_size(self) -> int:

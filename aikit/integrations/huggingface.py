@@ -51,7 +51,7 @@ def plan_arguments(global_batch_size: int, max_device_batch: int | None = None, 
             f"with at most {plan.max_device_batch} samples each, and the Trainer gives every device the same "
             f"batch: use global_batch_size {below} or {above}"
         )
-    return {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.steps}
+    return {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.micro_steps}
 
 
 def keep_global_batch(trainer: Trainer) -> Trainer:
@@ -93,7 +93,7 @@ def keep_global_batch(trainer: Trainer) -> Trainer:
         plan = make_plan(global_batch, next(s for s in sizes if s <= start), devices, policy="error")
         before = TrainerStart(trainer)
         while True:
-            args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.steps
+            args.per_device_train_batch_size, args.gradient_accumulation_steps = plan.device_batch, plan.micro_steps
             try:
                 return inner(plan.device_batch * parallel, *arguments, **options)
             except Exception as error:  # the Trainer's try: out of memory re-plans, any other is raised

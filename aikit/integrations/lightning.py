@@ -66,7 +66,7 @@ class ElasticPlan(Callback):
                 f"with at most {plan.max_device_batch} samples each, and Lightning gives every device the "
                 f"same batch: use global_batch_size {below} or {above}"
             )
-        owned = self.plan.steps if self.plan is not None else 1  # a second fit() finds our own value
+        owned = self.plan.micro_steps if self.plan is not None else 1  # a second fit() finds our own value
         if trainer.accumulate_grad_batches not in (1, owned):
             raise InvalidValue(
                 f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and ElasticPlan both set "
@@ -78,12 +78,12 @@ class ElasticPlan(Callback):
                 f"{type(pl_module).__name__} nor its hparams or datamodule has: define it and build the train "
                 "DataLoader with it"
             )
-        trainer.accumulate_grad_batches = plan.steps
+        trainer.accumulate_grad_batches = plan.micro_steps
         lightning_setattr(pl_module, self.batch_size_attr, plan.batch_size)
         self.plan = plan
 
     def on_train_start(self, trainer, pl_module) -> None:
-        batches, steps = trainer.num_training_batches, self.plan.steps
+        batches, steps = trainer.num_training_batches, self.plan.micro_steps
         if batches != float("inf") and batches % steps:
             raise InvalidValue(
                 f"an epoch has {batches} micro-batches per device, not a multiple of the plan's {steps} GA steps: "

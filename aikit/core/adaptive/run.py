@@ -99,8 +99,8 @@ class AdaptiveRun:
         if new is not None and (log_change or say is not None):
             plan = controller.plan(new)
             message = (f"adaptive batch: update {update}: global batch {old} -> {new} from update "
-                       f"{update + 1 + self.schedule.lookahead} ({plan.steps} GA steps x {plan.batch_size} per device "
-                       f"on {controller.devices} replica(s)), {controller.change_reason()}, "
+                       f"{update + 1 + self.schedule.lookahead} ({plan.micro_steps} GA steps x {plan.device_batch} "
+                       f"per device on {controller.devices} replica(s)), {controller.change_reason()}, "
                        f"noise scale {row['noise_scale']:.4g}, lr {lr:.4g}")
             if log_change:
                 log.info(message)

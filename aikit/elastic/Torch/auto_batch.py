@@ -109,9 +109,10 @@ class AutoBatch:
                 f"AutoBatch needs the aikit GA optimizer built with global_batch_size={plan.global_batch_size} "
                 f"(its micro-batches weigh their samples), got {type(optimizer).__name__} with "
                 f"global_batch_size={getattr(optimizer, 'global_batch_size', None)}: "
-                f"aikit.ga.Torch.optim.Optimizer(optimizer, plan.steps, global_batch_size={plan.global_batch_size})")
+                f"aikit.ga.Torch.optim.Optimizer(optimizer, plan.micro_steps, "
+                f"global_batch_size={plan.global_batch_size})")
         self.optimizer, self.model, self.plan = optimizer, model, plan
-        self.optimizer.steps = plan.steps
+        self.optimizer.steps = plan.micro_steps
         self.updates = 0  # updates run to their end
         self.replans: list[tuple[int, int, int, str]] = []  # (update, device batch, new device batch, the error)
 
@@ -156,7 +157,7 @@ class AutoBatch:
             raise OutOfMemory(f"update {self.updates}: {failed} at per-device batch {old.device_batch} "
                               f"({memory.capacity(_device())}); {why}")
         self.plan = smaller
-        self.optimizer.steps = smaller.steps
+        self.optimizer.steps = smaller.micro_steps
         self.replans.append((self.updates, old.device_batch, smaller.device_batch, failed))
         log.warning("auto batch: update %d ran out of memory at per-device batch %d (%s): re-planned to %s "
                     "(global batch %d kept); the update runs again from its first micro-batch", self.updates,

@@ -64,7 +64,7 @@ class UpdateSampler:
         plan = make_plan(self.global_batch_size, self.max_device_batch, replicas, rank=rank)
         window = self.window()
         if rank >= plan.gpus:  # more replicas than samples: this one sits the update out
-            return [window[:0]] * plan.steps
+            return [window[:0]] * plan.micro_steps
         return [window[part] for part in micro_batch_slices(plan, rank)]
 
     def advance(self) -> None:

@@ -76,9 +76,9 @@ def init(
     available, where, rank, found = seam.found_devices(strategy)
     devices = devices_here(gpus, available, where, g, m)
     new_plan = make_plan(g, m, devices, policy=policy, rank=rank)
-    if new_plan.steps > MAX_KERAS_STEPS:
+    if new_plan.micro_steps > MAX_KERAS_STEPS:
         raise InvalidValue(
-            f"global_batch_size {g} needs {new_plan.steps} GA steps of at most {m} samples, more than the "
+            f"global_batch_size {g} needs {new_plan.micro_steps} GA steps of at most {m} samples, more than the "
             f"{MAX_KERAS_STEPS} Keras' step counter (an integer variable) can hold: use a smaller global batch"
         )
     placement = seam.distribute(found, new_plan.gpus, g)

@@ -142,7 +142,7 @@ def _check(controller: GoodputController, replicas: int, parts: int, x: np.ndarr
             f"max_batch {controller.max_batch} is larger than the data set ({len(x)} samples): an update "
             "cannot span epochs, so use max_batch <= the data set size"
         )
-    if parts * controller.plan(controller.batch).steps < 2 and not controller.split.noise_every:
+    if parts * controller.plan(controller.batch).micro_steps < 2 and not controller.split.noise_every:
         raise InvalidValue(
             f"batch {controller.batch} runs as one micro-batch on one replica, from which gradient noise cannot "
             "be measured: give the controller noise_every=4 (every fourth update in two halves, where the noise is "

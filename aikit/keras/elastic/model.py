@@ -1,11 +1,11 @@
 """``Model(model)``: a Keras model that trains by the elastic plan of ``aikit.keras.elastic.init``.
 
-``compile`` wraps the optimizer in aikit's GA (``plan.steps`` micro-steps per update) and
+``compile`` wraps the optimizer in aikit's GA (``plan.micro_steps`` micro-steps per update) and
 runs Keras' ``compile`` where the plan trains (a ``tf.distribute`` strategy's scope on
 TensorFlow, the ``keras.distribution``'s on JAX); ``fit`` feeds the planned micro-batch to
 every device. An epoch is still one pass over the data (an update
 continues into the next epoch when an epoch's micro-batches are not a multiple of
-``plan.steps``; no sample is dropped); batch-level callbacks fire per micro-step, as in
+``plan.micro_steps``; no sample is dropped); batch-level callbacks fire per micro-step, as in
 Keras, and ``model.optimizer.iterations`` counts real updates. Everything else -- ``evaluate``,
 ``predict``, ``save``, ``summary``, attributes -- is the wrapped Keras model's.
 """
@@ -71,12 +71,12 @@ class Model:
         with seam.scope(self.strategy):
             optimizer = keras.optimizers.get(optimizer)
             if isinstance(optimizer, Optimizer):
-                optimizer.steps = self.plan.steps
+                optimizer.steps = self.plan.micro_steps
             else:
                 # created outside the strategy or distribution: its (still empty) state re-created inside
                 optimizer = seam.fresh_optimizer(optimizer, self.strategy)
-                if self.plan.steps > 1:
-                    optimizer = Optimizer(optimizer, self.plan.steps)
+                if self.plan.micro_steps > 1:
+                    optimizer = Optimizer(optimizer, self.plan.micro_steps)
             self.model.compile(optimizer, *args, **kwargs)
             if isinstance(optimizer, Optimizer):
                 optimizer.match_loss(self.model)  # the compiled loss's reduction (sum or mean), or a mismatch refused
