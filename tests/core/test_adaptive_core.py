@@ -158,11 +158,11 @@ def test_both_ways_of_marking_micro_steps_time_an_update_alike(marks):
             timer.restart()  # training stopped in between (a new epoch's DataLoader): not timed
         for _ in range(k):
             if marks.startswith("before"):
-                timer.micro_step()
+                timer.end_micro_step()
                 clock.now += m
             else:
                 clock.now += m
-                timer.micro_step()
+                timer.end_micro_step()
         if marks.startswith("before"):
             clock.now += c  # Keras: the update runs inside the last micro-step
             measured.append(update_timing(timer.measure()))

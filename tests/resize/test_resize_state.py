@@ -164,7 +164,7 @@ def test_the_ga_optimizer_commits_between_updates_and_resumes_with_other_steps(t
     model(x).sum().backward()
     opt.step()
     with pytest.raises(RuntimeError, match=r"commit\(\) in the middle of an update: optimizer has 1 of its 2 "
-                       r"micro-steps accumulated; commit right after the update, when optimizer.position == 0"):
+                       r"micro-steps accumulated; commit right after the update, when optimizer.micro_step == 0"):
         state.commit()
     model(x).sum().backward()
     opt.step()

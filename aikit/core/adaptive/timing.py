@@ -33,7 +33,7 @@ class UpdateClock:
         self._latest: float | None = None  # this update's latest mark
         self._accumulating = 0.0  # seconds between this update's marks
 
-    def micro_step(self) -> None:
+    def end_micro_step(self) -> None:
         """Mark the boundary of a micro-step of the update in progress."""
         stamp = self.clock()
         if self._latest is not None:

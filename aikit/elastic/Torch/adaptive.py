@@ -168,7 +168,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         def measured() -> Any:
             loss = closure() if closure is not None else None
             self.noise.norms.close()
-            self.clock.micro_step()  # the update's own work comes after its last micro-step's mark
+            self.clock.end_micro_step()  # the update's own work comes after its last micro-step's mark
             return loss
 
         return super().step(measured)

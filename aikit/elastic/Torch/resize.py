@@ -162,10 +162,10 @@ class ElasticState(CommitStorage):
                 "when optimizer.step() returns True"
             )
         for name, obj in self._objects.items():
-            if isinstance(obj, GAOptimizer) and obj.position:
+            if isinstance(obj, GAOptimizer) and obj.micro_step:
                 raise InvalidState(
-                    f"commit() in the middle of an update: {name} has {obj.position} of its {obj.steps} "
-                    "micro-steps accumulated; commit right after the update, when optimizer.position == 0"
+                    f"commit() in the middle of an update: {name} has {obj.micro_step} of its {obj.steps} "
+                    "micro-steps accumulated; commit right after the update, when optimizer.micro_step == 0"
                 )
         number = self.commits + 1  # counted once written: a failed commit changes nothing
         # Schedule-Free's contract: saved in eval mode, so the model's weights saved are the ones to

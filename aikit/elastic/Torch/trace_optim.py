@@ -219,7 +219,7 @@ class TraceOptimizer(WrappingOptimizer):
         _check_steppable(self, joined=True)
         self._untouched = False
         self.micro += 1
-        self.engine.micro_step()
+        self.engine.end_micro_step()
         if self.micro < self.counts[self.step_index]:
             mark_step(self.device)
             self.updated = False
@@ -277,7 +277,7 @@ class TraceOptimizer(WrappingOptimizer):
         lr = self._base_lrs()
         self.updated = False
         try:
-            stepped = self.engine.step(self._gradient_scale())
+            stepped = self.engine.update(self._gradient_scale())
             self.updated = self.engine.outcomes.settle() if stepped is None else stepped  # the warmup clock: now
         finally:
             for group, values in zip(self.param_groups, saved, strict=True):

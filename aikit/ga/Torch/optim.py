@@ -142,7 +142,7 @@ class Optimizer(WrappingOptimizer):
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler, overlap=overlap,
                                   bucket_cap_mb=bucket_cap_mb, skip_nonfinite=skip_nonfinite,
                                   max_skips_in_a_row=max_skips_in_a_row)
-        self._steps = positive_int(steps, "steps")
+        self._micro_steps = positive_int(steps, "steps")
         self.global_batch_size = None if global_batch_size is None else positive_int(
             global_batch_size, "global_batch_size"
         )
@@ -155,7 +155,7 @@ class Optimizer(WrappingOptimizer):
         self.sync_every_micro_step = bool(sync_every_micro_step)
         self.reduction = reduction
         self.window = Window(self.engine)  # this update's micro-steps so far, and what they declared
-        self.micro_steps = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
+        self.micro_steps_taken = 0  # every step() call so far (Run:AI's ``runai.step``); ``applied`` counts updates
         self.updated, self.committed = False, True  # the last step(): updated (None: read when asked), committed
         engines.current().keep_whole(Optimizer)  # Horovod's hvd.elastic.TorchState: its whole state_dict
 
@@ -168,30 +168,44 @@ class Optimizer(WrappingOptimizer):
         return self.engine.scaler
 
     @property
+    def micro_step(self) -> int:
+        """Micro-steps taken towards the next update (0 between updates)."""
+        return self.window.micro_step
+
+    @property
     def position(self) -> int:
-        """Micro-steps taken towards the next update."""
-        return self.window.position
+        """:attr:`micro_step` by the name aikit 0.x's docs gave it (kept where users wrote it)."""
+        return self.micro_step
+
+    @property
+    def micro_steps(self) -> int:
+        """:attr:`micro_steps_taken` by the name aikit's Run:AI migration gave ``runai.step``."""
+        return self.micro_steps_taken
+
+    @micro_steps.setter
+    def micro_steps(self, taken: int) -> None:
+        self.micro_steps_taken = taken
 
     @property
     def steps(self) -> int:
         """Micro-batches per update; may change between updates (a new plan, a trace)."""
-        return self._steps
+        return self._micro_steps
 
     @steps.setter
     def steps(self, steps: int) -> None:
         steps = positive_int(steps, "steps")
-        if self.position:
+        if self.micro_step:
             raise InvalidValue(
-                f"steps can change only between updates, but {self.position} of {self._steps} "
-                f"micro-steps are accumulated: set steps={steps} when optimizer.position == 0"
+                f"steps can change only between updates, but {self.micro_step} of {self._micro_steps} "
+                f"micro-steps are accumulated: set steps={steps} when optimizer.micro_step == 0"
             )
-        self._steps = steps
+        self._micro_steps = steps
 
     @property
     def sync_gradients(self) -> bool:
         """True when the next ``step()`` makes the real update: the micro-step whose backward
         must all-reduce under DDP, and where you would unscale or clip by hand."""
-        return self.position == self._steps - 1
+        return self.micro_step == self._micro_steps - 1
 
     def _ends_update(self) -> bool:
         """Whether a backward now is the last of an update: the overlapped all-reduce's hooks
@@ -200,7 +214,7 @@ class Optimizer(WrappingOptimizer):
 
     def __repr__(self) -> str:
         reduction = "" if self.reduction == "mean" else f", reduction={self.reduction!r}"
-        return f"aikit.ga.Torch.optim.Optimizer({self.optimizer!r}, steps={self._steps}{reduction})"
+        return f"aikit.ga.Torch.optim.Optimizer({self.optimizer!r}, steps={self._micro_steps}{reduction})"
 
     # --- the training loop ---------------------------------------------------------------------
     @contextlib.contextmanager
@@ -253,13 +267,13 @@ class Optimizer(WrappingOptimizer):
         framework_syncs = skip_sync is not None and not self.reduce and (self.sync_gradients
                                                                          or self.sync_every_micro_step)
         return self.window.weighing(model, samples, weight, global_batch_size=self.global_batch_size,
-                                    parts=self._steps * world, fold=not framework_syncs,
+                                    parts=self._micro_steps * world, fold=not framework_syncs,
                                     start_sum=world > 1 and not self.reduce and self.sync_gradients)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients at the start of an update only; mid-update it keeps them (the
         wrapper clears them itself after every update, so calling this is optional)."""
-        if self.position == 0:  # set_to_none only when asked: Run:AI-era optimizers define zero_grad(self)
+        if self.micro_step == 0:  # set_to_none only when asked: Run:AI-era optimizers define zero_grad(self)
             self.optimizer.zero_grad() if set_to_none else self.optimizer.zero_grad(set_to_none=False)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -268,18 +282,18 @@ class Optimizer(WrappingOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.window.position += 1
-        self.engine.micro_step(expect_backward=not self.window.take_empty())
+        self.window.micro_step += 1
+        self.engine.end_micro_step(expect_backward=not self.window.take_empty())
         self.updated = False
-        if self.position == self._steps:
+        if self.micro_step == self._micro_steps:
             self.updated = self._update(short=False)
-        self.micro_steps += 1
+        self.micro_steps_taken += 1
         return loss
 
     def flush(self) -> bool:
         """Update now on the micro-steps accumulated so far (an epoch's last, shorter window);
         True if it updated. Every replica must call it at the same point."""
-        if self.position == 0:
+        if self.micro_step == 0:
             return False
         if not self.reduce and world_size() > 1:
             raise InvalidValue(
@@ -307,7 +321,7 @@ class Optimizer(WrappingOptimizer):
             world=world_size(), global_batch_size=self.global_batch_size))  # the world read at every update
         if not self.committed:  # TorchFT's quorum did not: nothing applied, the loop trains it again
             self.restart()
-        return self.engine.step(scale) if self.committed else False
+        return self.engine.update(scale) if self.committed else False
 
     # --- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -318,8 +332,8 @@ class Optimizer(WrappingOptimizer):
 
     def _ga_state(self) -> dict[str, Any]:
         terms = None if self.window.declared != "weight" else int(self.engine.terms)  # a checkpoint holds numbers
-        return ga_state(self.window, steps=self._steps, micro_steps=self.micro_steps, reduction=self.reduction,
-                        terms=terms, pending=self.engine.pending() if self.position else [])
+        return ga_state(self.window, micro_steps=self._micro_steps, taken=self.micro_steps_taken,
+                        reduction=self.reduction, terms=terms, pending=self.engine.pending() if self.micro_step else [])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore ``state_dict()``; strict about its keys, and checked whole before anything
@@ -345,12 +359,12 @@ class Optimizer(WrappingOptimizer):
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum
         self.engine.discard()  # sums started from the gradients just replaced
         self.window = Window.restored(ga, self.engine)
-        self.micro_steps = ga["micro_steps"]
+        self.micro_steps_taken = ga["micro_steps"]
         self.engine.terms = ga.get("terms") or 0
 
     def check_state(self, state_dict: dict[str, Any]) -> None:
         """Every reason ``state_dict`` cannot be loaded, before anything is changed."""
-        check_state(from_runai(state_dict), self.optimizer, self._steps, self.reduction)
+        check_state(from_runai(state_dict), self.optimizer, self._micro_steps, self.reduction)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, **{name: getattr(self, name) for name in _PICKLED},

@@ -1,6 +1,6 @@
 """An update's window in the torch GA wrapper: its micro-steps, what they declared, what they weigh.
 
-``steps`` micro-steps make an update. :class:`Window` counts those taken (``position``) and what
+``steps`` micro-steps make an update. :class:`Window` counts those taken (``micro_step``) and what
 each declared in ``accumulate()`` its mean loss to be a mean over: its samples (``samples=n``)
 or its loss terms (``weight=n``), the same in every micro-step of an update or in none. It owns
 the GA engine (:class:`~aikit.runtime.Torch.accumulator.Accumulator`) the wrapper made, gives
@@ -34,7 +34,7 @@ class Window:
 
     def __init__(self, accumulator: Accumulator) -> None:
         self.accumulator = accumulator
-        self.position = 0  # micro-steps taken towards the next update
+        self.micro_step = 0  # micro-steps taken towards the next update
         self.samples = 0  # samples declared (accumulate(samples=...))
         self.weighted = 0  # micro-steps that declared their samples or loss terms
         self.declared: str | None = None  # what they declared: "samples" or "weight" (None: nothing yet)
@@ -45,8 +45,8 @@ class Window:
     def restored(cls, ga: dict[str, Any], accumulator: Accumulator) -> Window:
         """The window a checked ``state_dict()["ga"]`` saved."""
         window = cls(accumulator)
-        window.position, window.samples, window.weighted, window.unit = (ga["position"], ga["samples"],
-                                                                         ga["weighted"], ga["unit"])
+        window.micro_step, window.samples, window.weighted, window.unit = (ga["position"], ga["samples"],
+                                                                           ga["weighted"], ga["unit"])
         window.declared = "weight" if ga.get("terms") is not None else "samples" if ga["weighted"] else None
         return window
 
@@ -128,8 +128,8 @@ class Window:
         the ``world``. ``short``: ``flush()`` ends the window before its ``steps``. Refused,
         the gradients cleared, where the micro-steps' declarations do not add up to the update."""
         engine = self.accumulator
-        if self.weighted not in (0, self.position):
-            _refuse(engine, f"only {self.weighted} of the {self.position} micro-steps of this update declared "
+        if self.weighted not in (0, self.micro_step):
+            _refuse(engine, f"only {self.weighted} of the {self.micro_step} micro-steps of this update declared "
                             f"{self.declared}= in accumulate(): declare them in every micro-step or in none")
         averaging = 1 if reducing else world  # DDP and FSDP2 average over the processes; reducing sums
         if self.declared == "weight":
@@ -139,17 +139,17 @@ class Window:
             (samples,) = engine.reduce([float(samples)])
             samples = round(samples)
         if not self.weighted:  # reducing, the replicas' sum is divided by the world; DDP averages it itself
-            problem = None if short or reduction == "sum" else unweighted_problem(plan_of(TORCH), self.position,
+            problem = None if short or reduction == "sum" else unweighted_problem(plan_of(TORCH), self.micro_step,
                                                                                   global_batch_size)
             if problem:
                 _refuse(engine, problem)
-            return equal_share(self.position, reduction, world, averaging)
+            return equal_share(self.micro_step, reduction, world, averaging)
         total = _global_batch(global_batch_size, samples)
         # reducing, the samples are summed with the gradients: a short window (an epoch's last)
         # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
         seen = reducing or world == 1  # the samples counted are every replica's
         if (samples > total and seen) or (world == 1 and not reducing and not short and samples != total):
-            _refuse(engine, f"the {self.position} micro-batches of this update held {samples} samples, but "
+            _refuse(engine, f"the {self.micro_step} micro-batches of this update held {samples} samples, but "
                             f"global_batch_size is {total}: feed exactly that many per update, or call "
                             "optimizer.flush() after an epoch's last, shorter window")
         scale = sample_share(self.unit, total, averaging)

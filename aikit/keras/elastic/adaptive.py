@@ -162,7 +162,7 @@ def _train_one_update(keras_model: Any, optimizer: NoiseOptimizer, x: np.ndarray
     batch, micro, steps = int(plan.batch_sizes[step]), plan.micro_size(step), int(plan.micro_steps[step])
     # times a batch policy's factor (a probe's LR rule; 1 for the goodput controller), as PyTorch's
     lr = policy.lr(base_lr, batch, noise=run.controller.noise.measured) * run.controller.lr_scale()
-    losses = train_update(keras_model, optimizer, x, y, plan, step, lr, update_clock.micro_step)
+    losses = train_update(keras_model, optimizer, x, y, plan, step, lr, update_clock.end_micro_step)
     timing = update_timing(update_clock.measure(timed=micro in compiled))  # a new shape may have compiled
     compiled.add(micro)
     # a part is one replica's micro-batch, or on JAX the mesh's whole micro-batch (XLA reduced it)

@@ -285,10 +285,10 @@ class LRFinder(RangeTestResults):
                 f"accumulation_steps={accumulation_steps} through a GA optimizer, which accumulates "
                 f"optimizer.steps={self.optimizer.steps} micro-batches per update itself: leave accumulation_steps out"
             )
-        if self.optimizer.position:
+        if self.optimizer.micro_step:
             raise InvalidValue(
-                f"the GA optimizer is {self.optimizer.position} micro-steps into an update: run the range test "
-                "between updates (optimizer.position == 0)"
+                f"the GA optimizer is {self.optimizer.micro_step} micro-steps into an update: run the range test "
+                "between updates (optimizer.micro_step == 0)"
             )
 
     def _check_for_scheduler(self) -> None:

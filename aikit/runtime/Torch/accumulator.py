@@ -271,12 +271,12 @@ class Accumulator:
         self.terms, self._terms_sum = 0, None
         self.marks.restart()
 
-    def micro_step(self, expect_backward: bool = True) -> None:
+    def end_micro_step(self, expect_backward: bool = True) -> None:
         """A wrapper's ``step()`` ended a micro-step: note whether its backward reached the
         parameters (``expect_backward`` False: an empty micro-batch, which needs none)."""
-        self.marks.micro_step(expect_backward)
+        self.marks.end_micro_step(expect_backward)
 
-    def step(self, scale: float | torch.Tensor) -> bool | None:
+    def update(self, scale: float | torch.Tensor) -> bool | None:
         """Multiply the accumulated gradients by ``scale``, unscale (AMP), clip, update, clear.
 
         Returns whether the update was applied: False when it was skipped for an inf/NaN gradient

@@ -40,12 +40,12 @@ class BackwardMarks:
         """A new update's window, from the gradients as they are now."""
         self.sharded = any(is_shard(p) for group in self.optimizer.param_groups for p in group["params"])
         self._last = [] if self.sharded else self._marks()
-        self.micro_steps = self.missing = 0
+        self.micro_step = self.missing = 0  # micro-steps taken towards the update; those without a backward
 
-    def micro_step(self, expect_backward: bool = True) -> None:
+    def end_micro_step(self, expect_backward: bool = True) -> None:
         """Count a micro-step, and whether a backward reached a parameter since the last one
         (``expect_backward`` False: it declared an empty micro-batch, which needs none)."""
-        self.micro_steps += 1
+        self.micro_step += 1
         if self.sharded:
             return
         marks = self._marks()
@@ -61,11 +61,11 @@ class BackwardMarks:
         self._warned = True
         if not gradients:
             what = (f"an update had no gradient at all: no backward reached the optimizer's parameters in its "
-                    f"{self.micro_steps} micro-step(s), so it changed nothing (optimizer.updated is still True)")
+                    f"{self.micro_step} micro-step(s), so it changed nothing (optimizer.updated is still True)")
         else:
-            what = (f"{self.missing} of the {self.micro_steps} micro-steps of an update had no backward since the "
+            what = (f"{self.missing} of the {self.micro_step} micro-steps of an update had no backward since the "
                     f"step() before, so {'it' if self.missing == 1 else 'they'} added nothing: the update is still "
-                    f"the mean over all {self.micro_steps} micro-steps (a smaller one)")
+                    f"the mean over all {self.micro_step} micro-steps (a smaller one)")
         warnings.warn(NoGradientWarning(
             f"aikit: {what}. Call loss.backward() before every optimizer.step() (with a loss that reaches the "
             "parameters). Warned once per optimizer."), stacklevel=user_stacklevel())
