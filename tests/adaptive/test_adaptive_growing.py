@@ -109,7 +109,7 @@ def test_an_adascale_run_resumes_to_the_same_bits(tmp_path, hold_after):
     state = ElasticState(tmp_path, model=model, optimizer=optimizer, verbose=False)
 
     def commit_at():
-        if len(sampler.controller.batches) == stop and optimizer.micro == 0 and not state.commits:
+        if len(sampler.controller.batches) == stop and optimizer.micro_step == 0 and not state.commits:
             state.commit()
 
     train(model, data, 2, sampler=sampler, optimizer=optimizer, clock=clock, after_step=commit_at)

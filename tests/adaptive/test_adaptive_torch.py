@@ -133,7 +133,7 @@ def test_resuming_through_elastic_state_continues_to_the_same_bits(run, tmp_path
     stop = len(history) // 2 + 1  # an update after a change: the new plan is part of the state
 
     def commit_at():
-        if len(sampler.controller.batches) == stop and optimizer.micro == 0 and not state.commits:
+        if len(sampler.controller.batches) == stop and optimizer.micro_step == 0 and not state.commits:
             state.commit()
 
     train(model, data, 3, sampler=sampler, optimizer=optimizer, clock=clock, after_step=commit_at)

@@ -59,7 +59,7 @@ def test_an_update_amp_skips_changes_no_weight_and_advances_no_count(device, fus
     assert inner_steps(inner) == {1}  # AdamW's step count (its bias correction) did not advance
     assert optimizer.applied == 1 and scheduler.last_epoch == 1 and inner.param_groups[0]["lr"] == lr
     assert scaler.get_scale() == SCALE / 2  # the skip counted once
-    assert optimizer.position == 0 and all(p.grad is None for p in model.parameters())  # the window is spent
+    assert optimizer.micro_step == 0 and all(p.grad is None for p in model.parameters())  # the window is spent
     update(4)  # and training goes on
     assert optimizer.updated and inner_steps(inner) == {2} and optimizer.applied == 2
     assert scheduler.last_epoch == 2 and inner.param_groups[0]["lr"] == lr / 2

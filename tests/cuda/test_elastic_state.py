@@ -52,7 +52,7 @@ def test_a_run_on_the_device_resumes_from_its_commit_to_the_same_bits(device, tm
     first.train(UPDATES)  # commits after update 2, trains on to 4
     resumed = Run(device, tmp_path / "run", seed=1)  # the random streams have moved on since the commit
     assert resumed.state.restore()
-    assert resumed.state.updates == COMMIT_AT and resumed.optimizer.position == 0
+    assert resumed.state.updates == COMMIT_AT and resumed.optimizer.micro_step == 0
     moments = [resumed.inner.state[p]["exp_avg"] for p in resumed.model.parameters()]
     assert {t.device for t in [*moments, *resumed.model.parameters()]} == {device}  # on the device, not the CPU
     resumed.train(UPDATES)

@@ -54,7 +54,7 @@ def main() -> None:
                     if len(idx):
                         torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
                 optimizer.step()
-            assert optimizer.updated and optimizer.position == 0
+            assert optimizer.updated and optimizer.micro_step == 0
             state.update += 1
             log.write(json.dumps({"update": state.update, "world": world, "rank": rank, "steps": plan.steps,
                                   "host": os.environ.get("HOROVOD_HOSTNAME"),

@@ -187,7 +187,7 @@ def train(case: Case, engine: str = "horovod") -> dict:
                     scheduler.step()
             if optimizer.flush() and scheduler is not None:
                 scheduler.step()
-    assert optimizer.position == 0
+    assert optimizer.micro_step == 0
     return {
         "params": [p.detach().clone() for p in net.parameters()],
         "plan": {name: getattr(aikit.elastic, name) for name in aikit.elastic.PUBLIC},

@@ -61,9 +61,9 @@ def test_horovod_elastic_state_saves_restores_and_syncs_the_ga_optimizer_whole(h
     committed = [p.grad.clone() for p in model.parameters()]
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()  # the update: position 0, gradients cleared, momentum set
-    assert optimizer.position == 0 and optimizer.optimizer.state
+    assert optimizer.micro_step == 0 and optimizer.optimizer.state
     state.restore()
-    assert optimizer.position == 1 and not optimizer.optimizer.state
+    assert optimizer.micro_step == 1 and not optimizer.optimizer.state
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), committed, strict=True))
     state.sync()  # a world of one: nothing to send, nothing changes
-    assert optimizer.position == 1
+    assert optimizer.micro_step == 1

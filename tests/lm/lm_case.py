@@ -259,7 +259,7 @@ def train(case: Case, engine: str) -> dict:
             per_update.append({key: counts[key] - before[key] for key in counts})
     finally:
         dist.reduce_scatter_single = reduce_scatter
-    assert optimizer.position == 0
+    assert optimizer.micro_step == 0
     return {
         "params": [full(p).detach().clone() for p in net.parameters()],
         "first_grads": first,

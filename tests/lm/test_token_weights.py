@@ -220,7 +220,7 @@ def test_an_update_without_any_token_is_refused_and_changes_nothing():
         else:
             optimizer.step()
     assert torch.equal(flat(p.detach() for p in net.parameters()), before)
-    assert optimizer.position == 0 and all(p.grad is None for p in net.parameters())
+    assert optimizer.micro_step == 0 and all(p.grad is None for p in net.parameters())
     assert not optimizer.optimizer.state  # the inner optimizer never stepped
     train_window(optimizer, net, data, np.arange(4), parts=2)  # and training goes on
     assert optimizer.updated

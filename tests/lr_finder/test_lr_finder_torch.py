@@ -608,7 +608,7 @@ def test_reset_after_a_ga_range_test_restores_the_model_and_the_ga_optimizer_exa
         nn.functional.mse_loss(model(xb), yb).backward()
         ga.step()
     weights, optimizer_state = state(model.state_dict()), state(ga.state_dict())
-    counters = (ga.applied, ga.micro_steps, ga.position)
+    counters = (ga.applied, ga.micro_steps, ga.micro_step)
     finder = LRFinder(model, ga, nn.MSELoss())
     finder.range_test(loader, end_lr=1.0, num_iter=7, progress_bar=False)
     first = list(finder.history["loss"])
@@ -616,7 +616,7 @@ def test_reset_after_a_ga_range_test_restores_the_model_and_the_ga_optimizer_exa
     finder.reset()
     assert_same_state(model.state_dict(), weights)
     assert_same_state(ga.state_dict(), optimizer_state)  # Adam's moments and step, the GA position and count
-    assert (ga.applied, ga.micro_steps, ga.position) == counters
+    assert (ga.applied, ga.micro_steps, ga.micro_step) == counters
     finder.range_test(loader, end_lr=1.0, num_iter=7, progress_bar=False)
     assert finder.history["loss"] == first  # the same test again, to the bit
 

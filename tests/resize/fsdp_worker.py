@@ -128,7 +128,7 @@ def main() -> None:
             if args.stop_after is not None and update == args.stop_after + 1:
                 torch.save(seen, args.out / f"{args.name}.rank{rank}.pt")
                 os._exit(0)  # lost mid-update
-        assert opt.position == 0
+        assert opt.micro_step == 0
         following = order[order.index((epoch, step)) + 1] if (epoch, step) != order[-1] else (None, None)
         state.position = {"epoch": following[0], "step": following[1]}
         if args.forget_restore:

@@ -67,9 +67,9 @@ def test_restore_in_the_same_process_drops_a_step_cut_short(tmp_path, data):
     x, y, expected = data
     model, opt, state = build(tmp_path)
     train(x, y, model, opt, state, stop_after_micro=9)  # 3 micro-batches into step 2
-    assert opt.micro == 3 and model[0].weight.grad is not None
+    assert opt.micro_step == 3 and model[0].weight.grad is not None
     state.restore()
-    assert opt.micro == 0 and opt.step_index == 2
+    assert opt.micro_step == 0 and opt.step_index == 2
     train(x, y, model, opt, state)
     assert max_difference(model.state_dict(), expected) < 1e-10
 
@@ -172,7 +172,7 @@ def test_the_ga_optimizer_commits_between_updates_and_resumes_with_other_steps(t
     model2 = make_model()
     opt2 = GAOptimizer(make_sgd(model2), steps=4)  # the plan for fewer devices
     assert ElasticState(tmp_path, model=model2, optimizer=opt2, verbose=False).restore()
-    assert (opt2.steps, opt2.position) == (4, 0)
+    assert (opt2.steps, opt2.micro_step) == (4, 0)
     assert max_difference(model2.state_dict(), model.state_dict()) == 0.0
     for p, p2 in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(opt2.state[p2]["momentum_buffer"], opt.state[p]["momentum_buffer"])

@@ -175,7 +175,7 @@ def test_a_ga_position_outside_its_update_is_refused(position):
     with pytest.raises(InvalidValue, match=rf"the checkpoint's GA position must be an integer in \[0, 4\) for "
                                            rf"steps=4, got {position}"):
         opt.load_state_dict(state)
-    assert opt.position == 0
+    assert opt.micro_step == 0
 
 
 # ---- a hand-edited commit with a valid checksum -------------------------------------------------

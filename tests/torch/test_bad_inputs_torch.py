@@ -152,7 +152,7 @@ def test_auto_batch_names_a_loss_that_is_no_mean_loss_tensor(loss, error, messag
     x, y = torch.randn(8, 2), torch.randn(8, 1)
     with pytest.raises(error, match=message):
         auto.update(lambda xb, yb: loss(net, xb, yb), x, y)
-    assert auto.optimizer.position == 0 and all(p.grad is None for p in net.parameters())
+    assert auto.optimizer.micro_step == 0 and all(p.grad is None for p in net.parameters())
     auto.update(lambda xb, yb: (net(xb) - yb).pow(2).mean(), x, y)
     assert auto.updates == 1 and auto.optimizer.applied == 1
 

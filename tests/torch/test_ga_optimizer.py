@@ -117,7 +117,7 @@ def test_any_split_of_the_batch_equals_the_big_batch(sizes):
             with opt.accumulate(net, samples=len(xm)):
                 loss_fn(net, xm, ym).backward()
             opt.step()
-            assert opt.updated == (opt.position == 0)
+            assert opt.updated == (opt.micro_step == 0)
     assert_same(net, big_batch_run(make, data))
 
 
@@ -233,7 +233,7 @@ def test_an_update_amp_skips_for_inf_is_reported_and_cleared():
     for poison in (False, True):
         scaler.scale(loss_fn(net, x, y) * (float("inf") if poison else 1.0)).backward()
         opt.step()
-    assert not opt.updated and opt.position == 0 and scaler.get_scale() < 2.0**10
+    assert not opt.updated and opt.micro_step == 0 and scaler.get_scale() < 2.0**10
     assert all(p.grad is None for p in net.parameters())  # the next update starts clean
     assert all(torch.equal(p, q) for p, q in zip(net.parameters(), before, strict=True))
 
@@ -279,7 +279,7 @@ def test_state_dict_mid_update_resumes_to_the_same_bits(name):
     opt2 = Optimizer(make(resumed.parameters()), 3, global_batch_size=12)
     resumed.load_state_dict(checkpoint["model"])
     opt2.load_state_dict(checkpoint["optimizer"])
-    assert opt2.position == 2
+    assert opt2.micro_step == 2
     _train(resumed, opt2, data, sizes, start=5)
     for p, q in zip(net.parameters(), resumed.parameters(), strict=True):
         assert torch.equal(p, q)
@@ -290,7 +290,7 @@ def test_pickle_keeps_the_accumulation_position_and_pending_gradients():
     opt = Optimizer(torch.optim.Adam(net.parameters(), lr=0.01), 3, global_batch_size=12)
     _train(net, opt, batches([12, 12]), [4, 4, 4], stop=4)
     copy_ = pickle.loads(pickle.dumps(opt))
-    assert (copy_.position, copy_.steps) == (1, 3)
+    assert (copy_.micro_step, copy_.steps) == (1, 3)
     for p, q in zip(opt.optimizer.param_groups[0]["params"], copy_.optimizer.param_groups[0]["params"],
                     strict=True):
         assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
@@ -472,7 +472,7 @@ def test_amp_with_clipping_unscales_before_it_clips():
         for xm, ym in zip(split(x, [8, 8]), split(y, [8, 8]), strict=True):
             scaler.scale(loss_fn(net, xm, ym)).backward()
             opt.step()
-            assert opt.updated == (opt.position == 0)  # a successful AMP update says so
+            assert opt.updated == (opt.micro_step == 0)  # a successful AMP update says so
     assert_same(net, big_batch_run(make, data, max_grad_norm=0.05))
 
 
@@ -483,7 +483,7 @@ def test_sparse_gradients_with_clipping_get_an_aikit_error_and_nothing_changes()
     emb(torch.tensor([1, 2])).sum().backward()
     with pytest.raises(ValueError, match=r"max_grad_norm=1.0 cannot clip sparse gradients \(nn.Embedding"):
         opt.step()
-    assert torch.equal(emb.weight, before) and emb.weight.grad is None and opt.position == 0
+    assert torch.equal(emb.weight, before) and emb.weight.grad is None and opt.micro_step == 0
     unclipped = Optimizer(torch.optim.SGD(emb.parameters(), lr=0.1), 2)  # without clipping, sparse works
     for _ in range(2):
         emb(torch.tensor([1, 2])).sum().backward()
@@ -524,7 +524,7 @@ def test_reduce_at_update_in_one_process_flushes_a_short_window_to_its_mean():
                 loss_fn(net, xm, ym).backward()
             opt.step()
         opt.flush()
-    assert opt.position == 0
+    assert opt.micro_step == 0
     assert_same(net, big_batch_run(make, data))
 
 
@@ -596,7 +596,7 @@ def poisoned_run(make, max_grad_norm=None, poison=float("nan"), **options):
             scheduler.step()
         after.append({"updated": opt.updated, "weights": [p.detach().clone() for p in net.parameters()],
                       "steps": {int(s["step"]) for s in opt.optimizer.state.values()}, "applied": opt.applied,
-                      "lr": opt.param_groups[0]["lr"], "skipped": opt.skipped, "position": opt.position,
+                      "lr": opt.param_groups[0]["lr"], "skipped": opt.skipped, "position": opt.micro_step,
                       "grads": [p.grad for p in net.parameters()]})
     return net, after
 

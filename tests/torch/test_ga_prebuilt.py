@@ -121,12 +121,12 @@ def test_state_dict_keeps_the_reduction_and_the_micro_steps_and_refuses_another_
     assert (state["ga"]["reduction"], state["ga"]["micro_steps"], state["ga"]["position"]) == ("sum", 4, 1)
     resumed = ga.Adam(3, model.parameters(), reduction="sum")
     resumed.load_state_dict(state)
-    assert (resumed.micro_steps, resumed.position) == (4, 1)
+    assert (resumed.micro_steps, resumed.micro_step) == (4, 1)
     other = ga.Adam(3, model.parameters())
     with pytest.raises(ValueError, match="saved by an optimizer with reduction='sum', this one has "
                                          "reduction='mean': build it with reduction='sum'"):
         other.load_state_dict(state)
-    assert (other.micro_steps, other.position, other.state) == (0, 0, {})  # a failed load changes nothing
+    assert (other.micro_steps, other.micro_step, other.state) == (0, 0, {})  # a failed load changes nothing
 
 
 def test_a_prebuilt_optimizer_pickles_as_itself():
@@ -136,7 +136,7 @@ def test_a_prebuilt_optimizer_pickles_as_itself():
     optimizer.step()
     copy = pickle.loads(pickle.dumps(optimizer))
     assert type(copy) is ga.RMSprop and isinstance(copy, ga.Optimizer)
-    assert (copy.steps, copy.reduction, copy.micro_steps, copy.position) == (2, "sum", 1, 1)
+    assert (copy.steps, copy.reduction, copy.micro_steps, copy.micro_step) == (2, "sum", 1, 1)
     assert copy.defaults["lr"] == 0.01 and "reduction='sum'" in repr(copy)
 
 

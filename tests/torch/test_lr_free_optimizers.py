@@ -67,7 +67,7 @@ def train(name, steps):
     for start in range(0, len(x), size):
         nn.functional.mse_loss(model(x[start:start + size]), y[start:start + size]).backward()
         optimizer.step()
-        if steps is None or optimizer.position == 0:  # an update was made
+        if steps is None or optimizer.micro_step == 0:  # an update was made
             optimizer.zero_grad()
             group = inner.param_groups[0]
             seen.append({"k": group["k"], "d": group.get("d")})

@@ -81,7 +81,7 @@ def test_a_run_ai_state_dict_saved_between_updates_resumes_to_the_same_bits():
     mine.load_state_dict(theirs.state_dict())
     resumed = aikit.ga.Torch.optim.Adam(3, mine.parameters(), lr=0.01, reduction="sum")
     resumed.load_state_dict(saved)
-    assert (resumed.micro_steps, resumed.position) == (6, 0)
+    assert (resumed.micro_steps, resumed.micro_step) == (6, 0)
     for (x,) in batches[6:]:
         micro_step(theirs, original, x)
         micro_step(mine, resumed, x)

@@ -158,7 +158,7 @@ def test_get_lr_set_lr_get_bs_current_lr_and_adapt_lr_mean_what_they_meant():
     inner.register_step_pre_hook(lambda opt, *_: used.append(tuple(g["lr"] for g in opt.param_groups)))
     expected = []
     for x, y in DataLoader(data, batch_sampler=sampler):
-        if optimizer.micro == 0:  # first micro-batch of a step: what the update will use
+        if optimizer.micro_step == 0:  # first micro-batch of a step: what the update will use
             expected.append((optimizer.get_bs(), optimizer.current_lr()))
         assert optimizer.get_lr() == (0.1, 0.2)  # the base LRs, between updates
         nn.functional.nll_loss(model(x), y).backward()

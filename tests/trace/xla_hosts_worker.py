@@ -100,7 +100,7 @@ def main(out: Path, seed: int) -> None:
     model, sampler, optimizer = build(rank, device, data, sizes, seed)
     train_epoch(model, sampler, optimizer, data, device, 0)
     stopped = train_epoch(model, sampler, optimizer, data, device, 1,
-                          stop=lambda o: (o.step_index, o.micro) == (step, 1))
+                          stop=lambda o: (o.step_index, o.micro_step) == (step, 1))
     assert stopped
     saved = on_cpu({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
     model, sampler, optimizer = build(100 + rank, device, data, sizes, seed)  # a fresh process would

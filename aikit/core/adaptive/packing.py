@@ -231,9 +231,9 @@ class AdaptiveSchedule:
         self.extend(len(batches))
         return epoch
 
-    def position_problem(self, sizes: list[int], starts: list[int], epoch: int, step: int, micro: int,
+    def position_problem(self, sizes: list[int], starts: list[int], epoch: int, step: int, micro_step: int,
                          rank: int) -> str | None:
-        """Why micro-batch ``micro`` of ``step`` of ``epoch`` does not exist for ``rank`` in a
+        """Why micro-batch ``micro_step`` of ``step`` of ``epoch`` does not exist for ``rank`` in a
         schedule of ``sizes``/``starts`` (None when it does)."""
         if not 0 <= epoch < len(starts):
             return f"epoch {epoch} was not begun"
@@ -245,8 +245,8 @@ class AdaptiveSchedule:
             grown = self.micro_sizes([sizes[update]], update)
             total = sizes[update] // (self.micro_batch if grown is None else int(grown[0]))
             mine = (total - rank + self.num_replicas - 1) // self.num_replicas
-            return None if 0 <= micro <= mine else f"no micro-batch {micro} of step {step} for rank {rank}"
-        return None if micro == 0 else f"no micro-batch {micro} past the end of epoch {epoch}"
+            return None if 0 <= micro_step <= mine else f"no micro-batch {micro_step} of step {step} for rank {rank}"
+        return None if micro_step == 0 else f"no micro-batch {micro_step} past the end of epoch {epoch}"
 
 
 def _blank_copy(controller: GoodputController) -> GoodputController:
@@ -263,7 +263,7 @@ class _Columns:
     def __init__(self, micro_sizes: Callable[[np.ndarray, int], np.ndarray] | None) -> None:
         self.micro_sizes = micro_sizes  # (sizes, first update) -> their micro-batches; None: fixed
         self.sizes = np.zeros(16, dtype=np.int64)
-        self.micro = np.zeros(16, dtype=np.int64) if micro_sizes else None
+        self.grown = np.zeros(16, dtype=np.int64) if micro_sizes else None  # each update's grown micro-batch
         self.filled = 0
 
     def extended(self, sizes: list[int], first: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -272,10 +272,10 @@ class _Columns:
         if count > self.filled:
             new = np.asarray(sizes[first + self.filled:end], dtype=np.int64)
             self.sizes = _appended(self.sizes, self.filled, new)
-            if self.micro is not None:
-                self.micro = _appended(self.micro, self.filled, self.micro_sizes(new, first + self.filled))
+            if self.grown is not None:
+                self.grown = _appended(self.grown, self.filled, self.micro_sizes(new, first + self.filled))
             self.filled = count
-        return _read_only(self.sizes[:count]), None if self.micro is None else _read_only(self.micro[:count])
+        return _read_only(self.sizes[:count]), None if self.grown is None else _read_only(self.grown[:count])
 
 
 def _appended(buffer: np.ndarray, filled: int, new: np.ndarray) -> np.ndarray:

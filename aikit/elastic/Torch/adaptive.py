@@ -145,8 +145,8 @@ class AdaptiveOptimizer(TraceOptimizer):
         self.clock.restart()  # an epoch's first update waits for the DataLoader: untimed
         super().set_epoch(epoch)
 
-    def _start(self, epoch: int, step: int, micro: int) -> None:
-        super()._start(epoch, step, micro)
+    def _start(self, epoch: int, step: int, micro_step: int) -> None:
+        super()._start(epoch, step, micro_step)
         if hasattr(self, "clock"):  # a new position: no norms pending, the next update untimed
             self.noise.norms.clear()
             self.clock.restart()

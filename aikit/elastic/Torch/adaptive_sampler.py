@@ -194,8 +194,8 @@ class AdaptiveSampler(TraceSampler):
     def __len__(self) -> int:
         """Micro-batches the next iteration yields if the batch stays as it is now (an estimate:
         the batch may change)."""
-        plan, (step, micro) = self.epoch_schedule, self._start
-        decided = int(plan.counts(self.rank)[step:].sum()) - micro
+        plan, (step, micro_step) = self.epoch_schedule, self._start
+        decided = int(plan.counts(self.rank)[step:].sum()) - micro_step
         if plan.complete:
             return decided
         per_update = self.controller.plan(self.controller.batch)  # the rest of the epoch at the current batch
@@ -214,9 +214,9 @@ class AdaptiveSampler(TraceSampler):
         self.rank = checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
-    def check_position(self, epoch: int, step: int, micro: int) -> EpochSchedule:
+    def check_position(self, epoch: int, step: int, micro_step: int) -> EpochSchedule:
         s = self.schedule
-        problem = s.position_problem(s.sizes, s.starts, epoch, step, micro, self.rank)
+        problem = s.position_problem(s.sizes, s.starts, epoch, step, micro_step, self.rank)
         if problem:
             raise InvalidValue(problem)
         return s.epoch(epoch)

@@ -139,7 +139,7 @@ class ElasticState(CommitStorage):
     def epochs(self, count: int) -> Iterator[int]:
         """Epochs ``0..count-1`` from where the run stands, each set on the sampler and optimizer."""
         opt = self._traced()
-        first = opt.epoch + (opt.step_index >= len(opt.epoch_schedule) and opt.micro == 0)
+        first = opt.epoch + (opt.step_index >= len(opt.epoch_schedule) and opt.micro_step == 0)
         for epoch in range(first, count):
             opt.sampler.set_epoch(epoch)
             opt.set_epoch(epoch)
@@ -155,10 +155,10 @@ class ElasticState(CommitStorage):
         not out of step with the others. Under Horovod elastic it also checks, with the other
         workers, whether hosts were added or removed, and if so stops for a resize.
         """
-        if self.optimizer is not None and self.optimizer.micro:
+        if self.optimizer is not None and self.optimizer.micro_step:
             raise InvalidState(
                 f"commit() in the middle of step {self.optimizer.step_index} of epoch {self.optimizer.epoch} "
-                f"({self.optimizer.micro} of its micro-batches accumulated): commit right after an update, "
+                f"({self.optimizer.micro_step} of its micro-batches accumulated): commit right after an update, "
                 "when optimizer.step() returns True"
             )
         for name, obj in self._objects.items():

@@ -232,7 +232,7 @@ class TraceSampler(Sampler[list[int]]):
         if not (self._resumed and epoch == self.epoch):
             self.epoch_schedule = self.schedule.epoch(epoch)
             self._start = (0, 0)  # where the next iteration begins
-            self.step, self.micro = self._start  # the live position, which state_dict() records
+            self.step, self.micro_step = self._start  # the live position, which state_dict() records
         self._resumed = False
 
     _resumed = False
@@ -260,21 +260,21 @@ class TraceSampler(Sampler[list[int]]):
 
     def _begin(self) -> None:
         """Iteration starts at ``_start`` (the loaded position, or the epoch's beginning)."""
-        (self.step, self.micro), self._start, self._resumed = self._start, (0, 0), False
+        (self.step, self.micro_step), self._start, self._resumed = self._start, (0, 0), False
 
     def _rest_of_step(self, plan: EpochSchedule) -> Iterator[list[int]]:
         """This replica's micro-batches of the current step from the current one, then the next step."""
         batches = plan.micro_batches(self.step, self.rank)
-        while self.micro < len(batches):
-            batch = batches[self.micro].tolist()
-            self.micro += 1
+        while self.micro_step < len(batches):
+            batch = batches[self.micro_step].tolist()
+            self.micro_step += 1
             yield batch
-        self.step, self.micro = self.step + 1, 0
+        self.step, self.micro_step = self.step + 1, 0
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields (the whole epoch unless resumed mid-epoch)."""
-        step, micro = self._start
-        return int(self.epoch_schedule.counts(self.rank)[step:].sum()) - micro
+        step, micro_step = self._start
+        return int(self.epoch_schedule.counts(self.rank)[step:].sum()) - micro_step
 
     def state_dict(self) -> dict:
         """Where iteration stands: epoch, step of the epoch, micro-batches yielded of that step.
@@ -282,7 +282,7 @@ class TraceSampler(Sampler[list[int]]):
         With DataLoader workers the sampler runs ahead of training; the trace optimizer's
         ``state_dict`` records what was trained and repositions this sampler when loaded.
         """
-        return {"epoch": self.epoch, "step": self.step, "micro": self.micro, "seed": self.schedule.seed,
+        return {"epoch": self.epoch, "step": self.step, "micro": self.micro_step, "seed": self.schedule.seed,
                 "rank": self.rank, "num_replicas": self.num_replicas, "permutation": self.permutation}
 
     def load_state_dict(self, state: dict) -> None:
@@ -309,8 +309,9 @@ class TraceSampler(Sampler[list[int]]):
         self.rank = checked_rank(rank, num_replicas)
         self.resume(self.epoch, self.step, 0)
 
-    def check_position(self, epoch: int, step: int, micro: int, name: str = "", fix: str = "") -> EpochSchedule:
-        """The schedule of ``epoch`` if micro-batch ``micro`` of ``step`` exists for this rank; else
+    def check_position(self, epoch: int, step: int, micro_step: int, name: str = "",
+                       fix: str = "") -> EpochSchedule:
+        """The schedule of ``epoch`` if micro-batch ``micro_step`` of ``step`` exists for this rank; else
         the field out of range, its range, and ``fix`` (``name`` says whose position it is)."""
         plan = self.schedule.epoch(epoch)
         counts = plan.counts(self.rank)
@@ -319,16 +320,16 @@ class TraceSampler(Sampler[list[int]]):
             raise InvalidValue(f"{name}step must be an integer in 0..{len(counts)} (epoch {epoch}'s {len(counts)} "
                                f"steps, {len(counts)} once they are done), got {step}{fix}")
         mine = int(counts[step]) if step < len(counts) else 0
-        if not 0 <= micro <= mine:
+        if not 0 <= micro_step <= mine:
             raise InvalidValue(f"{name}micro must be an integer in 0..{mine} (rank {self.rank}'s micro-batches of step "
-                               f"{step} in epoch {epoch}), got {micro}{fix}")
+                               f"{step} in epoch {epoch}), got {micro_step}{fix}")
         return plan
 
-    def resume(self, epoch: int, step: int, micro: int) -> None:
-        """Position at micro-batch ``micro`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
-        plan = self.check_position(epoch, step, micro)
-        self.epoch_schedule, self._start, self._resumed = plan, (step, micro), True
-        self.step, self.micro = step, micro
+    def resume(self, epoch: int, step: int, micro_step: int) -> None:
+        """Position at micro-batch ``micro_step`` of ``step`` of ``epoch``; kept by ``set_epoch(epoch)``."""
+        plan = self.check_position(epoch, step, micro_step)
+        self.epoch_schedule, self._start, self._resumed = plan, (step, micro_step), True
+        self.step, self.micro_step = step, micro_step
 
 
 def checked_rank(rank: object, num_replicas: int) -> int:

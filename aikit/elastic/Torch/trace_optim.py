@@ -139,7 +139,7 @@ class TraceOptimizer(WrappingOptimizer):
             self._agree(settings, rows)
         if not self._joined:
             self._joined = True
-            if self.micro == 0:
+            if self.micro_step == 0:
                 self._join_empty_steps()
 
     def settings(self) -> dict[str, object]:
@@ -148,8 +148,9 @@ class TraceOptimizer(WrappingOptimizer):
         sampler, schedule = self.sampler, self.sampler.schedule
         identity = {key: value for key, value in sampler.identity().items() if key != "trace_source"}
         return {**identity, "micro_batch": schedule.micro_batch, "max_device_batch": schedule.max_device_batch,
-                "replicas": sampler.num_replicas, "epoch": self.epoch, "step": self.step_index, "micro": self.micro,
-                "updates": self.updates, "optimizer": f"{type(self).__name__}({type(self.optimizer).__name__})",
+                "replicas": sampler.num_replicas, "epoch": self.epoch, "step": self.step_index,
+                "micro": self.micro_step, "updates": self.updates,
+                "optimizer": f"{type(self).__name__}({type(self.optimizer).__name__})",
                 "rule": self.rule, "ref_batch_size": self.ref_batch_size, "lr": self._base_lrs()}
 
     def compare_again(self) -> None:
@@ -162,13 +163,13 @@ class TraceOptimizer(WrappingOptimizer):
         self._agreement_pending = False
         check_agreement(list(settings), rows)
 
-    def _start(self, epoch: int, step: int, micro: int) -> None:
-        """Position at ``micro`` of ``step`` of ``epoch``: local, the joins wait for :meth:`join`."""
+    def _start(self, epoch: int, step: int, micro_step: int) -> None:
+        """Position at ``micro_step`` of ``step`` of ``epoch``: local, the joins wait for :meth:`join`."""
         sampler = self.sampler
         self.epoch_schedule = sampler.epoch_schedule if sampler.epoch == epoch else sampler.schedule.epoch(epoch)
         self.epoch = epoch
         self.counts = self.epoch_schedule.counts(sampler.rank)
-        self.step_index, self.micro = step, micro
+        self.step_index, self.micro_step = step, micro_step
         self._untouched, self._joined = True, False
         self.engine.terms, self._declared = 0, 0  # a step cut short is retrained: so are its terms
 
@@ -218,9 +219,9 @@ class TraceOptimizer(WrappingOptimizer):
                 closure()
         _check_steppable(self, joined=True)
         self._untouched = False
-        self.micro += 1
+        self.micro_step += 1
         self.engine.end_micro_step()
-        if self.micro < self.counts[self.step_index]:
+        if self.micro_step < self.counts[self.step_index]:
             mark_step(self.device)
             self.updated = False
             return False
@@ -262,7 +263,7 @@ class TraceOptimizer(WrappingOptimizer):
             lr = self._step_at_adapted_lr()
         finally:  # the step's samples are spent, its update applied or skipped (a run of skips: TrainingFailed)
             self.updates += self.updated
-            self.step_index, self.micro = self.step_index + 1, 0
+            self.step_index, self.micro_step = self.step_index + 1, 0
         mark_step(self.device)
         self._updated(lr)
         if self.log_steps and self.rank == 0:

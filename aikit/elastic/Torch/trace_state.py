@@ -38,10 +38,10 @@ class StatePart(NamedTuple):
 def saved(optimizer: TraceOptimizer) -> dict:
     """``optimizer``'s state: the wrapped optimizer's, the position, a step's gradients so far."""
     accumulated = [None if p.grad is None else p.grad.detach().clone() for p in optimizer.params] \
-        if optimizer.micro else None
+        if optimizer.micro_step else None
     declared = optimizer._declared
     return {"optimizer": optimizer.optimizer.state_dict(),
-            "trace": {"epoch": optimizer.epoch, "step": optimizer.step_index, "micro": optimizer.micro,
+            "trace": {"epoch": optimizer.epoch, "step": optimizer.step_index, "micro": optimizer.micro_step,
                       "updates": optimizer.updates, "rank": optimizer.sampler.rank, "accumulated": accumulated,
                       "terms": [int(optimizer.engine.terms), declared] if declared else None},
             **{key: part.save() for key, part in optimizer.parts.items()}}

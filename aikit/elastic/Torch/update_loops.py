@@ -55,7 +55,7 @@ class TraceLoop:
         batches = opt.epoch_schedule.micro_batches(opt.step_index, opt.sampler.rank)
         if not batches:
             opt.sit_out()
-        for batch in batches[opt.micro:]:
+        for batch in batches[opt.micro_step:]:
             yield batch.tolist()
 
 
