@@ -54,7 +54,7 @@ def train(args: argparse.Namespace) -> float:
                 nn.functional.nll_loss(net(x), y).backward()
                 time.sleep(args.compute_s)  # stands in for a bigger model's compute
                 optimizer.step()
-                if group.position == args.lose_at:
+                if group.updates == args.lose_at:
                     print(f"{args.id}: SIGKILL after update {args.lose_at}", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
             with torch.no_grad():

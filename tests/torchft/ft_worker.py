@@ -70,7 +70,7 @@ def main() -> None:
             time.sleep(0.05)
 
     def on_update(group: ReplicaGroup, committed: bool) -> None:
-        position = group.position - committed
+        position = group.updates - committed
         write("update", position=position, committed=committed, replicas=group.replicas, rank=group.rank,
               indices=list(trained), params=common.flat(net) if committed else None)
         trained.clear()
@@ -90,10 +90,10 @@ def main() -> None:
             for indices in group.micro_batches():
                 if group.heals != heals:
                     heals = group.heals
-                    write("healed", position=group.position, params=common.flat(net))
-                if group.position == args.pause_in and "in" not in paused:
-                    pause("in", group.position)
-                if args.slow_s and group.position >= args.slow_from:
+                    write("healed", position=group.updates, params=common.flat(net))
+                if group.updates == args.pause_in and "in" not in paused:
+                    pause("in", group.updates)
+                if args.slow_s and group.updates >= args.slow_from:
                     time.sleep(args.slow_s)
                 trained.extend(indices)
                 loss = torch.nn.functional.cross_entropy(net(x[indices]), y[indices])
@@ -103,7 +103,7 @@ def main() -> None:
                     with optimizer.accumulate(samples=len(indices)):
                         loss.backward()
                 optimizer.step()
-    write("done", position=group.position, committed=group.committed, aborted=group.aborted, heals=group.heals)
+    write("done", position=group.updates, committed=group.committed, aborted=group.aborted, heals=group.heals)
 
 
 if __name__ == "__main__":

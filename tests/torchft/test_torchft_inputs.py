@@ -68,7 +68,7 @@ def test_one_group_alone_trains_the_big_batch_run(tmp_path, lighthouse, path):
                 else:
                     loss.backward()
                 optimizer.step()
-        assert (solo.committed, solo.aborted, solo.position) == (len(params), 0, len(params))
+        assert (solo.committed, solo.aborted, solo.updates) == (len(params), 0, len(params))
     assert distributed.engine() == "single"  # stop() left the replica groups
     reference = common.reference(path, 2)
     assert len(params) == len(reference)

@@ -116,7 +116,7 @@ class ReplicaGroup:
                 f"{self.quorum_timeout_s:g}: {str(error).strip()[:300]}. Start it (torchft_lighthouse --min_replicas N "
                 "--bind HOST:PORT), or fix the address") from error
         manager.register_state_dict_fn("aikit", self._heal, self.state.snapshot)
-        manager.load_state_dict({"step": self.loop.position(), "batches_committed": 0})  # updates committed so far
+        manager.load_state_dict({"step": self.loop.updates_done(), "batches_committed": 0})  # updates committed so far
         replica_groups.start(manager,
                              f"the lighthouse at {self.lighthouse} (quorum_timeout_s={self.quorum_timeout_s:g})")
         return self
@@ -156,9 +156,9 @@ class ReplicaGroup:
             if epoch >= count:
                 return
             self.loop.start_epoch(epoch)
-            before = self.loop.position()
+            before = self.loop.updates_done()
             yield epoch
-            if self.loop.position() == before and self.loop.epoch() == epoch:
+            if self.loop.updates_done() == before and self.loop.epoch() == epoch:
                 raise InvalidState("an epoch of ReplicaGroup.epochs() trained nothing: iterate "
                                    "group.micro_batches() inside it and call optimizer.step() for each micro-batch")
 
@@ -172,14 +172,19 @@ class ReplicaGroup:
             self._membership()
             if self.loop.epoch_done() or self.loop.epoch() != epoch:  # healed into another epoch: epochs() goes on
                 return
-            before = self.loop.position()
+            before = self.loop.updates_done()
             yield from self.loop.update()
             self._decided(before)
 
     @property
-    def position(self) -> int:
+    def updates(self) -> int:
         """Updates the run has committed since it began (TorchFT's step): the next update's number."""
-        return self.loop.position()
+        return self.loop.updates_done()
+
+    @property
+    def position(self) -> int:
+        """:attr:`updates` by its first name (kept where users wrote it)."""
+        return self.updates
 
     @property
     def replicas(self) -> int:
@@ -219,8 +224,9 @@ class ReplicaGroup:
             time.sleep(min(0.5, self.quorum_timeout_s / 10))
         self._check_slow((replicas, rank))
         step = replica_groups.manager.current_step()
-        if step != self.loop.position():
-            raise InvalidState(f"TorchFT's step {step} is not the {self.loop.position()} updates this group's state "
+        if step != self.loop.updates_done():
+            raise InvalidState(f"TorchFT's step {step} is not the {self.loop.updates_done()} updates this group's "
+                               "state "
                                "has committed: the replica groups do not train one run (the same state, settings "
                                "and data?)")
         self.loop.deal(replicas, rank, replica_groups.quorum != self._quorum)
@@ -242,8 +248,9 @@ class ReplicaGroup:
         if replica_groups.decision:
             self.committed += 1
             self._timed_out = None
-            if self.loop.position() != before + 1:
-                raise InvalidState(f"the update at {before} was committed but the run stands at {self.loop.position()}")
+            if self.loop.updates_done() != before + 1:
+                raise InvalidState(f"the update at {before} was committed but the run stands at "
+                                   f"{self.loop.updates_done()}")
             if self.commit_every and replica_groups.manager.current_step() % self.commit_every == 0:
                 self.state.commit()
         else:
@@ -271,7 +278,7 @@ class ReplicaGroup:
         self.state.load_snapshot(payload, replica_groups.manager.participating_rank() or 0)
         self.heals += 1
         if self.verbose:
-            print(f"aikit torchft: {self.replica_id} healed from a live group at update {self.loop.position()}",
+            print(f"aikit torchft: {self.replica_id} healed from a live group at update {self.loop.updates_done()}",
                   flush=True)
 
     def __repr__(self) -> str:

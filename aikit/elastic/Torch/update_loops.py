@@ -24,7 +24,7 @@ class TraceLoop:
     def __init__(self, optimizer: TraceOptimizer) -> None:
         self.optimizer = optimizer
 
-    def position(self) -> int:
+    def updates_done(self) -> int:
         """Steps of the trace trained (committed) since the run began."""
         return self.optimizer.epoch_schedule.first_step + self.optimizer.step_index
 
@@ -74,7 +74,7 @@ class PlanLoop:
         self.optimizer, self.sampler = optimizer, sampler
         self.members = (1, 0)
 
-    def position(self) -> int:
+    def updates_done(self) -> int:
         return self.sampler.epoch * self.sampler.updates_per_epoch + self.sampler.update
 
     def epoch(self) -> int:
