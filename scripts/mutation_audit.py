@@ -182,7 +182,7 @@ MUTANTS = [
      "        weight = self.checked_terms(weight)\n", "        weight = self.checked_terms(weight) * 0 + 1\n",
      TOKEN_TESTS),
     ("tokens: the weight applied twice", "aikit/runtime/Torch/output_weights.py",
-     "torch.where(weight != 0, grad * weight, 0)", "torch.where(weight != 0, grad * weight * weight, 0)",
+     "torch.where(factor != 0, grad * factor, 0)", "torch.where(factor != 0, grad * factor * factor, 0)",
      TOKEN_TESTS),
     ("tokens: the total counted per rank (DDP, FSDP2)", "aikit/ga/Torch/window.py",
      "    return engine.take_terms(summed=True)\n", "    return engine.take_terms()\n", TOKEN_ENGINE_TESTS),

@@ -35,7 +35,7 @@ from aikit.runtime.Torch.backward_marks import BackwardMarks
 from aikit.runtime.Torch.buckets import Buckets
 from aikit.runtime.Torch.grads import mul_, or_zeros, read_norm, scale_and_check_, stacked, total_norm
 from aikit.runtime.Torch.outcomes import Outcomes
-from aikit.runtime.Torch.output_weights import OutputWeights
+from aikit.runtime.Torch.output_weights import OutputFactors
 
 
 def checked_count(value: Any, name: str = "weight") -> int | torch.Tensor:
@@ -85,10 +85,10 @@ class Accumulator:
         self.skips = SkipCount(max_skips_in_a_row)  # updates skipped (AMP's too), non-finite ones in a row
         self.outcomes = Outcomes(self.skips, scaler)  # updates applied (some decided on the device)
         self.marks = BackwardMarks(optimizer)  # which micro-steps' backward reached the parameters
-        self.factor: float | None = None  # the running micro-batch's weight relative to the unit (None: 1)
+        self.factor: float | None = None  # the running micro-batch's factor relative to the unit (None: 1)
         self.carried = 1.0  # .grad holds the weighted sum divided by this (folded weights)
         self._handles: list[Any] = []  # weighing hooks, registered once a micro-batch needs them
-        self.outputs = OutputWeights()  # weights applied at a model's outputs (loss terms, FSDP2)
+        self.outputs = OutputFactors()  # factors applied at a model's outputs (loss terms, FSDP2)
         self.terms: int | torch.Tensor = 0  # loss terms of this update's micro-steps on this replica
         self._terms_sum: tuple[torch.Tensor, Callable[[], None]] | None = None  # their sum over replicas, started
         # the sum over replicas started from the last backward (overlap(): "this backward ends the update")
