@@ -76,9 +76,9 @@ def plan_rows(args: argparse.Namespace) -> tuple[str, int]:
             continue
         micro = str(p.batch_size) if p.is_even else f"{p.batch_size - 1}..{p.batch_size}"
         note = "" if p.is_even else "ragged: micro-batches differ by one sample, weighted exactly"
-        if p.gpus < n:
-            note = f"{n - p.gpus} device(s) idle: an even split needs fewer"
-        rows.append(f"{n:>4}  {p.gpus:>4}  {p.micro_steps:>8}  {micro:>11}  {p.samples_per_update:>6}  {note}")
+        if p.num_replicas < n:
+            note = f"{n - p.num_replicas} device(s) idle: an even split needs fewer"
+        rows.append(f"{n:>4}  {p.num_replicas:>4}  {p.micro_steps:>8}  {micro:>11}  {p.samples_per_update:>6}  {note}")
         if args.gpus is not None:
             rows += ["", p.summary()]
     return "\n".join(rows), refused

@@ -62,7 +62,7 @@ MUTANTS = [
     ("core: short window factor inverted", "aikit/core/ga.py",
      "return planned / seen", "return seen / planned", CORE_TESTS),
     ("core: equal weight off by one", "aikit/core/ga.py",
-     "return micro_steps if replicas == 1 else", "return micro_steps + 1 if replicas == 1 else", CORE_TESTS),
+     "return micro_steps if num_replicas == 1 else", "return micro_steps + 1 if num_replicas == 1 else", CORE_TESTS),
     ("core: the sum divides by the micro-steps", "aikit/core/ga.py",
      "    if reduction_name(reduction) == \"sum\":\n        return 1\n",
      "    if reduction_name(reduction) == \"sum\":\n        return micro_steps\n", CORE_TESTS),

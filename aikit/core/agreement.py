@@ -35,19 +35,19 @@ def row_length(settings: Mapping[str, object]) -> int:
     return _WIDTH * len(settings)
 
 
-def own_row(settings: Mapping[str, object], rank: int, replicas: int) -> list[float]:
+def own_row(settings: Mapping[str, object], rank: int, num_replicas: int) -> list[float]:
     """The table ``rank`` adds to a sum over the replicas: its :func:`fingerprint` in its row,
     zeros in the others' (empty without settings)."""
     width = row_length(settings)
-    table = [0.0] * (width * replicas)
+    table = [0.0] * (width * num_replicas)
     table[rank * width:(rank + 1) * width] = fingerprint(settings)
     return table
 
 
-def rows_of(table: list[float], replicas: int) -> list[list[int]]:
+def rows_of(table: list[float], num_replicas: int) -> list[list[int]]:
     """Every replica's row of a table summed over the replicas (each cell back to its integer)."""
-    width = len(table) // replicas
-    return [[round(value) for value in table[rank * width:(rank + 1) * width]] for rank in range(replicas)]
+    width = len(table) // num_replicas
+    return [[round(value) for value in table[rank * width:(rank + 1) * width]] for rank in range(num_replicas)]
 
 
 def disagreement(names: list[str], rows: list[list[int]]) -> str | None:

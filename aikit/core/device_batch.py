@@ -34,7 +34,7 @@ def smaller_plan(plan: Plan) -> Plan | None:
     if plan.device_batch == 1:
         return None
     if policy == "error":  # the even splits: G = devices x steps x batch
-        devices = plan.gpus
+        devices = plan.num_replicas
         steps = next((d // devices for d in divisors_of(g) if d % devices == 0 and g // d < plan.device_batch), None)
         return None if steps is None else make_plan(g, g // (devices * steps), n, policy=policy, rank=plan.rank)
     return make_plan(g, plan.device_batch - 1, n, policy=policy, rank=plan.rank)
@@ -131,6 +131,6 @@ def agreed(found: Iterable[int | None]) -> int | None:
 
 def steps_note(plan: Plan) -> str:
     """``8 GA steps of 32 per device`` (ragged: ``of 43 or 42``), for a log line."""
-    low = plan.global_batch_size // (plan.gpus * plan.micro_steps)
+    low = plan.global_batch_size // (plan.num_replicas * plan.micro_steps)
     sizes = f"{plan.device_batch}" if plan.is_even else f"{plan.device_batch} or {low}"
     return f"{plan.micro_steps} GA step{'s' if plan.micro_steps != 1 else ''} of {sizes} per device"

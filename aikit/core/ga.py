@@ -108,23 +108,24 @@ def sample_share(samples: int, window_samples: int, averaging_replicas: int = 1)
     return mean_scale(window, samples, averaging_replicas)
 
 
-def equal_share(micro_steps: int, reduction: str = "mean", replicas: int = 1, averaging_replicas: int = 1) -> float:
-    """The share of each of ``micro_steps`` equal micro-batches on each of ``replicas`` replicas, when
+def equal_share(micro_steps: int, reduction: str = "mean", num_replicas: int = 1,
+                averaging_replicas: int = 1) -> float:
+    """The share of each of ``micro_steps`` equal micro-batches on each of ``num_replicas`` replicas, when
     the reduction over replicas averages over ``averaging_replicas`` (1 when it sums): their mean
     over the window, or for ``reduction="sum"`` their sum."""
-    steps = non_negative_int(micro_steps, "micro_steps")
-    if steps == 0:
+    micro_steps = non_negative_int(micro_steps, "micro_steps")
+    if micro_steps == 0:
         raise InvalidValue("an update needs at least one micro-step")
-    return averaging_replicas / accumulated_divisor(steps, reduction, replicas)
+    return averaging_replicas / accumulated_divisor(micro_steps, reduction, num_replicas)
 
 
-def accumulated_divisor(micro_steps: Any, reduction: str, replicas: int = 1) -> Any:
+def accumulated_divisor(micro_steps: Any, reduction: str, num_replicas: int = 1) -> Any:
     """What the sum of a window's equal micro-batch gradients, ``micro_steps`` on each of
-    ``replicas`` replicas, is divided by: their number for their mean, 1 for their sum.
+    ``num_replicas`` replicas, is divided by: their number for their mean, 1 for their sum.
     ``micro_steps`` may be a framework's tensor (Keras counts micro-steps in its graph)."""
     if reduction_name(reduction) == "sum":
         return 1
-    return micro_steps if replicas == 1 else micro_steps * replicas
+    return micro_steps if num_replicas == 1 else micro_steps * num_replicas
 
 
 def common_size(window_samples: int, micro_batches: int) -> int:

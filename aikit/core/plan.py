@@ -44,24 +44,31 @@ POLICIES = ("ragged", "fewer_devices", "error")
 class Plan:
     """How one update of ``global_batch_size`` samples runs on the available devices.
 
-    ``gpus`` devices each run ``micro_steps`` micro-steps per update (Run:AI's "GA steps", which
-    its table names ``steps``: kept as a read-only property; aikit's *step* is an update).
-    Device ``d``'s micro-batch in micro-step ``s`` (``size(s, d)``) has ``G // (gpus *
-    micro_steps)`` samples, one more for the first ``G % (gpus * micro_steps)`` of them in
-    micro-step order: a plan is a few numbers, whatever ``G``.
+    ``num_replicas`` devices each run ``micro_steps`` micro-steps per update (Run:AI's "GA
+    steps", which its table names ``steps``: kept as a read-only property, as its ``gpus`` is for
+    ``num_replicas``; aikit's *step* is an update). Device ``d``'s micro-batch in micro-step ``s``
+    (``size(s, d)``) has ``G // (num_replicas * micro_steps)`` samples, one more for the first
+    ``G % (num_replicas * micro_steps)`` of them in micro-step order: a plan is a few numbers,
+    whatever ``G``.
 
-    Run:AI's AIkit Elastic's table names the bound ``max_gpu_batch_size`` and the per-device batch
-    ``batch_size``: both are kept as properties, beside aikit's :attr:`max_device_batch` and
-    :attr:`device_batch`.
+    Run:AI's AIkit Elastic's table names the bound ``max_gpu_batch_size``, the per-device batch
+    ``batch_size``, the micro-steps ``steps`` and the devices ``gpus``: all are kept as
+    properties, beside aikit's :attr:`max_device_batch`, :attr:`device_batch`,
+    :attr:`micro_steps` and :attr:`num_replicas`.
     """
 
     global_batch_size: int
     max_device_batch: int  # the most samples one device holds in a micro-batch
     available_gpus: int
-    gpus: int  # devices that take part in training
+    num_replicas: int  # devices (replicas) that take part in training
     micro_steps: int  # micro-steps (GA steps) per update (1 when no accumulation is needed)
     policy: str = "ragged"
     rank: int = 0
+
+    @property
+    def gpus(self) -> int:
+        """:attr:`num_replicas` by Run:AI's AIkit Elastic's name (published by ``init``)."""
+        return self.num_replicas
 
     @property
     def steps(self) -> int:
@@ -75,17 +82,17 @@ class Plan:
 
     @property
     def _split(self) -> tuple[int, int]:
-        return divmod(self.global_batch_size, self.gpus * self.micro_steps)
+        return divmod(self.global_batch_size, self.num_replicas * self.micro_steps)
 
     def size(self, micro_step: int, device: int) -> int:
         """Samples device ``device`` processes in ``micro_step`` (0: it sits the micro-step out)."""
         base, extra = self._split
-        return base + (micro_step * self.gpus + device < extra)
+        return base + (micro_step * self.num_replicas + device < extra)
 
     @property
     def micro_batch_sizes(self) -> tuple[tuple[int, ...], ...]:
-        """``[s][d]``: every micro-batch size, spelled out (``micro_steps x gpus`` numbers)."""
-        return tuple(tuple(self.size(s, d) for d in range(self.gpus)) for s in range(self.micro_steps))
+        """``[s][d]``: every micro-batch size, spelled out (``micro_steps x num_replicas`` numbers)."""
+        return tuple(tuple(self.size(s, d) for d in range(self.num_replicas)) for s in range(self.micro_steps))
 
     @property
     def device_batch(self) -> int:
@@ -102,7 +109,7 @@ class Plan:
     def samples_per_update(self) -> int:
         """Samples over all micro-batches of one update (``global_batch_size``, by construction)."""
         base, extra = self._split
-        return base * self.gpus * self.micro_steps + extra
+        return base * self.num_replicas * self.micro_steps + extra
 
     @property
     def master(self) -> bool:
@@ -131,20 +138,21 @@ class Plan:
         """A few readable lines: what runs where, and why."""
         lines = [
             f"aikit elastic plan: global batch {self.global_batch_size}, at most {self.max_device_batch} per device",
-            f"  devices: {self.gpus} used of {self.available_gpus} available",
+            f"  devices: {self.num_replicas} used of {self.available_gpus} available",
             f"  GA steps per update: {self.micro_steps}",
         ]
         base, extra = self._split
         if self.is_even:
             lines.append(f"  micro-batch: {self.device_batch} on every device in every step")
-        elif self.micro_steps * self.gpus <= 64:
+        elif self.micro_steps * self.num_replicas <= 64:
             lines.append(
                 f"  micro-batches (policy {self.policy!r}, exact sample weights): "
                 + "; ".join(f"step {s}: {list(sizes)}" for s, sizes in enumerate(self.micro_batch_sizes))
             )
         else:
             lines.append(f"  micro-batches (policy {self.policy!r}, exact sample weights): the first {extra} "
-                         f"(in step order) of {base + 1}, the other {self.micro_steps * self.gpus - extra} of {base}")
+                         f"(in step order) of {base + 1}, the other "
+                         f"{self.micro_steps * self.num_replicas - extra} of {base}")
         lines.append(f"  master: {self.master} (rank {self.rank})")
         return "\n".join(lines)
 
@@ -159,11 +167,12 @@ def unweighted_problem(plan: Plan | None, micro_steps: int, global_batch_size: i
     if plan is None or plan.is_even or micro_steps != plan.micro_steps or global_batch_size not in (
             None, plan.global_batch_size):
         return None
-    shown = [str(step[0]) if plan.gpus == 1 else str(list(step)) for step in plan.micro_batch_sizes[:4]]
+    shown = [str(step[0]) if plan.num_replicas == 1 else str(list(step)) for step in plan.micro_batch_sizes[:4]]
     sizes = ", ".join(shown) + (", ..." if plan.micro_steps > 4 else "")
-    fed = plan.device_batch * plan.gpus
+    fed = plan.device_batch * plan.num_replicas
     return (f"the plan of aikit.elastic.Torch.init is ragged (global batch {plan.global_batch_size} as {sizes} per GA "
-            f"step{'' if plan.gpus == 1 else ' and device'}), but this update's {micro_steps} micro-steps declared no "
+            f"step{'' if plan.num_replicas == 1 else ' and device'}), but this update's {micro_steps} micro-steps "
+            "declared no "
             f"samples, so each weighs 1/{micro_steps}: not the plan's update (a loader of batch_size {fed} trains "
             f"{fed * plan.micro_steps} samples per update). Feed each window of {plan.global_batch_size} samples as "
             "micro_batch_slices(plan), each piece inside optimizer.accumulate(model, samples=len(x)); or plan an "
@@ -181,19 +190,21 @@ def micro_batch_slices(plan: Plan, device: int | None = None) -> list[slice]:
     of a multi-process run slices the same window (same seed) and takes its own pieces, so no
     sample is lost or repeated."""
     if device is not None:
-        device = checked_int(device, "device", 0, plan.gpus - 1, f"an integer in [0, {plan.gpus - 1}] for this plan")
+        last = plan.num_replicas - 1
+        device = checked_int(device, "device", 0, last, f"an integer in [0, {last}] for this plan")
     starts = list(accumulate((size for step in plan.micro_batch_sizes for size in step), initial=0))
-    n = plan.gpus
+    n = plan.num_replicas
     if device is None:
         return [slice(starts[s * n], starts[(s + 1) * n]) for s in range(plan.micro_steps)]
     return [slice(starts[s * n + device], starts[s * n + device + 1]) for s in range(plan.micro_steps)]
 
 
-def nearest_even_batches(global_batch_size: int, max_device_batch: int, gpus: int) -> tuple[int, int]:
-    """The closest global batches below and above G that split evenly over ``gpus`` devices."""
-    micro_steps = math.ceil(global_batch_size / (gpus * max_device_batch))
-    below = (global_batch_size // (gpus * micro_steps)) * gpus * micro_steps
-    above = math.ceil(global_batch_size / (gpus * micro_steps)) * gpus * micro_steps
+def nearest_even_batches(global_batch_size: int, max_device_batch: int, num_replicas: int) -> tuple[int, int]:
+    """The closest global batches below and above G that split evenly over ``num_replicas`` devices."""
+    n = num_replicas
+    micro_steps = math.ceil(global_batch_size / (n * max_device_batch))
+    below = (global_batch_size // (n * micro_steps)) * n * micro_steps
+    above = math.ceil(global_batch_size / (n * micro_steps)) * n * micro_steps
     return below, above
 
 

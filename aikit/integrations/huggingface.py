@@ -44,7 +44,7 @@ def plan_arguments(global_batch_size: int, max_device_batch: int | None = None, 
     """
     plan = aikit.elastic.Torch.init(global_batch_size, max_device_batch, gpus=gpus,
                                     max_gpu_batch_size=max_gpu_batch_size)
-    if not plan.is_even or plan.gpus != plan.available_gpus:
+    if not plan.is_even or plan.num_replicas != plan.available_gpus:
         below, above = nearest_even_batches(plan.global_batch_size, plan.max_device_batch, plan.available_gpus)
         raise InvalidValue(
             f"global_batch_size {plan.global_batch_size} does not split evenly over {plan.available_gpus} device(s) "

@@ -59,7 +59,7 @@ class ElasticPlan(Callback):
             return
         devices = trainer.world_size
         plan = aikit.elastic.Torch.init(self.global_batch_size, self.max_device_batch, gpus=devices)
-        if not plan.is_even or plan.gpus != devices:
+        if not plan.is_even or plan.num_replicas != devices:
             below, above = nearest_even_batches(plan.global_batch_size, plan.max_device_batch, devices)
             raise InvalidValue(
                 f"global_batch_size {plan.global_batch_size} does not split evenly over {devices} device(s) "

@@ -200,7 +200,7 @@ def plan_settings() -> dict[str, object]:
     if plan is None:
         return {"global_batch_size": 0, "max_device_batch": 0, "gpus": 0, "steps": 0, "policy": "none"}
     return {"global_batch_size": plan.global_batch_size, "max_device_batch": plan.max_device_batch,
-            "gpus": plan.gpus, "steps": plan.micro_steps, "policy": plan.policy}
+            "gpus": plan.num_replicas, "steps": plan.micro_steps, "policy": plan.policy}
 
 
 def seen_marker(directory: Path) -> str:

@@ -171,8 +171,8 @@ def test_both_ways_of_marking_micro_steps_time_an_update_alike(marks):
             clock.now += c  # PyTorch: the update runs after the last mark
     assert measured[0] is None and measured[2] is None  # nothing to time from
     assert measured[1] == pytest.approx((k * m + c, m + c))
-    assert update_timing([2 * 7.0, 2 * 3.0, 2.0], replicas=2) == (7.0, 3.0)  # the replicas' mean
-    assert update_timing([7.0, 3.0, 1.0], replicas=2) is None  # one replica did not time it
+    assert update_timing([2 * 7.0, 2 * 3.0, 2.0], num_replicas=2) == (7.0, 3.0)  # the replicas' mean
+    assert update_timing([7.0, 3.0, 1.0], num_replicas=2) is None  # one replica did not time it
     assert timer.measure(timed=False) == [0.0, 0.0, 0.0]
 
 

@@ -52,8 +52,8 @@ class UpdateClock:
         return measured
 
 
-def update_timing(sums: list[float], replicas: int = 1) -> tuple[float, float] | None:
-    """``(cycle, single)`` from :meth:`UpdateClock.measure`'s numbers summed over ``replicas``
+def update_timing(sums: list[float], num_replicas: int = 1) -> tuple[float, float] | None:
+    """``(cycle, single)`` from :meth:`UpdateClock.measure`'s numbers summed over ``num_replicas``
     (their mean), or None unless every replica timed the update."""
-    cycle, single, timed = (value / replicas for value in sums)
+    cycle, single, timed = (value / num_replicas for value in sums)
     return (cycle, single) if timed == 1 and single > 0 else None

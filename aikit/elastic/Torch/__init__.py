@@ -102,16 +102,16 @@ def init(global_batch_size: int, max_device_batch: int | str | None = None, gpus
         raise InvalidValue(f"trial= and candidates= are for max_device_batch='auto', but max_device_batch={m}: "
                            "leave them out, or pass max_device_batch='auto'")
     plan = make_plan(g, m, devices, policy=policy, rank=distributed.rank())
-    if processes > 1 and plan.gpus != processes:
-        launch = f"launch {plan.gpus} process{'es' if plan.gpus > 1 else ''}"
+    if processes > 1 and plan.num_replicas != processes:
+        launch = f"launch {plan.num_replicas} process{'es' if plan.num_replicas > 1 else ''}"
         fix = (f"use global_batch_size {processes} or more, or {launch}" if g < processes  # no policy can help
                else f"{launch} or use policy 'ragged'")
         raise InvalidValue(
-            f"the plan uses {plan.gpus} of the {processes} processes (policy {policy!r}, "
+            f"the plan uses {plan.num_replicas} of the {processes} processes (policy {policy!r}, "
             f"global_batch_size {plan.global_batch_size}), but every process of a "
             f"{distributed.engine()} run must train on at least one sample per update: {fix}"
         )
-    if distributed.spmd_devices() > 1 and not (plan.is_even and plan.gpus == devices):
+    if distributed.spmd_devices() > 1 and not (plan.is_even and plan.num_replicas == devices):
         below, above = nearest_even_batches(plan.global_batch_size, plan.max_device_batch, devices)
         raise InvalidValue(
             f"global_batch_size {plan.global_batch_size} does not split evenly over the {devices} devices of the "

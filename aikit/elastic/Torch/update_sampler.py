@@ -63,7 +63,7 @@ class UpdateSampler:
         by their plan (an empty one where it has no sample in a step)."""
         plan = make_plan(self.global_batch_size, self.max_device_batch, replicas, rank=rank)
         window = self.window()
-        if rank >= plan.gpus:  # more replicas than samples: this one sits the update out
+        if rank >= plan.num_replicas:  # more replicas than samples: this one sits the update out
             return [window[:0]] * plan.micro_steps
         return [window[part] for part in micro_batch_slices(plan, rank)]
 

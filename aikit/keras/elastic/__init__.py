@@ -81,7 +81,7 @@ def init(
             f"global_batch_size {g} needs {new_plan.micro_steps} GA steps of at most {m} samples, more than the "
             f"{MAX_KERAS_STEPS} Keras' step counter (an integer variable) can hold: use a smaller global batch"
         )
-    placement = seam.distribute(found, new_plan.gpus, g)
+    placement = seam.distribute(found, new_plan.num_replicas, g)
     # Run:AI's AIkit's runai.elastic.hvd (here and on aikit.elastic): only under Horovod
     publish(new_plan, sys.modules[__name__], **placement)
     if verbose and new_plan.master:

@@ -211,7 +211,7 @@ def model_replicas(keras_model) -> int:
 
 def feeding_devices(plan) -> int:
     """The devices this process feeds per micro-step: its own share of the mesh."""
-    return plan.gpus // jax.process_count()
+    return plan.num_replicas // jax.process_count()
 
 
 def check_batches(keras_model, samples: int, step_batch: int) -> None:

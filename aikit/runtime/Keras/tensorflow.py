@@ -187,7 +187,7 @@ def model_replicas(keras_model) -> int:
 
 def feeding_devices(plan) -> int:
     """The devices this process feeds a micro-batch each per micro-step (one process feeds them all)."""
-    return plan.gpus
+    return plan.num_replicas
 
 
 def check_batches(keras_model, samples: int, step_batch: int) -> None:
