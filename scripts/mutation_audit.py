@@ -97,9 +97,10 @@ MUTANTS = [
     ("engine: untouched parameters get a zero gradient", "aikit/runtime/Torch/accumulator.py",
      "p.grad = grad if used else None", "p.grad = grad", REDUCE_TESTS),
     ("optim: reduce forgets to average over ranks", "aikit/ga/Torch/window.py",
-     "equal_share(self.micro_step, reduction, world,", "equal_share(self.micro_step, reduction, 1,", REDUCE_TESTS),
+     "equal_share(self.micro_step, reduction, num_replicas,", "equal_share(self.micro_step, reduction, 1,",
+     REDUCE_TESTS),
     ("optim: reduce scales sample weights by the world", "aikit/ga/Torch/window.py",
-     "scale = sample_share(self.unit, total, averaging)", "scale = sample_share(self.unit, total, world)",
+     "scale = sample_share(self.unit, total, averaging)", "scale = sample_share(self.unit, total, num_replicas)",
      REDUCE_TESTS),
     ("optim: short window not corrected", "aikit/ga/Torch/window.py",
      "            scale *= short_window_factor(total, samples)", "            pass", GA_TESTS),
@@ -354,7 +355,7 @@ MUTANTS = [
      "        work = self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM)",
      "        work = self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.AVG)", TORCHFT_GROUPS + " -k ga_wrapper"),
     ("torchft: an update retrained on its old deal after a group was lost", "aikit/elastic/Torch/update_loops.py",
-     "        if (sampler.num_replicas, sampler.rank) != (replicas, rank):\n            sampler.set_world",
+     "        if (sampler.num_replicas, sampler.rank) != (num_replicas, rank):\n            sampler.set_world",
      "        if False:\n            sampler.set_world", TORCHFT_GROUPS + " -k middle_of_an_update"),
 ]
 

@@ -164,9 +164,9 @@ class LRFinder(RangeTestResults):
                 "test between updates"
             )
 
-    def _check_fit_path(self, replicas: int, accumulation_steps: int) -> None:
+    def _check_fit_path(self, num_replicas: int, accumulation_steps: int) -> None:
         strategy = type(getattr(self.model, "distribute_strategy", keras.distribution.distribution())).__name__
-        where = f"under {strategy} ({replicas} replicas) the test trains through fit"
+        where = f"under {strategy} ({num_replicas} replicas) the test trains through fit"
         if accumulation_steps != 1:
             raise InvalidValue(f"{where}, one batch per update: use accumulation_steps=1 and a larger batch_size, "
                                f"got accumulation_steps={accumulation_steps}")

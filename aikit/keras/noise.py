@@ -128,9 +128,9 @@ class NoiseOptimizer(Optimizer):
         self._record_noise(part_sq_norms, mean, seam.replicas())
         return reduced
 
-    def _record_noise(self, part_sq_norms, mean_sq_norms: list, replicas: int) -> None:
+    def _record_noise(self, part_sq_norms, mean_sq_norms: list, num_replicas: int) -> None:
         """What the update measured: its parts, their squared norms summed, its mean's squared norm."""
-        self._noise_parts.assign((self._accumulated + 1) * replicas)
+        self._noise_parts.assign((self._accumulated + 1) * num_replicas)
         self._noise_part_sq_norms.assign(part_sq_norms)
         mean = ops.sum(ops.stack(mean_sq_norms)) if mean_sq_norms else ops.zeros((), "float64")
         self._noise_mean_sq_norm.assign(mean)

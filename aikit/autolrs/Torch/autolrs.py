@@ -184,9 +184,9 @@ class _TorchTraining:
     rank 0 decides, and the collectives of :mod:`aikit.runtime.Torch.collectives`."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, val_fn: Callable[[], float],
-                 device: torch.device, replicas: int, rank: int):
+                 device: torch.device, num_replicas: int, rank: int):
         self.model, self.optimizer, self.val_fn = model, optimizer, val_fn
-        self.device, self.replicas, self.rank = device, replicas, rank
+        self.device, self.replicas, self.rank = device, num_replicas, rank
 
     def replica_mean(self, loss: torch.Tensor | float, first_decision: list | None = None) -> float:
         """The loss averaged over the replicas. With ``first_decision`` (packed; each replica

@@ -39,13 +39,13 @@ class TraceLoop:
         self.optimizer.sampler.set_epoch(epoch)
         self.optimizer.set_epoch(epoch)
 
-    def deal(self, replicas: int, rank: int, new_quorum: bool) -> None:
+    def deal(self, num_replicas: int, rank: int, new_quorum: bool) -> None:
         """Deal the step to ``replicas`` (the same samples, another share for each), as a resize
         does; in a quorum of other groups every group compares its settings in the update's sum
         (all of them: the sum's size must be the same on every group)."""
         opt, sampler = self.optimizer, self.optimizer.sampler
-        if (sampler.num_replicas, sampler.rank) != (replicas, rank):
-            sampler.set_world(replicas, rank)
+        if (sampler.num_replicas, sampler.rank) != (num_replicas, rank):
+            sampler.set_world(num_replicas, rank)
             opt.redeal()
         if new_quorum:
             opt.compare_again()
@@ -86,8 +86,8 @@ class PlanLoop:
     def start_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
-    def deal(self, replicas: int, rank: int, new_quorum: bool) -> None:
-        self.members = replicas, rank
+    def deal(self, num_replicas: int, rank: int, new_quorum: bool) -> None:
+        self.members = num_replicas, rank
 
     def update(self) -> Iterator[list[int]]:
         opt = self.optimizer

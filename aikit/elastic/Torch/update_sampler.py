@@ -58,10 +58,10 @@ class UpdateSampler:
         """The samples of the update to train next, over every replica: its global batch."""
         return self._plan.step_indices(self.update)
 
-    def micro_batches(self, replicas: int, rank: int) -> list[np.ndarray]:
+    def micro_batches(self, num_replicas: int, rank: int) -> list[np.ndarray]:
         """Replica ``rank``'s micro-batch of each GA step of the next update, dealt to ``replicas``
         by their plan (an empty one where it has no sample in a step)."""
-        plan = make_plan(self.global_batch_size, self.max_device_batch, replicas, rank=rank)
+        plan = make_plan(self.global_batch_size, self.max_device_batch, num_replicas, rank=rank)
         window = self.window()
         if rank >= plan.num_replicas:  # more replicas than samples: this one sits the update out
             return [window[:0]] * plan.micro_steps

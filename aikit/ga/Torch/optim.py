@@ -257,18 +257,18 @@ class Optimizer(WrappingOptimizer):
                   skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
         """The window's weighing of this micro-step, given who sums the gradients over the
         replicas: DDP or FSDP2 (``skip_sync``), this wrapper at the update (``reduce``), or none."""
-        world = world_size()
-        if weight is not None and world > 1 and not self.reduce and skip_sync is None and model is not None:
+        num_replicas = world_size()
+        if weight is not None and num_replicas > 1 and not self.reduce and skip_sync is None and model is not None:
             raise InvalidValue(
-                f"accumulate(model, weight=...) on {world} replicas needs their gradients summed, but "
+                f"accumulate(model, weight=...) on {num_replicas} replicas needs their gradients summed, but "
                 f"{type(model).__name__} syncs none: wrap it in DistributedDataParallel or fully_shard, or use "
                 "Optimizer(..., reduce=True) with the plain model"
             )
         framework_syncs = skip_sync is not None and not self.reduce and (self.sync_gradients
                                                                          or self.sync_every_micro_step)
         return self.window.weighing(model, samples, weight, global_batch_size=self.global_batch_size,
-                                    parts=self._micro_steps * world, fold=not framework_syncs,
-                                    start_sum=world > 1 and not self.reduce and self.sync_gradients)
+                                    parts=self._micro_steps * num_replicas, fold=not framework_syncs,
+                                    start_sum=num_replicas > 1 and not self.reduce and self.sync_gradients)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients at the start of an update only; mid-update it keeps them (the
@@ -318,7 +318,7 @@ class Optimizer(WrappingOptimizer):
         window, self.window = self.window, Window(self.engine)
         self.committed, scale = reduce_and_commit(self.engine.device(), lambda: window.scale(
             reduction=self.reduction, reducing=self.reduce, short=short,
-            world=world_size(), global_batch_size=self.global_batch_size))  # the world read at every update
+            num_replicas=world_size(), global_batch_size=self.global_batch_size))  # the world read at every update
         if not self.committed:  # TorchFT's quorum did not: nothing applied, the loop trains it again
             self.restart()
         return self.engine.update(scale) if self.committed else False

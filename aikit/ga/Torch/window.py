@@ -119,23 +119,23 @@ class Window:
         return empty
 
     # --- the update ------------------------------------------------------------------------------
-    def scale(self, *, reduction: str, reducing: bool, world: int, short: bool,
+    def scale(self, *, reduction: str, reducing: bool, num_replicas: int, short: bool,
               global_batch_size: int | None) -> float | torch.Tensor:
         """What multiplies the accumulated gradient at this window's update.
 
         ``reducing``: the wrapper sums the replicas' gradients at the update, with the samples
         and loss terms they counted in the same all-reduce; else DDP or FSDP2 average them over
-        the ``world``. ``short``: ``flush()`` ends the window before its ``steps``. Refused,
+        the ``num_replicas``. ``short``: ``flush()`` ends the window before its ``steps``. Refused,
         the gradients cleared, where the micro-steps' declarations do not add up to the update."""
         engine = self.accumulator
         if self.weighted not in (0, self.micro_step):
             _refuse(engine, f"only {self.weighted} of the {self.micro_step} micro-steps of this update declared "
                             f"{self.declared}= in accumulate(): declare them in every micro-step or in none")
-        averaging = 1 if reducing else world  # DDP and FSDP2 average over the processes; reducing sums
+        averaging = 1 if reducing else num_replicas  # DDP and FSDP2 average over the processes; reducing sums
         if self.declared == "weight":
-            return engine.terms_scale(_summed_terms(engine, world, reducing), averaging)
+            return engine.terms_scale(_summed_terms(engine, num_replicas, reducing), averaging)
         samples = self.samples
-        if reducing and world > 1:
+        if reducing and num_replicas > 1:
             (samples,) = engine.reduce([float(samples)])
             samples = round(samples)
         if not self.weighted:  # reducing, the replicas' sum is divided by the world; DDP averages it itself
@@ -143,12 +143,12 @@ class Window:
                                                                                   global_batch_size)
             if problem:
                 _refuse(engine, problem)
-            return equal_share(self.micro_step, reduction, world, averaging)
+            return equal_share(self.micro_step, reduction, num_replicas, averaging)
         total = _global_batch(global_batch_size, samples)
         # reducing, the samples are summed with the gradients: a short window (an epoch's last)
         # is exactly corrected to its mean; alone, only flush() says a window is short on purpose
-        seen = reducing or world == 1  # the samples counted are every replica's
-        if (samples > total and seen) or (world == 1 and not reducing and not short and samples != total):
+        seen = reducing or num_replicas == 1  # the samples counted are every replica's
+        if (samples > total and seen) or (num_replicas == 1 and not reducing and not short and samples != total):
             _refuse(engine, f"the {self.micro_step} micro-batches of this update held {samples} samples, but "
                             f"global_batch_size is {total}: feed exactly that many per update, or call "
                             "optimizer.flush() after an epoch's last, shorter window")
@@ -173,11 +173,11 @@ def _global_batch(global_batch_size: int | None, samples: int) -> int:
     return plan.global_batch_size
 
 
-def _summed_terms(engine: Accumulator, world: int, reducing: bool) -> int | float | torch.Tensor:
+def _summed_terms(engine: Accumulator, num_replicas: int, reducing: bool) -> int | float | torch.Tensor:
     """This update's loss terms over every replica: with the gradients in the update's own
     all-reduce (reducing), from the sum started before the last backward (DDP, FSDP2), or
     this process's alone."""
-    if world == 1:
+    if num_replicas == 1:
         return engine.take_terms()
     if reducing:
         (total,) = engine.reduce([engine.take_terms()])

@@ -118,22 +118,22 @@ def fit_adaptive(
     return run.history
 
 
-def _check(controller: GoodputController, replicas: int, parts: int, x: np.ndarray, y: np.ndarray) -> None:
+def _check(controller: GoodputController, num_replicas: int, parts: int, x: np.ndarray, y: np.ndarray) -> None:
     """Refuse a controller this model cannot follow, or data it cannot train on, naming the fix."""
     if not isinstance(controller, GoodputController):
         raise InvalidType(
             f"controller must be an aikit.core.goodput.GoodputController, got {type(controller).__name__}")
-    if controller.devices != replicas or controller.policy != "error" or not controller.split.grows:
+    if controller.devices != num_replicas or controller.policy != "error" or not controller.split.grows:
         raise InvalidValue(
             f"the controller plans for devices={controller.devices} with policy={controller.policy!r}"
             f"{', fixed_micro_batch=True' if controller.split and not controller.split.grows else ''}, but "
-            f"the model trains on {replicas} replica(s) with equal micro-batches: create it as "
-            f"GoodputController(max_device_batch, {replicas}, ..., policy='error')"
+            f"the model trains on {num_replicas} replica(s) with equal micro-batches: create it as "
+            f"GoodputController(max_device_batch, {num_replicas}, ..., policy='error')"
         )
-    if controller.min_batch < replicas:
+    if controller.min_batch < num_replicas:
         raise InvalidValue(
-            f"min_batch {controller.min_batch} is below the {replicas} replicas: every replica needs a "
-            f"sample in every update, so use min_batch >= {replicas}"
+            f"min_batch {controller.min_batch} is below the {num_replicas} replicas: every replica needs a "
+            f"sample in every update, so use min_batch >= {num_replicas}"
         )
     if len(x) != len(y):
         raise InvalidValue(f"x has {len(x)} samples but y has {len(y)}")
