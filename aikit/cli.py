@@ -74,7 +74,7 @@ def plan_rows(args: argparse.Namespace) -> tuple[str, int]:
             rows.append(f"{n:>4}  {'-':>4}  {'-':>8}  {'-':>11}  {'-':>6}  refused: {error}")
             refused += 1
             continue
-        micro = str(p.batch_size) if p.is_even else f"{p.batch_size - 1}..{p.batch_size}"
+        micro = str(p.device_batch) if p.is_even else f"{p.device_batch - 1}..{p.device_batch}"
         note = "" if p.is_even else "ragged: micro-batches differ by one sample, weighted exactly"
         if p.num_replicas < n:
             note = f"{n - p.num_replicas} device(s) idle: an even split needs fewer"

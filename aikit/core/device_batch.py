@@ -33,10 +33,13 @@ def smaller_plan(plan: Plan) -> Plan | None:
     g, n, policy = plan.global_batch_size, plan.available_gpus, plan.policy
     if plan.device_batch == 1:
         return None
-    if policy == "error":  # the even splits: G = devices x steps x batch
+    if policy == "error":  # the even splits: G = devices x micro_steps x batch
         devices = plan.num_replicas
-        steps = next((d // devices for d in divisors_of(g) if d % devices == 0 and g // d < plan.device_batch), None)
-        return None if steps is None else make_plan(g, g // (devices * steps), n, policy=policy, rank=plan.rank)
+        micro_steps = next((d // devices for d in divisors_of(g) if d % devices == 0 and g // d < plan.device_batch),
+                           None)
+        if micro_steps is None:
+            return None
+        return make_plan(g, g // (devices * micro_steps), n, policy=policy, rank=plan.rank)
     return make_plan(g, plan.device_batch - 1, n, policy=policy, rank=plan.rank)
 
 

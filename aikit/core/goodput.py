@@ -141,9 +141,9 @@ class ThroughputModel:
         self._times: dict[tuple[int, int], list[float]] = defaultdict(list)
         self._fit: tuple[float, float, float] | None = None  # coefficients of the measurements so far
 
-    def observe(self, micro_batch: int, steps: int, seconds: float) -> None:
-        """One update of ``steps`` micro-steps of ``micro_batch`` samples per device took ``seconds``."""
-        key = (positive_int(micro_batch, "micro_batch"), positive_int(steps, "steps"))
+    def observe(self, micro_batch: int, micro_steps: int, seconds: float) -> None:
+        """One update of ``micro_steps`` micro-steps of ``micro_batch`` samples per device took ``seconds``."""
+        key = (positive_int(micro_batch, "micro_batch"), positive_int(micro_steps, "micro_steps"))
         seconds = checked_float(seconds, "seconds", "a positive finite duration", lambda time: 0 < time < math.inf)
         self._times[key].append(seconds)
         self._fit = None
@@ -162,8 +162,8 @@ class ThroughputModel:
 
     def _fitted(self) -> tuple[float, float, float]:
         rows, times = [], []
-        for (micro, steps), seconds in self._times.items():
-            rows.append((steps, steps * micro, 1.0))
+        for (micro, micro_steps), seconds in self._times.items():
+            rows.append((micro_steps, micro_steps * micro, 1.0))
             times.append(float(np.median(seconds)))
         rows = np.asarray(rows)
         used = [1]  # per sample first, then per update, then per micro-step: each only if the data identify it
@@ -178,20 +178,21 @@ class ThroughputModel:
             full[1] /= 2
         return float(full[0]), float(full[1]), float(full[2])
 
-    def seconds(self, micro_batch: int, steps: int) -> float:
+    def seconds(self, micro_batch: int, micro_steps: int) -> float:
         """Predicted seconds of one update."""
         per_micro, per_sample, per_update = self.coefficients()
-        return steps * (per_micro + per_sample * micro_batch) + per_update
+        return micro_steps * (per_micro + per_sample * micro_batch) + per_update
 
     def state_dict(self) -> dict:
-        return {"times": [[micro, steps, list(seconds)] for (micro, steps), seconds in self._times.items()]}
+        return {"times": [[micro, micro_steps, list(seconds)]
+                          for (micro, micro_steps), seconds in self._times.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         if set(state) != {"times"}:
             raise InvalidValue(f"not a ThroughputModel state: keys {sorted(state)}")
         times = defaultdict(list)
-        for micro, steps, seconds in state["times"]:
-            times[int(micro), int(steps)] = [float(s) for s in seconds]
+        for micro, micro_steps, seconds in state["times"]:
+            times[int(micro), int(micro_steps)] = [float(s) for s in seconds]
         self._times, self._fit = times, None
 
 
@@ -301,11 +302,11 @@ class GoodputController:
     def record(self, batch: int, noise: NoiseEstimate | None = None,
                timings: Iterable[tuple[int, int, float]] = ()) -> None:
         """Record one update of ``batch`` samples: its noise estimate (None where it measured
-        none) and its timings, each ``(micro_batch, steps, seconds)``: what an update of ``steps``
-        micro-steps of ``micro_batch`` samples per device took (:mod:`aikit.core.adaptive` gives
+        none) and its timings, each ``(micro_batch, micro_steps, seconds)``: what an update of
+        ``micro_steps`` micro-steps of ``micro_batch`` samples per device took (:mod:`aikit.core.adaptive` gives
         two per timed update)."""
-        for micro, steps, seconds in timings:
-            self.throughput.observe(micro, steps, seconds)
+        for micro, micro_steps, seconds in timings:
+            self.throughput.observe(micro, micro_steps, seconds)
         if noise is not None:
             self.noise.update(noise)
         self.batches.append(batch)
@@ -337,8 +338,8 @@ class GoodputController:
             plans = [self.plan(int(b)) for b in batches]
             return np.array([p.device_batch for p in plans]), np.array([p.micro_steps for p in plans])
         devices = np.minimum(self.devices, batches)
-        steps = -(-batches // (devices * self.max_device_batch))
-        return -(-batches // (devices * steps)), steps
+        micro_steps = -(-batches // (devices * self.max_device_batch))
+        return -(-batches // (devices * micro_steps)), micro_steps
 
     def goodput(self, batch: int) -> float:
         """Predicted training progress per second at ``batch``, in base-batch samples per second."""
@@ -347,8 +348,8 @@ class GoodputController:
     def goodputs(self, batches: np.ndarray) -> np.ndarray:
         """:meth:`goodput` of many batches at once."""
         batches = np.asarray(batches, dtype=np.int64)
-        micro, steps = self.plans(batches)
-        samples_per_second = batches / self.throughput.seconds(micro, steps)
+        micro, micro_steps = self.plans(batches)
+        samples_per_second = batches / self.throughput.seconds(micro, micro_steps)
         noise = self.noise.smoothed
         efficiency = gains(noise.trace, noise.grad_sq, batches, self.ref_batch_size) * self.ref_batch_size / batches
         return samples_per_second * efficiency

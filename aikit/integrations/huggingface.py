@@ -51,7 +51,7 @@ def plan_arguments(global_batch_size: int, max_device_batch: int | None = None, 
             f"with at most {plan.max_device_batch} samples each, and the Trainer gives every device the same "
             f"batch: use global_batch_size {below} or {above}"
         )
-    return {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.micro_steps}
+    return {"per_device_train_batch_size": plan.device_batch, "gradient_accumulation_steps": plan.micro_steps}
 
 
 def keep_global_batch(trainer: Trainer) -> Trainer:

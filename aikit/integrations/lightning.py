@@ -79,7 +79,7 @@ class ElasticPlan(Callback):
                 "DataLoader with it"
             )
         trainer.accumulate_grad_batches = plan.micro_steps
-        lightning_setattr(pl_module, self.batch_size_attr, plan.batch_size)
+        lightning_setattr(pl_module, self.batch_size_attr, plan.device_batch)
         self.plan = plan
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -93,7 +93,7 @@ class ElasticPlan(Callback):
         loader = trainer.train_dataloader
         dataset = getattr(loader, "dataset", None)
         drop_last = getattr(getattr(loader, "batch_sampler", None), "drop_last", True)
-        per_update = self.plan.batch_size * trainer.world_size
+        per_update = self.plan.device_batch * trainer.world_size
         if not drop_last and hasattr(dataset, "__len__") and len(dataset) % per_update:
             raise InvalidValue(
                 f"the data set's {len(dataset)} samples leave a short last micro-batch, which Lightning would "

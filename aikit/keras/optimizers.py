@@ -120,7 +120,7 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
         self._reduction_given = reduction is not None  # else the compiled loss's (match_loss)
         self.inner = optimizer
         with keras.name_scope(self.name, caller=self):
-            self._steps = keras.Variable(steps, name="steps", dtype="int64", trainable=False,
+            self._micro_steps = keras.Variable(steps, name="steps", dtype="int64", trainable=False,
                                          aggregation="only_first_replica")
             # micro-steps already summed into the accumulators for the coming update
             self._accumulated = keras.Variable(0, name="accumulated", dtype="int64", trainable=False,
@@ -170,11 +170,11 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
     @property
     def steps(self) -> int:
         """Micro-steps per update."""
-        return int(to_numpy(self._steps))
+        return int(to_numpy(self._micro_steps))
 
     @steps.setter
     def steps(self, steps: int) -> None:
-        self._steps.assign(checked_steps(steps))
+        self._micro_steps.assign(checked_steps(steps))
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -318,7 +318,7 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
 
     def _maybe_update(self, update):
         """Run ``update`` when this micro-step completes the update, and count the micro-step."""
-        is_update = seam.window_ends(self._accumulated, self._steps)
+        is_update = seam.window_ends(self._accumulated, self._micro_steps)
         if is_update is not False:  # (False: known on the host, torch's micro-step that only added its gradients)
             seam.cond(is_update, update, lambda: None, self._state_variables())
         seam.advance(self._accumulated, is_update)

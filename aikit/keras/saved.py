@@ -26,7 +26,7 @@ class SavedVariables:
         saved = self._saved_variables
         if len(store.keys()) == len(saved):  # else Keras loads nothing (and warns)
             index = {id(v): i for i, v in enumerate(saved)}
-            saved_steps = int(np.asarray(store[str(index[id(self._steps)])]))
+            saved_steps = int(np.asarray(store[str(index[id(self._micro_steps)])]))
             accumulated = int(np.asarray(store[str(index[id(self._accumulated)])]))
             positive_int(saved_steps, "the saved GA steps")
             checked_int(accumulated, "the saved GA micro-steps accumulated", 0, saved_steps - 1,
@@ -38,7 +38,7 @@ class SavedVariables:
                     "(optimizer.accumulated == 0) to change steps"
                 )
         self._load_saved(store)
-        self._steps.assign(steps)
+        self._micro_steps.assign(steps)
 
     def save_own_variables(self, store) -> None:
         """The variables Keras saved before the skip counts were variables (a count is this

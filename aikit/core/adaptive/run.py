@@ -69,16 +69,16 @@ class AdaptiveRun:
         """The LR of an update at ``batch`` from ``base_lr`` (the LR tuned at the base batch)."""
         return learning_rate(self.controller, base_lr, batch, self.rule, step, warmup_steps)
 
-    def record(self, batch: int, micro_batch: int, steps: int, timing: tuple[float, float] | None,
+    def record(self, batch: int, micro_batch: int, micro_steps: int, timing: tuple[float, float] | None,
                noise: NoiseEstimate | None) -> None:
-        """One update of ``batch`` samples in ``steps`` micro-steps of ``micro_batch`` samples per
+        """One update of ``batch`` samples in ``micro_steps`` micro-steps of ``micro_batch`` samples per
         device: its timing (:func:`update_timing`: two measurements for the throughput model) and
         its noise estimate go to the controller."""
-        timings = [] if timing is None else [(micro_batch, steps, timing[0]), (micro_batch, 1, timing[1])]
+        timings = [] if timing is None else [(micro_batch, micro_steps, timing[0]), (micro_batch, 1, timing[1])]
         if self.schedule.holds(len(self.controller.batches)):
             noise = None  # a held update measures nothing: its batch and LR stay as they were at the hold
         self.controller.record(batch, noise, timings)
-        self._recorded = (batch, micro_batch, steps, None if timing is None else timing[0])
+        self._recorded = (batch, micro_batch, micro_steps, None if timing is None else timing[0])
 
     def finish(self, epoch: int, lr: float, *, log_change: bool = True,
                say: Callable[[str], None] | None = None, applied: bool = True) -> dict:
@@ -89,10 +89,10 @@ class AdaptiveRun:
         it keeps its place in the trace, but it measured nothing a decision could rest on."""
         if self._recorded is None:
             raise InvalidValue("no update recorded since the last finish(): record() it first")
-        (batch, micro, steps, seconds), self._recorded = self._recorded, None
+        (batch, micro, micro_steps, seconds), self._recorded = self._recorded, None
         controller = self.controller
         update = len(controller.batches) - 1
-        row = history_row(epoch, update, batch, steps, micro, lr, seconds, controller.noise)
+        row = history_row(epoch, update, batch, micro_steps, micro, lr, seconds, controller.noise)
         self.history.append(row)
         old = controller.batch
         new = None if self.schedule.held or not applied else controller.propose()

@@ -64,7 +64,7 @@ class Model:
     def step_batch_size(self) -> int:
         """Samples per micro-step over the devices this process feeds (all of them but on JAX over
         several processes): how to batch a tf.data.Dataset for ``fit``."""
-        return self.plan.batch_size * seam.feeding_devices(self.plan)
+        return self.plan.device_batch * seam.feeding_devices(self.plan)
 
     def compile(self, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> None:
         """Keras' ``compile`` under the plan's strategy, with the optimizer wrapped in GA."""
@@ -82,9 +82,9 @@ class Model:
                 optimizer.match_loss(self.model)  # the compiled loss's reduction (sum or mean), or a mismatch refused
 
     def _batch_size(self, batch_size: int | None, x: Any) -> int | None:
-        if batch_size is not None and batch_size != self.plan.batch_size:
+        if batch_size is not None and batch_size != self.plan.device_batch:
             raise InvalidValue(
-                f"batch_size={batch_size} is not the plan's per-device micro-batch {self.plan.batch_size}: "
+                f"batch_size={batch_size} is not the plan's per-device micro-batch {self.plan.device_batch}: "
                 "pass batch_size=aikit.keras.elastic.batch_size or leave it out (change the batch with "
                 "aikit.keras.elastic.init)"
             )

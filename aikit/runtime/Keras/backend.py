@@ -56,7 +56,7 @@ class Seam(Protocol):
     def cond(self, pred: Any, true_fn: Callable, false_fn: Callable, variables: list) -> Any:
         """The result of the branch ``pred`` picks, whose assignments to ``variables`` hold."""
 
-    def window_ends(self, accumulated: Any, steps: Any) -> Any:
+    def window_ends(self, accumulated: Any, micro_steps: Any) -> Any:
         """Whether this micro-step ends the update (in the graph, or on the host)."""
 
     def advance(self, accumulated: Any, is_update: Any) -> None:

@@ -59,9 +59,9 @@ def cond(pred, true_fn, false_fn, variables):
     return result
 
 
-def window_ends(accumulated, steps):
+def window_ends(accumulated, micro_steps):
     """Whether this micro-step ends the update: a traced value (the step is compiled once)."""
-    return accumulated + 1 >= steps
+    return accumulated + 1 >= micro_steps
 
 
 def advance(accumulated, is_update) -> None:

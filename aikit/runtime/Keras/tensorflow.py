@@ -42,8 +42,8 @@ def cond(pred, true_fn, false_fn, variables):
     return ops.cond(pred, true_fn, false_fn)
 
 
-def window_ends(accumulated, steps):
-    return accumulated + 1 >= steps
+def window_ends(accumulated, micro_steps):
+    return accumulated + 1 >= micro_steps
 
 
 def advance(accumulated, is_update) -> None:

@@ -63,9 +63,9 @@ def cond(pred, true_fn, false_fn, variables):
     return true_fn() if bool(pred) else false_fn()
 
 
-def window_ends(accumulated, steps) -> bool:
+def window_ends(accumulated, micro_steps) -> bool:
     """Whether this micro-step ends the update, decided on the host (no read per micro-step)."""
-    return host_value(accumulated) + 1 >= host_value(steps)
+    return host_value(accumulated) + 1 >= host_value(micro_steps)
 
 
 def advance(accumulated, is_update: bool) -> None:
