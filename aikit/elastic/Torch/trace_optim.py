@@ -145,12 +145,11 @@ class TraceOptimizer(WrappingOptimizer):
     def settings(self) -> dict[str, object]:
         """What every replica must share to train one run (compared at the first collective): the
         samples of every step, the micro-batch, the world, the position, the optimizer, its LR rule."""
-        sampler, schedule = self.sampler, self.sampler.schedule
+        sampler, schedule, kind = self.sampler, self.sampler.schedule, type(self.optimizer).__name__
         identity = {key: value for key, value in sampler.identity().items() if key != "trace_source"}
         return {**identity, "micro_batch": schedule.micro_batch, "max_device_batch": schedule.max_device_batch,
                 "replicas": sampler.num_replicas, "epoch": self.epoch, "step": self.step_index,
-                "micro": self.micro_step, "updates": self.updates,
-                "optimizer": f"{type(self).__name__}({type(self.optimizer).__name__})",
+                "micro": self.micro_step, "updates": self.updates, "optimizer": f"{type(self).__name__}({kind})",
                 "rule": self.rule, "ref_batch_size": self.ref_batch_size, "lr": self._base_lrs()}
 
     def compare_again(self) -> None:

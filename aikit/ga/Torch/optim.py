@@ -59,7 +59,7 @@ from aikit.core.validate import positive_int
 from aikit.ga.Torch.runai import from_runai, prebuilt_classes
 from aikit.ga.Torch.scheduler import UpdateScheduler  # noqa: F401  (its public path: aikit.ga.Torch.optim)
 from aikit.ga.Torch.state import check_state, ga_state
-from aikit.ga.Torch.window import Window
+from aikit.ga.Torch.window import KeptNames, Window
 from aikit.runtime.exports import served
 from aikit.runtime.Torch import engines
 from aikit.runtime.Torch.accumulator import Accumulator
@@ -70,7 +70,7 @@ from aikit.runtime.Torch.gradient_sync import sync_skipper
 from aikit.runtime.Torch.wrapping import WrappingOptimizer
 
 
-class Optimizer(WrappingOptimizer):
+class Optimizer(KeptNames, WrappingOptimizer):
     """Accumulate ``steps`` micro-batches, then update ``optimizer`` once.
 
     A real ``torch.optim.Optimizer``: ``param_groups``, ``state`` and ``defaults`` are the
@@ -171,20 +171,6 @@ class Optimizer(WrappingOptimizer):
     def micro_step(self) -> int:
         """Micro-steps taken towards the next update (0 between updates)."""
         return self.window.micro_step
-
-    @property
-    def position(self) -> int:
-        """:attr:`micro_step` by the name aikit 0.x's docs gave it (kept where users wrote it)."""
-        return self.micro_step
-
-    @property
-    def micro_steps(self) -> int:
-        """:attr:`micro_steps_taken` by the name aikit's Run:AI migration gave ``runai.step``."""
-        return self.micro_steps_taken
-
-    @micro_steps.setter
-    def micro_steps(self, taken: int) -> None:
-        self.micro_steps_taken = taken
 
     @property
     def steps(self) -> int:

@@ -190,3 +190,26 @@ def _refuse(engine: Accumulator, message: str) -> None:
     engine.discard()
     engine.optimizer.zero_grad()
     raise InvalidValue(message)
+
+
+class KeptNames:
+    """The GA wrapper's counters by the names users wrote before aikit gave each one name:
+    ``position`` (aikit 0.x's docs) for ``micro_step``, ``micro_steps`` (the name aikit's Run:AI
+    migration gave ``runai.step``) for ``micro_steps_taken``."""
+
+    micro_step: int
+    micro_steps_taken: int
+
+    @property
+    def position(self) -> int:
+        """:attr:`micro_step`: the micro-steps taken towards the next update."""
+        return self.micro_step
+
+    @property
+    def micro_steps(self) -> int:
+        """:attr:`micro_steps_taken`: every ``step()`` so far."""
+        return self.micro_steps_taken
+
+    @micro_steps.setter
+    def micro_steps(self, taken: int) -> None:
+        self.micro_steps_taken = taken
