@@ -143,6 +143,31 @@ def test_one_micro_step_counter():
     assert counter_offenders() == []
 
 
+# ``micro_steps`` is the micro-steps of one update (``EpochSchedule.micro_steps``, each update's);
+# the GA wrappers' count of every micro-step taken is ``micro_steps_taken``, and ``micro_steps``,
+# its first name (Run:AI's ``runai.step`` in aikit's migration), an alias: (file, class)
+MICRO_STEPS_DEFINED = {("aikit/core/schedule.py", "EpochSchedule"), ("aikit/ga/Torch/window.py", "KeptNames"),
+                       ("aikit/keras/optimizers.py", "Optimizer")}
+
+
+def micro_steps_offenders(roots: tuple[str, ...] = EVERYWHERE) -> list[str]:
+    """No ``micro_steps`` counts the micro-steps taken: no attribute of that name is stored, and
+    the properties of that name are the micro-steps of an update or the kept aliases."""
+    found = []
+    for path, tree in sources(*roots):
+        for cls, function in functions(tree):
+            if function.name == "micro_steps" and (path, cls) not in MICRO_STEPS_DEFINED:
+                found.append(f"{path}:{function.lineno}: {cls}.micro_steps (micro-steps taken are micro_steps_taken)")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr == "micro_steps":
+                found.append(f"{path}:{node.lineno}: attribute .micro_steps (micro-steps taken are micro_steps_taken)")
+    return found
+
+
+def test_micro_steps_are_an_updates_and_the_micro_steps_taken_are_counted_apart():
+    assert micro_steps_offenders() == []
+
+
 def test_the_counter_and_its_aliases_agree():
     import torch
 
@@ -236,6 +261,8 @@ PLANTED = {
                  counter_offenders),
     "micro": ("aikit/elastic/Torch/sampler.py", "class P:\n    def f(self):\n        self.micro = 0\n",
               counter_offenders),
+    "micro_steps": ("aikit/runtime/Torch/backward_marks.py",
+                    "class P:\n    def f(self):\n        self.micro_steps = 0\n", micro_steps_offenders),
     "world": ("aikit/runtime/Torch/collectives.py", "def planted(world: int) -> int:\n    return world\n",
               replica_offenders),
     "weight": ("aikit/runtime/Torch/output_weights.py", "def planted(grad, weight):\n    return grad * weight\n",

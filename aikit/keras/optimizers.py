@@ -188,8 +188,13 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
         return int(to_numpy(self._accumulated))
 
     @property
-    def micro_steps(self):
+    def micro_steps_taken(self):
         """Every call to ``apply`` so far (``iterations`` counts real updates)."""
+        return self._iterations
+
+    @property
+    def micro_steps(self):
+        """:attr:`micro_steps_taken` by its first name (kept where users wrote it)."""
         return self._iterations
 
     @property
