@@ -41,6 +41,9 @@ REPLICAS_EDGE = {
     *{("aikit/core/batch_schedule.py", function, "world") for function in (
         "__init__", "problems", "world_fit_problem")},
 }
+# stored attributes: the ramp schedule's ``world`` (above); the range test's ``replicas``, an object
+# (``Replicas``: their sum and broadcast), not a count
+REPLICA_ATTRIBUTES_EDGE = {("aikit/core/batch_schedule.py", "world"), ("aikit/core/lr_range/driver.py", "replicas")}
 REPLICA_SYNONYMS = {"world", "world_size", "replicas", "gpus", "n_replicas", "num_gpus"}
 # aikit 0.x's names, kept as read-only aliases where users wrote them: (file, class, name)
 COUNTER_ALIASES = {("aikit/ga/Torch/window.py", "KeptNames", "position"),
@@ -210,6 +213,10 @@ def replica_offenders(roots: tuple[str, ...] = EVERYWHERE) -> list[str]:
                 if (arg.arg in REPLICA_SYNONYMS and annotation in ("int", "object", "int | None")
                         and (path, function.name, arg.arg) not in REPLICAS_EDGE):
                     found.append(f"{path}:{arg.lineno}: {function.name}({arg.arg}) (the count is num_replicas)")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in REPLICA_SYNONYMS
+                    and (path, node.attr) not in REPLICA_ATTRIBUTES_EDGE):
+                found.append(f"{path}:{node.lineno}: attribute .{node.attr} (the count is num_replicas)")
     return sorted(set(found))
 
 

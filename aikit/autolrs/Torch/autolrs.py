@@ -92,11 +92,11 @@ class AutoLRS:
                                "whose parameters the optimizer trains")
         self.controller = Controller(min_lr, max_lr, **options)
         self.device = first.device
-        self.replicas, self.rank = collectives.world(self.device)
-        self._training = _TorchTraining(model, optimizer, val_fn, self.device, self.replicas, self.rank)
+        self.num_replicas, self.rank = collectives.world(self.device)
+        self._training = _TorchTraining(model, optimizer, val_fn, self.device, self.num_replicas, self.rank)
         self._driver = Driver(self.controller, self._training, self.summary_steps)
         self._driver.begin(float(optimizer.param_groups[0]["lr"]), alone=True)
-        self._first_step_checked = self.replicas == 1  # the replicas' first decisions: at the first step
+        self._first_step_checked = self.num_replicas == 1  # the replicas' first decisions: at the first step
 
     @property
     def action(self) -> Action:
@@ -186,13 +186,13 @@ class _TorchTraining:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, val_fn: Callable[[], float],
                  device: torch.device, num_replicas: int, rank: int):
         self.model, self.optimizer, self.val_fn = model, optimizer, val_fn
-        self.device, self.replicas, self.rank = device, num_replicas, rank
+        self.device, self.num_replicas, self.rank = device, num_replicas, rank
 
     def replica_mean(self, loss: torch.Tensor | float, first_decision: list | None = None) -> float:
         """The loss averaged over the replicas. With ``first_decision`` (packed; each replica
         made it alone) rank 0's is broadcast first, and the loss's all-reduce also counts the
         replicas whose own differs: if any does, every replica refuses to go on."""
-        if self.replicas == 1:
+        if self.num_replicas == 1:
             return float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
         total = torch.as_tensor(loss).detach().reshape(1).to(self.device, torch.float64)
         if first_decision is not None:
@@ -203,15 +203,15 @@ class _TorchTraining:
         collectives.all_reduce_sum_([total])
         if first_decision is not None and total[1].item() > 0:
             raise InvalidValue(
-                f"AutoLRS began differently on {int(total[1].item())} of {self.replicas} replicas than on rank 0 "
+                f"AutoLRS began differently on {int(total[1].item())} of {self.num_replicas} replicas than on rank 0 "
                 f"(lr, kept and flags here: {first_decision}): its constructor decides the first step alone on every "
                 "replica, so build it with the same options, seed and optimizer LR on each"
             )
-        return total[0].item() / self.replicas
+        return total[0].item() / self.num_replicas
 
     def agree(self, decide: Callable[[], Sequence[float]]) -> Sequence[float]:
         """Rank 0's decision, on every replica."""
-        if self.replicas == 1:
+        if self.num_replicas == 1:
             return decide()
         packed = torch.zeros(DECISION_SIZE, dtype=torch.float64, device=self.device)
         if self.rank == 0:
