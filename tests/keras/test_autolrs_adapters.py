@@ -94,4 +94,4 @@ def test_the_same_problem_gives_the_same_range_test_and_schedule(float64):
     assert (ours.min_lr, ours.max_lr) == (theirs.min_lr, theirs.max_lr)
     assert ours.schedule() == theirs.schedule()
     kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)
-    np.testing.assert_allclose(kernel, net.weight.detach().numpy().T, rtol=1e-4, atol=1e-6)  # (Keras keeps its LR in float32)
+    np.testing.assert_allclose(kernel, net.weight.detach().numpy().T, rtol=1e-4, atol=1e-6)  # Keras: a float32 LR
