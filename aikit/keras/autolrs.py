@@ -79,6 +79,7 @@ class AutoLRS(keras.callbacks.Callback):
             )
         if not optimizer.built:  # its slots must exist before the first checkpoint
             optimizer.build(self.model.trainable_variables)
+        self.controller.momentum = heavy_ball(optimizer)
         if self.action is None:  # a second fit() (or a loaded state) continues where it was
             self._driver.begin(float(keras.ops.convert_to_numpy(optimizer.learning_rate)))
 
@@ -152,15 +153,29 @@ class _KerasTraining:
         random.setstate(snapshot["python"])
 
 
+def innermost(optimizer):
+    """The optimizer that updates, inside aikit's GA optimizer or a ``LossScaleOptimizer``."""
+    while True:
+        inner = getattr(optimizer, "inner", None) or getattr(optimizer, "inner_optimizer", None)
+        if inner is None:
+            return optimizer
+        optimizer = inner
+
+
+def heavy_ball(optimizer) -> float:
+    """The heavy-ball momentum of an SGD or RMSprop (0 for Adam and the rest), which the range
+    test's ``max_lr`` accounts for (:func:`aikit.core.autolrs.momentum_lag`), as the torch hook's."""
+    optimizer = innermost(optimizer)
+    if isinstance(optimizer, (keras.optimizers.SGD, keras.optimizers.RMSprop)):
+        return float(optimizer.momentum or 0.0)
+    return 0.0
+
+
 def sgd_velocities(optimizer) -> list:
     """The momentum slots of a Keras SGD with momentum (inside aikit's GA optimizer or a
     ``LossScaleOptimizer`` too), else ``[]``: the one Keras optimizer AutoLRS uses whose velocity
     holds the LR (Adam's and AdamW's moments do not)."""
-    while True:
-        inner = getattr(optimizer, "inner", None) or getattr(optimizer, "inner_optimizer", None)
-        if inner is None:
-            break
-        optimizer = inner
+    optimizer = innermost(optimizer)
     if isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum and optimizer.built:
         return list(optimizer.momentums)
     return []

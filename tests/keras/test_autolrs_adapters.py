@@ -95,3 +95,20 @@ def test_the_same_problem_gives_the_same_range_test_and_schedule(float64):
     assert ours.schedule() == theirs.schedule()
     kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)
     np.testing.assert_allclose(kernel, net.weight.detach().numpy().T, rtol=1e-4, atol=1e-6)  # Keras: a float32 LR
+
+
+def test_both_adapters_read_the_heavy_ball_momentum_alike():
+    """The range test's max_lr accounts for SGD's momentum (not Adam's beta_1) in both."""
+    for keras_optimizer, torch_optimizer, momentum in [
+            (keras.optimizers.SGD(0.01, momentum=0.9), torch.optim.SGD, {"momentum": 0.9}),
+            (keras.optimizers.SGD(0.01), torch.optim.SGD, {}),
+            (keras.optimizers.Adam(1e-3), torch.optim.Adam, {})]:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(keras_optimizer, loss="mse")
+        callback = KerasAutoLRS(lambda: 0.0, total_steps=STEPS)
+        callback.set_model(model)
+        callback.on_train_begin()
+        net = torch.nn.Linear(3, 2)
+        hook = TorchAutoLRS(net, torch_optimizer(net.parameters(), lr=0.01, **momentum), lambda: 0.0,
+                            total_steps=STEPS)
+        assert callback.controller.momentum == hook.controller.momentum == momentum.get("momentum", 0.0)
