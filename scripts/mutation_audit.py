@@ -36,6 +36,7 @@ ELASTIC_TESTS = "tests/horovod/test_horovod_elastic_ga.py"
 TOKEN_TESTS = "tests/lm/test_token_weights.py"
 TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
 AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
+ADAPTER_TESTS = "tests/keras/test_autolrs_adapters.py"  # the Keras callback against the torch hook
 ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
 PROBE_TESTS = "tests/core/test_critical_batch.py"
 PROBE_TORCH_TESTS = "tests/adaptive/test_probe_torch.py"
@@ -206,6 +207,12 @@ MUTANTS = [
      "index = int(losses.argmin())", f"tests/lr_finder/test_lr_range.py {AUTOLRS_TESTS}"),
     ("autolrs: a short range test smoothed as a long one", "aikit/core/autolrs/range_test.py",
      "return LossTracker(min(0.5, RANGE_SMOOTHING / range_steps))", "return LossTracker(0.05)", AUTOLRS_TESTS),
+    ("autolrs: the Keras callback hands on the epoch's running mean loss", "aikit/keras/autolrs.py",
+     "self._driver.step((total - self._sums_before[0]) / (count - self._sums_before[1]))",
+     "self._driver.step(total / count)", ADAPTER_TESTS + " -k same_losses"),
+    ("autolrs: Keras' SGD velocity lags the LR the torch hook sets", "aikit/keras/autolrs.py",
+     "    if before > 0 and lr != before and math.isfinite(lr):", "    if False:",
+     ADAPTER_TESTS + " -k same_problem"),
     ("resize: a commit from before the trace optimizers moved is refused", "aikit/elastic/Torch/restore_checks.py",
      'return f"{MOVED_CLASSES.get(cls, cls)}{paren}{inner}" == now', "return saved == now", RESTORE_TESTS),
     ("lr policy: the decay read at the samples after the update", "aikit/elastic/Torch/trace_optim.py",

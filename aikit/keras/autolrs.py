@@ -14,6 +14,7 @@ through ``Callback.model``, which syncs the state Keras' jitted steps carry into
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections.abc import Callable, Sequence
@@ -78,6 +79,7 @@ class AutoLRS(keras.callbacks.Callback):
             )
         if not optimizer.built:  # its slots must exist before the first checkpoint
             optimizer.build(self.model.trainable_variables)
+        self.controller.momentum = heavy_ball(optimizer)
         if self.action is None:  # a second fit() (or a loaded state) continues where it was
             self._driver.begin(float(keras.ops.convert_to_numpy(optimizer.learning_rate)))
 
@@ -129,7 +131,12 @@ class _KerasTraining:
         return self.callback.val_fn()
 
     def set_lr(self, lr: float) -> None:
-        self.callback.model.optimizer.learning_rate = lr
+        """Set ``lr``, an SGD's velocity rescaled to it (:func:`torch_convention`)."""
+        optimizer = self.callback.model.optimizer
+        velocities = sgd_velocities(optimizer)
+        if velocities:
+            torch_convention(velocities, float(to_numpy(optimizer.learning_rate)), lr)
+        optimizer.learning_rate = lr
 
     def _variables(self) -> list:
         model = self.callback.model
@@ -144,6 +151,49 @@ class _KerasTraining:
             variable.assign(value)
         np.random.set_state(snapshot["numpy"])
         random.setstate(snapshot["python"])
+
+
+def innermost(optimizer):
+    """The optimizer that updates, inside aikit's GA optimizer or a ``LossScaleOptimizer``."""
+    while True:
+        inner = getattr(optimizer, "inner", None) or getattr(optimizer, "inner_optimizer", None)
+        if inner is None:
+            return optimizer
+        optimizer = inner
+
+
+def heavy_ball(optimizer) -> float:
+    """The heavy-ball momentum of an SGD or RMSprop (0 for Adam and the rest), which the range
+    test's ``max_lr`` accounts for (:func:`aikit.core.autolrs.momentum_lag`), as the torch hook's."""
+    optimizer = innermost(optimizer)
+    if isinstance(optimizer, (keras.optimizers.SGD, keras.optimizers.RMSprop)):
+        return float(optimizer.momentum or 0.0)
+    return 0.0
+
+
+def sgd_velocities(optimizer) -> list:
+    """The momentum slots of a Keras SGD with momentum (inside aikit's GA optimizer or a
+    ``LossScaleOptimizer`` too), else ``[]``: the one Keras optimizer AutoLRS uses whose velocity
+    holds the LR (Adam's and AdamW's moments do not)."""
+    optimizer = innermost(optimizer)
+    if isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum and optimizer.built:
+        return list(optimizer.momentums)
+    return []
+
+
+def torch_convention(velocities: Sequence, before: float, lr: float) -> None:
+    """Rescale Keras SGD's velocities by ``lr / before`` where the LR changes, so that the LR
+    means what it means in torch. Keras' SGD keeps ``m = momentum * m - lr * g`` (each past
+    gradient at the LR of its own step), torch's ``b = momentum * b + g`` and steps ``lr * b``
+    (every past gradient at today's LR); with ``m = -before * b`` kept, the Keras update is torch's
+    bit for bit in exact arithmetic. Without it the two frameworks' range tests differ: Keras'
+    velocity lags the LR that climbs 1.74x a step, so its loss bottoms out one or two LRs later
+    (the digits MLP: 3.3 instead of 1.9, docs/autolrs.md). From an LR of 0 there is nothing to
+    rescale (the velocity holds no gradient's scale), so none is."""
+    if before > 0 and lr != before and math.isfinite(lr):
+        scale = lr / before
+        for velocity in velocities:
+            velocity.assign(keras.ops.multiply(velocity, keras.ops.cast(scale, velocity.dtype)))
 
 
 class ReplaySchedule(keras.optimizers.schedules.LearningRateSchedule):

@@ -551,3 +551,24 @@ def test_a_state_saved_with_the_old_defaults_resumes_only_with_them_spelled_out(
     resumed = Controller(total_steps=600, **OLD_DEFAULTS)  # the old defaults, spelled out
     resumed.load_state_dict(state)
     assert run_on(resumed, whole, 150, 300) == whole[150:] and resumed.history == old.history
+
+
+def test_under_heavy_ball_momentum_the_range_tests_lr_is_read_two_steps_earlier():
+    """max_lr = a third of the LR two steps of the test before where the loss bottoms out,
+    under momentum 0.9: SGD held a third of the bottom (0.63) on the digits MLP where 0.1-0.3
+    won (issue 46); Adam (no momentum for the controller) and plain SGD keep the bottom."""
+    def run(momentum: float) -> Controller:
+        c = Controller(total_steps=2000, range_steps=50)
+        c.momentum = momentum
+        action = c.begin()
+        for _ in range(50):
+            action = c.step(1.0 + (math.log10(action.lr) + 0.5) ** 2 / 10)
+        return c
+
+    plain, heavy = run(0.0), run(0.9)
+    assert plain.range_test == heavy.range_test  # the same test, the same bottom
+    lrs = plain.range_test["lr"]
+    bottom = lrs.index(plain.max_lr * 3)
+    assert heavy.max_lr == lrs[bottom - 2] / 3 and heavy.min_lr == heavy.max_lr / 1000
+    assert run(0.5).max_lr == lrs[bottom - 1] / 3 and run(0.2).max_lr == plain.max_lr
+    assert heavy.stages[0].lr == heavy.max_lr  # stage 0 holds it

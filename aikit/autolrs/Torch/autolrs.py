@@ -91,6 +91,7 @@ class AutoLRS:
             raise InvalidValue(f"AutoLRS got a model without parameters ({type(model).__name__}): give it the model "
                                "whose parameters the optimizer trains")
         self.controller = Controller(min_lr, max_lr, **options)
+        self.controller.momentum = heavy_ball(optimizer)
         self.device = first.device
         self.num_replicas, self.rank = collectives.world(self.device)
         self._training = _TorchTraining(model, optimizer, val_fn, self.device, self.num_replicas, self.rank)
@@ -159,6 +160,14 @@ def _checked_loss(loss: object) -> torch.Tensor | float:
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.dtype.is_floating_point:
         return loss
     return one_number(loss, "AutoLRS.on_train_batch_end's loss", "the step's training loss as one number", verb="be")
+
+
+def heavy_ball(optimizer: torch.optim.Optimizer) -> float:
+    """The first param group's heavy-ball ``momentum`` (SGD's, RMSprop's; 0 for Adam, whose
+    ``betas`` average), which the range test's ``max_lr`` accounts for
+    (:func:`aikit.core.autolrs.momentum_lag`), as the Keras callback's."""
+    groups = getattr(optimizer, "param_groups", None) or [{}]
+    return float(groups[0].get("momentum", 0.0) or 0.0)
 
 
 def refuse_lr_free(optimizer) -> None:

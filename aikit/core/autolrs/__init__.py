@@ -54,6 +54,7 @@ from aikit.core.autolrs.range_test import (
     RANGE_END,
     RANGE_SMOOTHING,
     RANGE_START,
+    momentum_lag,
     range_tracker,
 )
 from aikit.core.autolrs.schedule import read_schedule, replay_lr, schedule_lrs, write_schedule
@@ -94,6 +95,7 @@ __all__ = [
     "failed_forecast",
     "fit_exponential",
     "forecast",
+    "momentum_lag",
     "pack",
     "plan_stages",
     "range_tracker",

@@ -78,11 +78,14 @@ class Controller:
 
     ``min_lr``, ``max_lr`` and ``tau`` start as given and are set when the run finds them (a
     range test, a budget's plan); ``stages``, ``history``, ``plan`` and ``schedule()`` show what
-    the search did.
+    the search did. ``momentum`` is the optimizer's heavy-ball momentum, which the adapter reads
+    and a range test's ``max_lr`` accounts for (:func:`~aikit.core.autolrs.range_test.momentum_lag`;
+    0: none, or Adam's).
     """
 
     def __init__(self, min_lr: float | None = None, max_lr: float | None = None, **options):
         self.settings = Settings(min_lr, max_lr, **options)
+        self.momentum = 0.0  # the optimizer's heavy-ball momentum, set by the adapter (not an option)
         self.min_lr, self.max_lr, self.tau = self.settings.min_lr, self.settings.max_lr, self.settings.tau
         self.rng = np.random.default_rng(self.settings.seed)
         self.stages: list[Stage] = []
@@ -270,7 +273,7 @@ class Controller:
         self.range_test["loss"].append(self._tracker.update(loss))
         if self._tracker.stop_reason is None and self._in_phase < self.settings.range_steps:
             return self._set(self._range_lrs[self._in_phase])
-        self.min_lr, self.max_lr = search_range(self.range_test, self._tracker.stop_reason)
+        self.min_lr, self.max_lr = search_range(self.range_test, self._tracker.stop_reason, self.momentum)
         return self._start_stage(restore=True)
 
     def _exploits(self, index: int) -> bool:

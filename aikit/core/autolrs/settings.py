@@ -22,8 +22,9 @@ class Settings:
     ``min_lr``, ``max_lr``: the log-scale search range; when either is None a short LR range
     test (``range_steps`` steps climbing from 1e-6 to 10, then undone; default 100, with a
     budget a tenth of it, 20 to 100) sets both: ``max_lr`` a third of the LR where its smoothed
-    loss bottoms out (:func:`~aikit.core.lr_range.suggest`'s ``"bottom"``), ``min_lr`` three
-    decades below.
+    loss bottoms out (:func:`~aikit.core.lr_range.suggest`'s ``"bottom"``), read a step or two of
+    the test earlier under the optimizer's heavy-ball momentum
+    (:func:`~aikit.core.autolrs.range_test.momentum_lag`), ``min_lr`` three decades below.
 
     ``total_steps``: the run's whole budget, search included. With it the stages are planned
     to fill the budget exactly, the last ``anneal`` fraction (default 0.4) decays the LR to zero
