@@ -169,7 +169,7 @@ def test_an_adascale_run_replays_under_its_own_rule_name_given_its_learning_rate
     adaptive, _, rows = adaptive_run(x, y, {2: 24}, rule="adascale", epochs=1, trace_path=tmp_path / "a.csv")
     replay = mlp()
     replay.compile(Optimizer(momentum()), loss="mse")
-    settings = {"minibatch_size": 1, "base_lr": 0.05, "ref_batch_size": 8, "rule": "adascale", "seed": 3}
+    settings = {"micro_batch": 1, "base_lr": 0.05, "ref_batch_size": 8, "rule": "adascale", "seed": 3}
     with pytest.raises(ValueError, match=r"rule='adascale' needs the LRs of the run it replays .*: pass "
                                          r"learning_rates=\[row\['lr'\] for row in rows\]"):
         fit_trace(replay, x, y, str(tmp_path / "a.csv"), **settings)

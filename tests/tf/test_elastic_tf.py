@@ -188,7 +188,7 @@ def test_fit_trace_runs_seesaw_and_its_cosine_baseline_at_the_samples_lr(float64
 def test_fit_trace_refuses_a_size_that_is_not_a_multiple_of_the_micro_batch():
     model = mlp()
     model.compile(Optimizer(keras.optimizers.SGD(0.1), 1), loss="mse")
-    with pytest.raises(ValueError, match="batch size 10 is not a multiple of minibatch_size x num_replicas 4"):
+    with pytest.raises(ValueError, match="batch size 10 is not a multiple of micro_batch x num_replicas 4"):
         elastic_tf.fit_trace(model, *data(64), [8, 10], micro_batch=4, base_lr=0.1, ref_batch_size=8)
 
 

@@ -384,11 +384,10 @@ class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
         batch = self.batch
         self._gains = tuple(self._gain(self.noise.smoothed(group), batch) for group in range(len(self.param_groups)))
         self.last_gain = self._gain(self.noise.smoothed(), batch)  # the whole model's
-        self.progress += self.last_gain
 
     def _updated(self, lr: tuple[float, ...]) -> None:
-        if not self.updated:  # skipped (inf/NaN): no step made, so no progress
-            self.progress -= self.last_gain
+        if self.updated:  # a skipped update (inf/NaN) made no step, so no progress: exactly
+            self.progress += self.last_gain
 
     def _gain(self, noise: Any, batch: int) -> float:
         if noise is None or batch == 0:
