@@ -372,7 +372,7 @@ class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
         if ref_batch_size is None and options.get("ref_batchsize") is None:
             ref_batch_size = 32  # eth-easl's default
         super().__init__(optimizer, sampler, ref_batch_size, log_steps, noise_decay=decay, **options)
-        self.progress = 0.0  # base-batch (micro-batch) steps' worth of progress so far
+        self.progress = self._progress_before = 0.0  # base-batch (micro-batch) steps' worth of progress so far
         self._gains = (1.0,) * len(self.param_groups)
         self.last_gain = 1.0
         # its state: {"adascale": {"trackers", "progress", "gains", "pending"}}, as it always saved
@@ -384,10 +384,11 @@ class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
         batch = self.batch
         self._gains = tuple(self._gain(self.noise.smoothed(group), batch) for group in range(len(self.param_groups)))
         self.last_gain = self._gain(self.noise.smoothed(), batch)  # the whole model's
+        self._progress_before, self.progress = self.progress, self.progress + self.last_gain
 
     def _updated(self, lr: tuple[float, ...]) -> None:
-        if self.updated:  # a skipped update (inf/NaN) made no step, so no progress: exactly
-            self.progress += self.last_gain
+        if not self.updated:  # skipped (inf/NaN): no step made, so no progress (restored, not subtracted: exact)
+            self.progress = self._progress_before
 
     def _gain(self, noise: Any, batch: int) -> float:
         if noise is None or batch == 0:
