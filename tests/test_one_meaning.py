@@ -46,8 +46,7 @@ REPLICAS_EDGE = {
 REPLICA_ATTRIBUTES_EDGE = {("aikit/core/batch_schedule.py", "world"), ("aikit/core/lr_range/driver.py", "replicas")}
 REPLICA_SYNONYMS = {"world", "world_size", "replicas", "gpus", "n_replicas", "num_gpus"}
 # aikit 0.x's names, kept as read-only aliases where users wrote them: (file, class, name)
-COUNTER_ALIASES = {("aikit/ga/Torch/window.py", "KeptNames", "position"),
-                   ("aikit/elastic/Torch/fault_tolerance.py", "ReplicaGroup", "position")}
+COUNTER_ALIASES = {("aikit/ga/Torch/window.py", "KeptNames", "position")}
 
 
 @functools.cache

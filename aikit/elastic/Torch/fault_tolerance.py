@@ -182,11 +182,6 @@ class ReplicaGroup:
         return self.loop.updates_done()
 
     @property
-    def position(self) -> int:
-        """:attr:`updates` by its first name (kept where users wrote it)."""
-        return self.updates
-
-    @property
     def replicas(self) -> int:
         """Replica groups in the last quorum."""
         return replica_groups.members[0]
