@@ -167,13 +167,16 @@ def test_a_heal_fetches_commit_bytes_and_never_unpickles_them(monkeypatch):
     state = {"user": {"aikit": {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "rng": random_state.get_state(),
                                 "position": (3, [1, 2]), "name": "run"}},
              "torchft": {"step": 7, "batches_committed": 14}}
-    sender, receiver = (CommitTransport("127.0.0.1", timedelta(seconds=2)) for _ in range(2))
+    # the sender holds a request for a step it has not made for its 0.5 s, well inside the fetch's
+    # 5 s: a step it will never serve gets its 404, not the fetch's own timeout (a loaded machine)
+    sender, receiver = CommitTransport("127.0.0.1", timedelta(seconds=0.5)), CommitTransport("127.0.0.1",
+                                                                                             timedelta(seconds=5))
     try:
-        sender.send_checkpoint([1], 7, state, timedelta(seconds=2))
+        sender.send_checkpoint([1], 7, state, timedelta(seconds=5))
         for unpickler in (pickle, torch):  # a heal that unpickled anything would fail here
             monkeypatch.setattr(unpickler, "loads" if unpickler is pickle else "load", _refuse)
         monkeypatch.setattr(pickle, "load", _refuse)
-        got = receiver.recv_checkpoint(0, sender.metadata(), 7, timedelta(seconds=2))
+        got = receiver.recv_checkpoint(0, sender.metadata(), 7, timedelta(seconds=5))
         assert got["torchft"] == {"step": 7, "batches_committed": 14} and got["user"]["aikit"]["name"] == "run"
         assert torch.equal(got["user"]["aikit"]["model"]["w"], state["user"]["aikit"]["model"]["w"])
         assert got["user"]["aikit"]["position"] == (3, [1, 2])
@@ -181,10 +184,10 @@ def test_a_heal_fetches_commit_bytes_and_never_unpickles_them(monkeypatch):
         step, raw = sender._served
         sender._served = step, raw[:-1] + bytes([raw[-1] ^ 1])  # one changed bit on the way
         with pytest.raises(CheckpointError, match="is corrupt: its SHA-256 does not match"):
-            receiver.recv_checkpoint(0, sender.metadata(), 7, timedelta(seconds=2))
+            receiver.recv_checkpoint(0, sender.metadata(), 7, timedelta(seconds=5))
         sender.disallow_checkpoint()  # the update decided: nothing served any more
         with pytest.raises(CheckpointError, match="could not be fetched: HTTP Error 404"):
-            receiver.recv_checkpoint(0, sender.metadata(), 6, timedelta(seconds=2))
+            receiver.recv_checkpoint(0, sender.metadata(), 6, timedelta(seconds=5))
     finally:
         sender.shutdown()
         receiver.shutdown()
