@@ -266,10 +266,13 @@ class Accumulator:
         """Forget the sums started from the last backward (a load or a failed update replaces
         the gradients they were started from) and the window's micro-steps; local, nothing is
         waited for."""
+        self._forget_sums()
+        self.marks.restart()
+
+    def _forget_sums(self) -> None:
         if self.buckets is not None:
             self.buckets.reset()
         self.terms, self._terms_sum = 0, None
-        self.marks.restart()
 
     def end_micro_step(self, expect_backward: bool = True) -> None:
         """A wrapper's ``step()`` ended a micro-step: note whether its backward reached the
@@ -285,7 +288,7 @@ class Accumulator:
         params = self.params()
         grads = [p.grad for p in params if p.grad is not None]
         self.marks.check(bool(grads))  # a forgotten backward() warned about
-        self.discard()  # an update without the sum over replicas (one replica) started none
+        self._forget_sums()  # an update without the sum over replicas (one replica) started none
         scale, self.carried = scale * self.carried, 1.0
         checked = None  # the update's inf/NaN flag, where one pass scaled and checked the gradients
         if grads and self.skip_nonfinite and self.scaler is None and self.max_grad_norm is None:
@@ -299,6 +302,7 @@ class Accumulator:
         if self.max_grad_norm is not None:
             if any(g.is_sparse for g in grads):
                 self.optimizer.zero_grad()
+                self.marks.restart()
                 raise InvalidValue(
                     f"max_grad_norm={self.max_grad_norm} cannot clip sparse gradients (nn.Embedding(sparse=True) "
                     "or similar): use dense gradients, or max_grad_norm=None and clip the dense parameters yourself"
