@@ -58,7 +58,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from aikit.core.critical_batch import CriticalBatchProbe, ProbePolicy
-from aikit.core.errors import ProbeUnresolved
+from aikit.core.errors import InvalidValue, ProbeUnresolved
+from aikit.core.frontier import UpdateCost, fit_frontier, fit_update_cost
 from aikit.core.ramp import seesaw_schedule, staged_schedule
 from aikit.core.scaling import cosine_decay
 from aikit.core.trace import TraceExhaustedError, schedule_trace
@@ -212,7 +213,7 @@ def train(task: Task, model, sampler, optimizer, clock: Clock, budget: int,
     wall, metric)`` every ``eval_every`` samples, and the final test metric."""
     metric = metric or (lambda: evaluate(task, model, task.validation))
     loader_data = task.train
-    curve, samples, updates, epoch = [], 0, 0, 0
+    curve, samples, updates, epoch, sizes, last = [], 0, 0, 0, [], 0
     next_eval = task.eval_every
     while samples < budget:
         try:
@@ -225,6 +226,8 @@ def train(task: Task, model, sampler, optimizer, clock: Clock, budget: int,
             samples += len(xb)
             if optimizer.step():
                 updates += 1
+                sizes.append(samples - last)  # each update's samples: its time at any UpdateCost
+                last = samples
                 if samples >= next_eval:
                     curve.append((samples, updates, clock(), clock.wall(), clock.paused(metric)))
                     next_eval += task.eval_every
@@ -233,7 +236,8 @@ def train(task: Task, model, sampler, optimizer, clock: Clock, budget: int,
         epoch += 1
     if not curve or curve[-1][0] != samples:
         curve.append((samples, updates, clock(), clock.wall(), clock.paused(metric)))
-    return {"curve": curve, "test": evaluate(task, model, task.test), "samples": samples, "updates": updates}
+    return {"curve": curve, "test": evaluate(task, model, task.test), "samples": samples, "updates": updates,
+            "sizes": sizes}
 
 
 def tuned(lr_grid_value: float, batch: int, task: Task) -> float:
@@ -310,6 +314,40 @@ def to_target(run: dict, target: float) -> tuple[float, float, float]:
         if metric >= target:
             return updates, cpu, wall
     return math.inf, math.inf, math.inf
+
+
+def probed_before(run: dict, samples: float) -> list[dict]:
+    """The probes a run made before ``samples`` samples of its own (none: not a probe run)."""
+    return [row for row in run.get("probes", ()) if row["samples"] <= samples]
+
+
+def samples_to_target(run: dict, target: float) -> float:
+    """Samples trained at the first evaluation at or above ``target`` (inf: never), its probes'
+    branches included."""
+    samples = next((point[0] for point in run["curve"] if point[4] >= target), math.inf)
+    return samples + sum(row["probe_samples"] for row in probed_before(run, samples))
+
+
+def model_seconds(run: dict, target: float, cost: UpdateCost) -> float:
+    """The time the run's updates to ``target`` take at ``cost``: the same updates, another machine.
+    A probe's branches count as their samples in updates of the batch the probe started from (the
+    base branch's; the larger branches take fewer: an upper bound)."""
+    updates = to_target(run, target)[0]
+    if not math.isfinite(updates):
+        return math.inf
+    own = next(point[0] for point in run["curve"] if point[1] >= updates)
+    probes = sum(row["probe_samples"] // row["batch"] * cost.seconds(row["batch"]) for row in probed_before(run, own))
+    return cost.seconds(run["sizes"][:int(updates)]) + probes
+
+
+def costs(task: Task, runs: dict) -> dict[str, UpdateCost]:
+    """This machine's cost of an update, fitted from the fixed runs' CPU time per update, and an
+    accelerator-like one: an update costs the same up to the grid's largest batch (its saturation),
+    then as much again per saturation's worth of samples."""
+    fixed = {int(name.split()[1]): run for name, run in runs.items() if name.startswith("fixed ")}
+    cpu = fit_update_cost(list(fixed), [run["curve"][-1][2] / run["updates"] for run in fixed.values()])
+    saturation = max(task.batches)
+    return {"this CPU": cpu, "accelerator-like": UpdateCost(1.0, 1.0 / saturation, saturation=saturation)}
 
 
 # --- where the controller's predicted best batch and the measured one part -------------------------
@@ -440,11 +478,14 @@ def one_seed(task: Task, seed: int, args) -> dict:
         runs[name]["history"] = optimizer.history
     print(f"\nseed {seed}: target {task.metric_name} {target:.3f} (best fixed final {best_final:.3f} less "
           f"{task.below}); best fixed batch {best_batch}")
-    print(f"{'run':28s} {'updates':>8s} {'cpu s':>7s} {'wall s':>7s} {'final':>7s} {'test':>7s} {'all cpu s':>9s}")
+    frontier, cost = judged(task, runs, target)
+    print(f"{'run':28s} {'updates':>8s} {'samples':>8s} {'cpu s':>7s} {'wall s':>7s} {'final':>7s} {'test':>7s} "
+          f"{'all cpu s':>9s} {'frontier':>8s}")
     for name, run in runs.items():
         updates, cpu, wall = to_target(run, target)
-        print(f"{name:28s} {updates:8.0f} {cpu:7.2f} {wall:7.2f} {run['curve'][-1][4]:7.3f} {run['test']:7.3f} "
-              f"{run['curve'][-1][2]:9.2f}", flush=True)
+        excess = frontier.excess(updates, samples_to_target(run, target)) if frontier else math.nan
+        print(f"{name:28s} {updates:8.0f} {samples_to_target(run, target):8.0f} {cpu:7.2f} {wall:7.2f} "
+              f"{run['curve'][-1][4]:7.3f} {run['test']:7.3f} {run['curve'][-1][2]:9.2f} {excess:8.2f}", flush=True)
     levels = [round(target - d, 3) for d in (0.3, 0.2, 0.1, 0.05, 0.0)]
     measured = measured_best(task, runs, levels)
     predicted = {name: predicted_best(task, run, levels) for name, run in runs.items() if "controller" in run}
@@ -453,7 +494,26 @@ def one_seed(task: Task, seed: int, args) -> dict:
               "; ".join(f"{level:.3f}: {p[0]} / {p[1]} / {p[2]:.0f} / {measured.get(level)}"
                         for level, p in found.items()))
     return {"target": target, "runs": runs, "best": f"fixed {best_batch}", "tuned": tuned_lr, "levels": levels,
-            "measured": measured, "predicted": predicted}
+            "measured": measured, "predicted": predicted, "frontier": frontier, "costs": cost}
+
+
+def judged(task: Task, runs: dict, target: float):
+    """The fixed-batch frontier to ``target`` through the grid's runs (each batch at its tuned LR)
+    and the costs of an update the times are modelled at; printed. (None, costs) where the grid
+    does not pin a frontier (fewer than two batches reached the target, or off the model)."""
+    cost = costs(task, runs)
+    fixed = {int(name.split()[1]): to_target(run, target)[0] for name, run in runs.items() if name.startswith("fixed ")}
+    try:
+        frontier = fit_frontier(list(fixed), list(fixed.values()))
+    except InvalidValue as why:
+        print(f"  no frontier: {why}")
+        return None, cost
+    cpu = cost["this CPU"]
+    print(f"  frontier through the grid: S_min {frontier.min_updates:.0f} updates, E_min {frontier.min_samples:.0f} "
+          f"samples, critical batch {frontier.critical_batch:.0f}; this CPU: {cpu.per_update * 1e3:.2f} ms an update + "
+          f"{cpu.per_sample * 1e6:.1f} us a sample (one update costs {cpu.per_update / cpu.per_sample:.0f} samples), "
+          f"time-optimal fixed batch {frontier.best_batch(cpu):.0f}")
+    return frontier, cost
 
 
 def report(task: Task, results: dict, args) -> None:
@@ -467,18 +527,26 @@ def report(task: Task, results: dict, args) -> None:
             run = r["runs"].get(name)
             if run is None:
                 continue
-            best = to_target(r["runs"][r["best"]], r["target"])
-            mine = to_target(run, r["target"])
-            per_seed.append((mine[0], mine[1], mine[0] / best[0], mine[1] / best[1], run["test"]))
+            best_run, target = r["runs"][r["best"]], r["target"]
+            best, mine = to_target(best_run, target), to_target(run, target)
+            modelled = [model_seconds(run, target, c) / model_seconds(best_run, target, c) for c in r["costs"].values()]
+            excess = r["frontier"].excess(mine[0], samples_to_target(run, target)) if r["frontier"] else math.nan
+            per_seed.append((mine[0], mine[1], mine[0] / best[0], mine[1] / best[1], run["test"],
+                             samples_to_target(run, target) / samples_to_target(best_run, target), excess, *modelled))
         reached = sum(math.isfinite(p[0]) for p in per_seed)
-        med = [statistics.median(p[i] for p in per_seed) for i in range(5)]
+        med = [statistics.median(p[i] for p in per_seed) for i in range(len(per_seed[0]))]
         rows.append((name, *med, reached, len(per_seed)))
-        print(f"  {name:28s} updates {med[0]:7.0f}  cpu {med[1]:6.2f} s  ratio updates {med[2]:5.2f}  time "
-              f"{med[3]:5.2f}  test {med[4]:.3f}  reached {reached}/{len(per_seed)}")
+        print(f"  {name:28s} updates {med[0]:7.0f}  cpu {med[1]:6.2f} s  ratio updates {med[2]:5.2f}  samples "
+              f"{med[5]:5.2f}  cpu time {med[3]:5.2f}  modelled time: this CPU {med[7]:5.2f}, accelerator-like "
+              f"{med[8]:5.2f}  frontier {med[6]:5.2f}  test {med[4]:.3f}  reached {reached}/{len(per_seed)}")
+    print("  (frontier: (S/S_min - 1)(E/E_min - 1) through the grid's batches, 1 on it, below 1: better than every "
+          "fixed batch in updates and samples at once; modelled time: the run's updates at the fitted cost of one)")
     if args.plot:
         plot(task, results, args)
     if args.json:
         Path(args.json).write_text(json.dumps({str(seed): {"target": r["target"], "best": r["best"],
+                                                           "frontier": r["frontier"] and vars(r["frontier"]),
+                                                           "costs": {k: vars(c) for k, c in r["costs"].items()},
                                                            "tuned": r["tuned"], "measured": r["measured"],
                                                            "predicted": r["predicted"],
                                                            "runs": r["runs"]} for seed, r in results.items()},

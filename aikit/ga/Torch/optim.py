@@ -242,10 +242,8 @@ class Optimizer(KeptNames, WrappingOptimizer):
     def _weighing(self, model: torch.nn.Module | None, samples: int | None, weight: Any,
                   skip_sync: Callable[[], Any] | None) -> contextlib.AbstractContextManager:
         """The window's weighing of this micro-step, given who sums the gradients over the
-        replicas: DDP or FSDP2 (``skip_sync``), this wrapper at the update (``reduce``), or none.
-        The world is read only where it matters (loss terms; the update's first micro-step, which
-        fixes the unit): detection costs more than the rest of a micro-step's bookkeeping."""
-        num_replicas = world_size() if weight is not None or self.window.unit is None else 1
+        replicas: DDP or FSDP2 (``skip_sync``), this wrapper at the update (``reduce``), or none."""
+        num_replicas = world_size() if weight is not None or self.window.unit is None else 1  # read where it matters
         if weight is not None and num_replicas > 1 and not self.reduce and skip_sync is None and model is not None:
             raise InvalidValue(
                 f"accumulate(model, weight=...) on {num_replicas} replicas needs their gradients summed, but "
