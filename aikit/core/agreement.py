@@ -11,7 +11,7 @@ that the other replicas fill with zeros: one sum over the replicas gathers every
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aikit.core.errors import InvalidValue
 
@@ -67,15 +67,35 @@ def disagreement(names: list[str], rows: list[list[int]]) -> str | None:
     return ", ".join(differ) if differ else None
 
 
-def check_agreement(names: list[str], rows: list[list[int]]) -> None:
+def check_agreement(names: list[str], rows: list[list[int]],
+                    refusal: Callable[[str], str | None] | None = None) -> None:
     """Refuse, on every replica alike, a run whose replicas were given different settings: they
-    would each train their own run, diverge, and fail much later in a collective."""
+    would each train their own run, diverge, and fail much later in a collective. ``refusal``
+    words a difference of its own (None: these words)."""
     problem = disagreement(names, rows)
     if problem is not None:
-        raise InvalidValue(
+        raise InvalidValue((refusal and refusal(problem)) or (
             f"the replicas were not given the same run; they differ in {problem}: start every worker with the "
-            "same trace, data set, seed and settings (and, resuming, from the same checkpoint)"
-        )
+            "same trace, data set, seed and settings (and, resuming, from the same checkpoint)"))
+
+
+class Agreement:
+    """When the replicas compare their settings, in the rows a collective gathers anyway: at their
+    first collective, and again after the world formed anew or a decision each replica made alone;
+    ``refusal`` as :func:`check_agreement`'s."""
+
+    def __init__(self, replicas: int, refusal: Callable[[str], str | None] | None = None) -> None:
+        self.pending = replicas > 1
+        self.refusal = refusal
+
+    def again(self, replicas: int) -> None:
+        """Compare at the next collective (with more than one replica; local)."""
+        self.pending = replicas > 1
+
+    def check(self, names: list[str], rows: list[list[int]]) -> None:
+        """Compare the gathered rows now, refused alike on every replica where they differ."""
+        self.pending = False
+        check_agreement(names, rows, self.refusal)
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from aikit.core.adaptive import AdaptiveRun, UpdateClock, update_timing
-from aikit.core.agreement import disagreement
 from aikit.core.autolrs import write_schedule
 from aikit.core.critical_batch import ProbeController
 from aikit.core.errors import InvalidType, InvalidValue
@@ -110,6 +109,7 @@ class AdaptiveOptimizer(TraceOptimizer):
                          max_grad_norm=max_grad_norm, scaler=scaler, skip_nonfinite=skip_nonfinite,
                          max_skips_in_a_row=max_skips_in_a_row)
         self.clock = UpdateClock(clock)
+        self.agreement.refusal = sampler.controller.refusal
         schedule = sampler.schedule
         self.parts = {"adaptive": StatePart(schedule.state_dict, schedule.checked,
                                             lambda saved: schedule.load(*schedule.checked(saved)))}
@@ -209,33 +209,15 @@ class AdaptiveOptimizer(TraceOptimizer):
         """The update's history row, the controller's decision (none after a skipped update) and
         the next batches decided; after a probe, the replicas compare its decision at the next
         update's all-reduce."""
-        probes = len(self._probe_decisions())
+        probes = len(self.controller.decisions())
         self.run.finish(self.epoch, lr[0], log_change=self.sampler.rank == 0, applied=self.updated)
-        if len(self._probe_decisions()) != probes:
+        if len(self.controller.decisions()) != probes:
             self.compare_again()
         self._arm()
 
-    def _probe_decisions(self) -> list[tuple]:
-        """Every probe's decision so far (not its CPU time, each replica's own): empty without a probe policy."""
-        policy = getattr(self.controller, "batch_policy", None)
-        return [] if policy is None else [(row["samples"], row["batch"], row["critical_batch"], row["rule"],
-                                           row["lr_scale"], row["resolved"]) for row in policy.rows]
-
     def settings(self) -> dict[str, object]:
-        probes = self._probe_decisions()
+        probes = self.controller.decisions()  # decided alone on each replica: compared, refused in their own words
         return {**super().settings(), "probe decisions": probes} if probes else super().settings()
-
-    def _agree(self, settings: dict[str, object], rows: list[list[int]]) -> None:
-        """A probe's decision differing between replicas is refused with its own fix."""
-        problem = disagreement(list(settings), rows)
-        if problem is not None and "probe decisions (" in problem:
-            self._agreement_pending = False
-            raise InvalidValue(
-                f"the replicas' critical-batch probes decided differently by update {len(self.controller.batches) - 1} "
-                f"({problem}): each replica probes alone, so it must branch on the same data as every other: give "
-                "TorchBranches the whole training set and the whole held-out set on every replica (not this replica's "
-                "shard), and every replica the same probe, policy and seed")
-        super()._agree(settings, rows)
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
         if self.updates % self.log_steps == 0:

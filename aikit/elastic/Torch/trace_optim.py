@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from aikit.core.agreement import check_agreement, fingerprint, own_row, rows_of
+from aikit.core.agreement import Agreement, fingerprint, own_row, rows_of
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
@@ -57,7 +57,7 @@ from aikit.runtime.Torch.collectives import (
     world,
 )
 from aikit.runtime.Torch.noise import NoiseMeter
-from aikit.runtime.Torch.wrapping import WrappingOptimizer
+from aikit.runtime.Torch.wrapping import WrappingOptimizer, with_load_hooks, with_state_dict_hooks
 
 
 class TraceOptimizer(WrappingOptimizer):
@@ -109,7 +109,7 @@ class TraceOptimizer(WrappingOptimizer):
         self.parts: dict[str, Any] = {"noise": self.noise} if measured else {}  # state_dict() beside the trace
         self.takes_weights = self.takes_weights and not measured  # noise is measured from equal micro-batch means
         self._broadcast_pending = broadcast and replicas > 1
-        self._agreement_pending = replicas > 1  # the replicas compare settings in their first collective
+        self.agreement = Agreement(replicas)  # the replicas compare settings in their first collective
         self.updates = 0  # updates applied since training began (skips not counted): drives warmup
         self.updated = False  # whether the last update was applied (not skipped for an inf/NaN gradient)
         self._start(self.sampler.epoch, 0, 0)
@@ -136,7 +136,7 @@ class TraceOptimizer(WrappingOptimizer):
                 rows = broadcast_gathering_(self.params, fingerprint(settings))
             mark_step(self.device)
             self._broadcast_pending = False
-            self._agree(settings, rows)
+            self.agreement.check(list(settings), rows)
         if not self._joined:
             self._joined = True
             if self.micro_step == 0:
@@ -155,12 +155,7 @@ class TraceOptimizer(WrappingOptimizer):
     def compare_again(self) -> None:
         """Compare the replicas' settings again at the next collective, after the world formed anew
         (Horovod elastic): every replica calls it (``ElasticState.sync()`` does). Local."""
-        self._agreement_pending = self.sampler.num_replicas > 1
-
-    def _agree(self, settings: dict[str, object], rows: list[list[int]]) -> None:
-        """Refuse, on every replica alike, a run whose replicas were given different settings."""
-        self._agreement_pending = False
-        check_agreement(list(settings), rows)
+        self.agreement.again(self.sampler.num_replicas)
 
     def _start(self, epoch: int, step: int, micro_step: int) -> None:
         """Position at ``micro_step`` of ``step`` of ``epoch``: local, the joins wait for :meth:`join`."""
@@ -242,7 +237,7 @@ class TraceOptimizer(WrappingOptimizer):
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
         terms = [self.engine.take_terms(), float(self._declared)] if self.takes_weights else []  # 0 if undeclared
         extras, self._declared = [*self._local_statistics(), *terms], 0
-        settings = {**self.settings(), "micro": 0} if self._agreement_pending else {}  # at the step, dealt unevenly
+        settings = {**self.settings(), "micro": 0} if self.agreement.pending else {}  # at the step, dealt unevenly
         table = own_row(settings, self.rank, replicas)
         committed, summed = reduce_and_commit(self.device, lambda: self.engine.reduce([*table, *extras])
                                               if replicas > 1 or lazy(self.device) else None)
@@ -253,7 +248,7 @@ class TraceOptimizer(WrappingOptimizer):
         if summed is not None:
             table, extras = summed[:len(table)], summed[len(table):]
         if settings:
-            self._agree(settings, rows_of(table, replicas))
+            self.agreement.check(list(settings), rows_of(table, replicas))
         if self.takes_weights:
             *extras, terms, declared = extras
             self._terms = _declared_terms(self, terms, declared)
@@ -341,12 +336,12 @@ class TraceOptimizer(WrappingOptimizer):
     def state_dict(self) -> dict:
         """The wrapped optimizer's state, the position in the trace, and any gradients
         accumulated in a step not yet finished (so a resume continues to the same bits)."""
-        return self._run_state_dict_hooks(lambda: trace_state.saved(self))
+        return with_state_dict_hooks(self, lambda: trace_state.saved(self))
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state`` and put the sampler where it stood (the next ``set_epoch`` of that epoch
         continues mid-epoch). Local: checked whole first, no collective (``join`` comes later)."""
-        self._run_load_hooks(state, lambda checked: trace_state.load(self, checked))
+        with_load_hooks(self, state, lambda checked: trace_state.load(self, checked))
 
     def check_state(self, state: dict) -> None:
         """Every reason ``state`` cannot be loaded here, before anything is changed."""

@@ -67,7 +67,7 @@ from aikit.runtime.Torch.buckets import bucket_bytes
 from aikit.runtime.Torch.collectives import reduce_and_commit
 from aikit.runtime.Torch.distributed import world_size
 from aikit.runtime.Torch.gradient_sync import sync_skipper
-from aikit.runtime.Torch.wrapping import WrappingOptimizer
+from aikit.runtime.Torch.wrapping import WrappingOptimizer, with_load_hooks, with_state_dict_hooks
 
 
 class Optimizer(KeptNames, WrappingOptimizer):
@@ -314,7 +314,7 @@ class Optimizer(KeptNames, WrappingOptimizer):
         """The wrapped optimizer's state and the accumulation position, with the gradients
         accumulated so far when saved mid-update, so a resume continues identically (its format:
         ``aikit.ga.Torch.state``)."""
-        return self._run_state_dict_hooks(lambda: {"optimizer": self.optimizer.state_dict(), "ga": self._ga_state()})
+        return with_state_dict_hooks(self, lambda: {"optimizer": self.optimizer.state_dict(), "ga": self._ga_state()})
 
     def _ga_state(self) -> dict[str, Any]:
         terms = None if self.window.declared != "weight" else int(self.engine.terms)  # a checkpoint holds numbers
@@ -327,7 +327,7 @@ class Optimizer(KeptNames, WrappingOptimizer):
         restart on other hardware). Run:AI's AIkit's GA state_dict (its counter in
         ``state['runai']``, a sum) loads too, saved between updates, into ``reduction="sum"``.
         Local: no collective."""
-        self._run_load_hooks(state_dict, self._load)
+        with_load_hooks(self, state_dict, self._load)
 
     def _load(self, state_dict: dict[str, Any]) -> None:
         state_dict = from_runai(state_dict)

@@ -152,19 +152,22 @@ class WrappingOptimizer(torch.optim.Optimizer):
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _run_state_dict_hooks(self, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """``build()`` between the hooks registered with ``register_state_dict_pre/post_hook``."""
-        for hook in self._optimizer_state_dict_pre_hooks.values():
-            hook(self)
-        state = build()
-        for hook in self._optimizer_state_dict_post_hooks.values():
-            state = hook(self, state) or state
-        return state
 
-    def _run_load_hooks(self, state: dict[str, Any], load: Callable[[dict[str, Any]], None]) -> None:
-        """``load(state)`` between the hooks registered with ``register_load_state_dict_pre/post_hook``."""
-        for hook in self._optimizer_load_state_dict_pre_hooks.values():
-            state = hook(self, state) or state
-        load(state)
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
+def with_state_dict_hooks(optimizer: torch.optim.Optimizer, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``build()`` between the hooks registered with ``optimizer.register_state_dict_pre/post_hook``."""
+    for hook in optimizer._optimizer_state_dict_pre_hooks.values():
+        hook(optimizer)
+    state = build()
+    for hook in optimizer._optimizer_state_dict_post_hooks.values():
+        state = hook(optimizer, state) or state
+    return state
+
+
+def with_load_hooks(optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                    load: Callable[[dict[str, Any]], None]) -> None:
+    """``load(state)`` between the hooks registered with ``optimizer.register_load_state_dict_pre/post_hook``."""
+    for hook in optimizer._optimizer_load_state_dict_pre_hooks.values():
+        state = hook(optimizer, state) or state
+    load(state)
+    for hook in optimizer._optimizer_load_state_dict_post_hooks.values():
+        hook(optimizer)
