@@ -84,13 +84,13 @@ class Agreement:
     first collective, and again after the world formed anew or a decision each replica made alone;
     ``refusal`` as :func:`check_agreement`'s."""
 
-    def __init__(self, replicas: int, refusal: Callable[[str], str | None] | None = None) -> None:
-        self.pending = replicas > 1
+    def __init__(self, num_replicas: int, refusal: Callable[[str], str | None] | None = None) -> None:
+        self.pending = num_replicas > 1
         self.refusal = refusal
 
-    def again(self, replicas: int) -> None:
+    def again(self, num_replicas: int) -> None:
         """Compare at the next collective (with more than one replica; local)."""
-        self.pending = replicas > 1
+        self.pending = num_replicas > 1
 
     def check(self, names: list[str], rows: list[list[int]]) -> None:
         """Compare the gathered rows now, refused alike on every replica where they differ."""
