@@ -31,7 +31,7 @@ rest) are :mod:`aikit.elastic.Torch.eth_easl`'s; what it saves and loads is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from aikit.core.scaling import Rule
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch import trace_state
+from aikit.elastic.Torch.loss_terms import LossTerms
 from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.runtime.Torch.accumulator import Accumulator
@@ -57,7 +58,7 @@ from aikit.runtime.Torch.collectives import (
     world,
 )
 from aikit.runtime.Torch.noise import NoiseMeter
-from aikit.runtime.Torch.wrapping import WrappingOptimizer, with_load_hooks, with_state_dict_hooks
+from aikit.runtime.Torch.wrapping import WrappingOptimizer, settings_put_back, with_load_hooks, with_state_dict_hooks
 
 
 class TraceOptimizer(WrappingOptimizer):
@@ -100,7 +101,7 @@ class TraceOptimizer(WrappingOptimizer):
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,
                                   skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row)
-        self._terms: Any = None  # the running update's loss terms over every replica (None: not declared)
+        self.loss_terms = LossTerms(self.engine)
         self.params = _trainable(self.engine.params(), name)
         self.device = self.params[0].device
         replicas, self.rank = _world_of(self.sampler, self.device)
@@ -165,7 +166,7 @@ class TraceOptimizer(WrappingOptimizer):
         self.counts = self.epoch_schedule.counts(sampler.rank)
         self.step_index, self.micro_step = step, micro_step
         self._untouched, self._joined = True, False
-        self.engine.terms, self._declared = 0, 0  # a step cut short is retrained: so are its terms
+        self.loss_terms.restart()  # a step cut short is retrained: so are its terms
 
     def redeal(self) -> None:
         """Take this replica's share of the current step again after the sampler was dealt to a new
@@ -178,21 +179,12 @@ class TraceOptimizer(WrappingOptimizer):
         self.rank = self.sampler.rank
         self._start(self.epoch, self.step_index, 0)
 
-    @contextlib.contextmanager
-    def accumulate(self, model: torch.nn.Module, weight: int | torch.Tensor) -> Iterator[None]:
+    def accumulate(self, model: torch.nn.Module, weight: int | torch.Tensor) -> contextlib.AbstractContextManager:
         """Run a micro-batch's forward and backward in here when its loss is a mean over ``weight``
         loss terms (tokens; an int or a 0-d integer tensor): the update is then Σ nᵢ·gᵢ / Σ nᵢ over
         the step's micro-batches on every replica (the count in its one all-reduce), not the mean of
         their means. Declare it for every micro-batch of a step or for none."""
-        if not self.takes_weights:
-            raise InvalidValue(
-                f"{type(self).__name__} weighs micro-batches its own way (a sum, or gradient noise measured from "
-                "equal micro-batch means), so it takes no weight=: use a TraceOptimizer whose rule is not measured "
-                "(linear, sqrt, seesaw, constant) for loss terms"
-            )
-        with self.engine.count_terms(model, weight):
-            yield
-        self._declared += 1
+        return self.loss_terms.counted(model, weight, None if self.takes_weights else type(self).__name__)
 
     def unhook(self) -> None:
         """Remove the noise measurement's gradient hooks (to go on with another optimizer)."""
@@ -235,8 +227,7 @@ class TraceOptimizer(WrappingOptimizer):
     def _update(self) -> bool:
         """All-reduce this step's gradients and make its one update at the step's LR (False: not committed)."""
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
-        terms = [self.engine.take_terms(), float(self._declared)] if self.takes_weights else []  # 0 if undeclared
-        extras, self._declared = [*self._local_statistics(), *terms], 0
+        extras = [*self._local_statistics(), *(self.loss_terms.counts() if self.takes_weights else [])]
         settings = {**self.settings(), "micro": 0} if self.agreement.pending else {}  # at the step, dealt unevenly
         table = own_row(settings, self.rank, replicas)
         committed, summed = reduce_and_commit(self.device, lambda: self.engine.reduce([*table, *extras])
@@ -251,7 +242,7 @@ class TraceOptimizer(WrappingOptimizer):
             self.agreement.check(list(settings), rows_of(table, replicas))
         if self.takes_weights:
             *extras, terms, declared = extras
-            self._terms = _declared_terms(self, terms, declared)
+            self.loss_terms.take(terms, declared, int(self.epoch_schedule.micro_batches_per_step[step]), step)
         self._observe(extras)
         try:
             lr = self._step_at_adapted_lr()
@@ -267,16 +258,12 @@ class TraceOptimizer(WrappingOptimizer):
     def _step_at_adapted_lr(self) -> tuple[float, ...]:
         """The wrapped optimizer's one update at the settings :meth:`_adapt` gives, the base ones put
         back whatever happens (an LR scheduler on this optimizer composes); every group's LR of it."""
-        saved = [{key: group[key] for key in self._adapted if key in group} for group in self.param_groups]
-        self._adapt()
-        lr = self._base_lrs()
-        self.updated = False
-        try:
+        with settings_put_back(self.param_groups, self._adapted):
+            self._adapt()
+            lr = self._base_lrs()
+            self.updated = False
             stepped = self.engine.update(self._gradient_scale())
             self.updated = self.engine.outcomes.settle() if stepped is None else stepped  # the warmup clock: now
-        finally:
-            for group, values in zip(self.param_groups, saved, strict=True):
-                group.update(values)
         return lr
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
@@ -328,8 +315,8 @@ class TraceOptimizer(WrappingOptimizer):
 
     def _gradient_scale(self) -> float | torch.Tensor:
         """From the summed micro-batch gradients to their mean over the step's samples (or loss terms)."""
-        if self._terms is not None:
-            return self.engine.terms_scale(self._terms)
+        if self.loss_terms.total is not None:
+            return self.engine.terms_scale(self.loss_terms.total)
         return self.epoch_schedule.share(self.step_index)
 
     # --- checkpoints: trace_state's format --------------------------------------------------------
@@ -390,22 +377,6 @@ def _check_steppable(optimizer: TraceOptimizer, joined: bool) -> None:
     if joined and optimizer.step_index >= steps:
         raise InvalidState(f"epoch {optimizer.epoch} has {steps} steps and all are done: call "
                            f"set_epoch({optimizer.epoch + 1}) on the sampler and this optimizer before the next epoch")
-
-
-def _declared_terms(optimizer: TraceOptimizer, terms: Any, declared: float) -> Any:
-    """The step's loss terms over every replica, None where no micro-batch declared any; a step
-    that declared them for some micro-batches only is refused (on every replica alike)."""
-    expected = int(optimizer.epoch_schedule.micro_batches_per_step[optimizer.step_index])
-    if declared == 0:
-        return None
-    if declared != expected:
-        optimizer.engine.discard()
-        optimizer.optimizer.zero_grad()
-        raise InvalidValue(
-            f"{declared:g} of the {expected} micro-batches of step {optimizer.step_index} declared their loss terms "
-            "with accumulate(model, weight=...): declare them for every micro-batch of a step or for none"
-        )
-    return terms
 
 
 def _checked_sampler(sampler: object, name: str, decides_while_training: bool) -> TraceSampler:

@@ -10,8 +10,9 @@ without DDP) and the trace optimizers build on it, with an
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -171,3 +172,14 @@ def with_load_hooks(optimizer: torch.optim.Optimizer, state: dict[str, Any],
     load(state)
     for hook in optimizer._optimizer_load_state_dict_post_hooks.values():
         hook(optimizer)
+
+
+@contextlib.contextmanager
+def settings_put_back(param_groups: list[dict[str, Any]], keys: tuple[str, ...]) -> Iterator[None]:
+    """Change the groups' ``keys`` for one update in here: the values they held are put back whatever happens."""
+    saved = [{key: group[key] for key in keys if key in group} for group in param_groups]
+    try:
+        yield
+    finally:
+        for group, values in zip(param_groups, saved, strict=True):
+            group.update(values)
