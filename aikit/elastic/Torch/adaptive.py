@@ -41,16 +41,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from aikit.core.adaptive import AdaptiveRun, UpdateClock, update_timing
+from aikit.core.adaptive import AdaptiveRun, UpdateClock
 from aikit.core.autolrs import write_schedule
 from aikit.core.critical_batch import ProbeController
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.goodput import GoodputController
-from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.elastic.Torch.adaptive_sampler import AdaptiveSampler
+from aikit.elastic.Torch.measures import AdaptiveMeasures
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.elastic.Torch.trace_state import StatePart
 
@@ -109,11 +109,12 @@ class AdaptiveOptimizer(TraceOptimizer):
                          max_grad_norm=max_grad_norm, scaler=scaler, skip_nonfinite=skip_nonfinite,
                          max_skips_in_a_row=max_skips_in_a_row)
         self.clock = UpdateClock(clock)
+        self.measures = AdaptiveMeasures(self, self.run, self.clock)
         self.agreement.refusal = sampler.controller.refusal
         schedule = sampler.schedule
         self.parts = {"adaptive": StatePart(schedule.state_dict, schedule.checked,
                                             lambda saved: schedule.load(*schedule.checked(saved)))}
-        self._arm()
+        self.measures.arm()
 
     @property
     def history(self) -> list[dict]:
@@ -145,65 +146,9 @@ class AdaptiveOptimizer(TraceOptimizer):
         self.clock.restart()  # an epoch's first update waits for the DataLoader: untimed
         super().set_epoch(epoch)
 
-    def _start(self, epoch: int, step: int, micro_step: int) -> None:
-        super()._start(epoch, step, micro_step)
-        if hasattr(self, "clock"):  # a new position: no norms pending, the next update untimed
-            self.noise.norms.clear()
-            self.clock.restart()
-        self._arm()
-
-    def _arm(self) -> None:
-        """Record micro-batch norms only for an update of two parts or more: a one-part update
-        (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing; nor
-        does an update of a run that holds its batch (it measures nothing)."""
-        if hasattr(self, "clock"):
-            schedule, step = self.epoch_schedule, self.step_index
-            self.noise.norms.active = not self.sampler.schedule.holds(schedule.first_step + step) and (
-                self.sampler.num_replicas > 1 or step >= len(schedule) or schedule.counts(0)[step] >= 2)
-
-    # --- measuring -----------------------------------------------------------------------------
-    def step(self, closure: Callable[[], Any] | None = None) -> bool:
-        """Account for one micro-batch; returns True when it completed a global step's update."""
-
-        def measured() -> Any:
-            loss = closure() if closure is not None else None
-            self.noise.norms.close()
-            self.clock.end_micro_step()  # the update's own work comes after its last micro-step's mark
-            return loss
-
-        return super().step(measured)
-
-    def _local_statistics(self) -> list[float]:
-        """This replica's micro-batch norms per param group and its timing of the update: what
-        rides in the update's all-reduce."""
-        schedule, step = self.epoch_schedule, self.step_index
-        even = int(schedule.batch_sizes[step]) % (schedule.micro_size(step) * self.sampler.num_replicas) == 0
-        timing = self.clock.measure(timed=even, ends_at_last_mark=True)  # a replica short of a micro-batch: untimed
-        return [*self.noise.statistics(self.engine.scaler), *timing]
-
-    @torch.no_grad()
-    def _observe(self, totals: list[float]) -> None:
-        """The update's noise and timing to the controller, before its LR is set (AdaScale's
-        gain includes this update's noise)."""
-        groups = len(self.param_groups)
-        schedule, step = self.epoch_schedule, self.step_index
-        batch, micro = int(schedule.batch_sizes[step]), schedule.micro_size(step)
-        parts, noise = int(schedule.micro_batches_per_step[step]), None
-        if parts >= 2 and self.noise.norms.active:  # one part alone cannot tell noise from signal
-            estimates = self.noise.measure(totals[:groups], parts, batch, micro, self._gradient_scale(),
-                                           self.engine.scaler, whole=True)
-            noise = estimates[0] if estimates else None  # None: an inf/NaN step AMP skips
-        timing = update_timing(totals[groups:], self.sampler.num_replicas)
-        self.run.record(batch, micro, int(schedule.micro_steps[step]), timing, noise)
-
     def _lr_of_update(self, base: float, group: int = 0) -> float:
         """The rule's LR times the controller's LR scale (1, or the LR a probe policy chose)."""
         return super()._lr_of_update(base, group) * self.controller.lr_scale()
-
-    def _noise(self) -> NoiseEstimate | None:
-        """The controller's smoothed noise, which the policy's ``adascale`` gain reads (None before a
-        first estimate)."""
-        return self.controller.noise.measured
 
     def _updated(self, lr: tuple[float, ...]) -> None:
         """The update's history row, the controller's decision (none after a skipped update) and
@@ -213,7 +158,7 @@ class AdaptiveOptimizer(TraceOptimizer):
         self.run.finish(self.epoch, lr[0], log_change=self.sampler.rank == 0, applied=self.updated)
         if len(self.controller.decisions()) != probes:
             self.compare_again()
-        self._arm()
+        self.measures.arm()
 
     def settings(self) -> dict[str, object]:
         probes = self.controller.decisions()  # decided alone on each replica: compared, refused in their own words

@@ -38,13 +38,13 @@ import torch
 
 from aikit.core.agreement import Agreement, fingerprint, own_row, rows_of
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
-from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.scaling import Rule
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch import trace_state
 from aikit.elastic.Torch.loss_terms import LossTerms
+from aikit.elastic.Torch.measures import UpdateNoise
 from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.runtime.Torch.accumulator import Accumulator
@@ -107,6 +107,7 @@ class TraceOptimizer(WrappingOptimizer):
         replicas, self.rank = _world_of(self.sampler, self.device)
         measured = self._measures_noise or policy.rule.measured  # the noise, where the rule (or the run) reads it
         self.noise = NoiseMeter(self, noise_decay) if measured else None
+        self.measures = UpdateNoise(self, self.noise)  # what each update measures, in its all-reduce
         self.parts: dict[str, Any] = {"noise": self.noise} if measured else {}  # state_dict() beside the trace
         self.takes_weights = self.takes_weights and not measured  # noise is measured from equal micro-batch means
         self._broadcast_pending = broadcast and replicas > 1
@@ -166,6 +167,7 @@ class TraceOptimizer(WrappingOptimizer):
         self.counts = self.epoch_schedule.counts(sampler.rank)
         self.step_index, self.micro_step = step, micro_step
         self._untouched, self._joined = True, False
+        self.measures.restart()
         self.loss_terms.restart()  # a step cut short is retrained: so are its terms
 
     def redeal(self) -> None:
@@ -174,8 +176,7 @@ class TraceOptimizer(WrappingOptimizer):
         and norms dropped. Local."""
         self.engine.discard()
         self.optimizer.zero_grad()
-        if self.noise is not None:
-            self.noise.norms.clear()
+        self.measures.clear()
         self.rank = self.sampler.rank
         self._start(self.epoch, self.step_index, 0)
 
@@ -188,21 +189,20 @@ class TraceOptimizer(WrappingOptimizer):
 
     def unhook(self) -> None:
         """Remove the noise measurement's gradient hooks (to go on with another optimizer)."""
-        if self.noise is not None:
-            self.noise.norms.remove()
+        self.measures.remove()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Does nothing: gradients are zeroed after every update (accumulating needs them kept)."""
 
     def step(self, closure=None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update (committed)."""
-        if self.noise is not None:
-            self.noise.norms.close()  # the micro-batch backpropagated since the last step()
+        self.measures.close()
         _check_steppable(self, joined=False)
         self.join()
         if closure is not None:
             with torch.enable_grad():
                 closure()
+        self.measures.end_micro_step()
         _check_steppable(self, joined=True)
         self._untouched = False
         self.micro_step += 1
@@ -227,7 +227,7 @@ class TraceOptimizer(WrappingOptimizer):
     def _update(self) -> bool:
         """All-reduce this step's gradients and make its one update at the step's LR (False: not committed)."""
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
-        extras = [*self._local_statistics(), *(self.loss_terms.counts() if self.takes_weights else [])]
+        extras = [*self.measures.statistics(), *(self.loss_terms.counts() if self.takes_weights else [])]
         settings = {**self.settings(), "micro": 0} if self.agreement.pending else {}  # at the step, dealt unevenly
         table = own_row(settings, self.rank, replicas)
         committed, summed = reduce_and_commit(self.device, lambda: self.engine.reduce([*table, *extras])
@@ -284,7 +284,7 @@ class TraceOptimizer(WrappingOptimizer):
     def _lr_of_update(self, base: float, group: int = 0) -> float:
         """The policy's LR of the current step's update from group ``group``'s base LR."""
         samples = self._samples_trained() if self.policy.decays else 0
-        return self.policy.lr(base, self.batch, self.updates, samples, self._noise())
+        return self.policy.lr(base, self.batch, self.updates, samples, self.measures.smoothed())
 
     def decay(self) -> float:
         """``lr_decay`` at the samples the trace trained before the current step (1 without one)."""
@@ -294,21 +294,10 @@ class TraceOptimizer(WrappingOptimizer):
         """Samples the trace trained before the current step (what an LR decay reads)."""
         return self.sampler.schedule.trace.samples_before(self.epoch_schedule.first_step + self.step_index)
 
-    def _noise(self) -> NoiseEstimate | None:
-        """The smoothed gradient noise a measured rule reads (None where nothing is measured yet)."""
-        return None if self.noise is None else self.noise.smoothed()
-
     # --- what subclasses change -----------------------------------------------------------------
-    def _local_statistics(self) -> list[float]:
-        """What this replica adds to the update's all-reduce: its micro-batches' norms (noise measured)."""
-        return [] if self.noise is None else self.noise.statistics(self.engine.scaler)
-
     def _observe(self, totals: list[float]) -> None:
-        """Take the update's reduced statistics in, before its LR is set: its gradient noise, smoothed."""
-        if self.noise is not None:
-            schedule, step = self.epoch_schedule, self.step_index
-            self.noise.observe(totals, int(schedule.micro_batches_per_step[step]), self.batch,
-                               schedule.micro_size(step), self._gradient_scale(), self.engine.scaler)
+        """Take the update's reduced statistics in, before its LR is set (its :attr:`measures`')."""
+        self.measures.observe(totals)
 
     def _updated(self, lr: tuple[float, ...]) -> None:
         """After the update (the position already on the next step), with its LRs."""

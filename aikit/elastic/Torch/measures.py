@@ -1,0 +1,119 @@
+"""What a trace optimizer measures in each update, its numbers riding in the update's one all-reduce.
+
+:class:`UpdateNoise` is the gradient noise a measured LR rule (AdaScale) reads, smoothed by a
+:class:`~aikit.runtime.Torch.noise.NoiseMeter` (nothing where the rule reads none);
+:class:`AdaptiveMeasures` an adaptive run's, each update's noise and timing recorded in its
+:class:`~aikit.core.adaptive.AdaptiveRun` for the controller. The optimizer calls them at fixed
+points: ``close`` as ``step()`` begins, ``end_micro_step`` once its micro-batch is done,
+``statistics`` and ``observe`` around the all-reduce, ``restart`` at a new position, ``clear`` when a
+step cut short is dealt again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aikit.core.adaptive import AdaptiveRun, UpdateClock, update_timing
+from aikit.core.gradient_noise import NoiseEstimate
+from aikit.runtime.Torch.noise import NoiseMeter
+
+TraceOptimizer = Any  # the optimizer that measures (not imported: it imports this module)
+
+
+class UpdateNoise:
+    """The gradient noise of ``optimizer``'s updates in ``noise`` (None: nothing measured)."""
+
+    def __init__(self, optimizer: TraceOptimizer, noise: NoiseMeter | None) -> None:
+        self.optimizer, self.noise = optimizer, noise
+
+    def close(self) -> None:
+        """End the micro-batch backpropagated since the last ``step()``."""
+        if self.noise is not None:
+            self.noise.norms.close()
+
+    def end_micro_step(self) -> None:
+        """The micro-batch of a ``step()`` is done (its closure run)."""
+
+    def restart(self) -> None:
+        """The optimizer stands at a new position (norms a checkpoint held stay)."""
+
+    def clear(self) -> None:
+        if self.noise is not None:
+            self.noise.norms.clear()
+
+    def remove(self) -> None:
+        """Remove the gradient hooks (to go on with another optimizer)."""
+        if self.noise is not None:
+            self.noise.norms.remove()
+
+    def statistics(self) -> list[float]:
+        """What this replica adds to the update's all-reduce: its micro-batches' norms per group."""
+        return [] if self.noise is None else self.noise.statistics(self.optimizer.engine.scaler)
+
+    def observe(self, totals: list[float]) -> None:
+        """The update's reduced statistics in, before its LR is set: its gradient noise, smoothed."""
+        if self.noise is not None:
+            optimizer = self.optimizer
+            schedule, step = optimizer.epoch_schedule, optimizer.step_index
+            self.noise.observe(totals, int(schedule.micro_batches_per_step[step]), optimizer.batch,
+                               schedule.micro_size(step), optimizer._gradient_scale(), optimizer.engine.scaler)
+
+    def smoothed(self) -> NoiseEstimate | None:
+        """The smoothed noise the LR policy reads (None where nothing is measured yet)."""
+        return None if self.noise is None else self.noise.smoothed()
+
+
+class AdaptiveMeasures(UpdateNoise):
+    """An adaptive ``optimizer``'s updates: the whole model's noise and the update's timing
+    (``clock``) recorded in ``run``, whose controller's smoothed noise the LR reads."""
+
+    def __init__(self, optimizer: TraceOptimizer, run: AdaptiveRun, clock: UpdateClock) -> None:
+        super().__init__(optimizer, optimizer.noise)
+        self.run, self.clock = run, clock
+
+    def end_micro_step(self) -> None:
+        self.noise.norms.close()
+        self.clock.end_micro_step()  # the update's own work comes after its last micro-step's mark
+
+    def restart(self) -> None:
+        """No norms pending, the next update untimed."""
+        self.noise.norms.clear()
+        self.clock.restart()
+        self.arm()
+
+    def arm(self) -> None:
+        """Record micro-batch norms only for an update of two parts or more: a one-part update
+        (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing; nor
+        does an update of a run that holds its batch (it measures nothing)."""
+        optimizer = self.optimizer
+        schedule, step, sampler = optimizer.epoch_schedule, optimizer.step_index, optimizer.sampler
+        self.noise.norms.active = not sampler.schedule.holds(schedule.first_step + step) and (
+            sampler.num_replicas > 1 or step >= len(schedule) or schedule.counts(0)[step] >= 2)
+
+    def statistics(self) -> list[float]:
+        """This replica's micro-batch norms per param group and its timing of the update."""
+        optimizer = self.optimizer
+        schedule, step = optimizer.epoch_schedule, optimizer.step_index
+        even = int(schedule.batch_sizes[step]) % (schedule.micro_size(step) * optimizer.sampler.num_replicas) == 0
+        timing = self.clock.measure(timed=even, ends_at_last_mark=True)  # a replica short of a micro-batch: untimed
+        return [*super().statistics(), *timing]
+
+    @torch.no_grad()
+    def observe(self, totals: list[float]) -> None:
+        """The update's noise and timing to the controller, before its LR is set (AdaScale's
+        gain includes this update's noise)."""
+        optimizer = self.optimizer
+        groups, schedule, step = len(optimizer.param_groups), optimizer.epoch_schedule, optimizer.step_index
+        batch, micro = int(schedule.batch_sizes[step]), schedule.micro_size(step)
+        parts, noise = int(schedule.micro_batches_per_step[step]), None
+        if parts >= 2 and self.noise.norms.active:  # one part alone cannot tell noise from signal
+            estimates = self.noise.measure(totals[:groups], parts, batch, micro, optimizer._gradient_scale(),
+                                           optimizer.engine.scaler, whole=True)
+            noise = estimates[0] if estimates else None  # None: an inf/NaN step AMP skips
+        timing = update_timing(totals[groups:], optimizer.sampler.num_replicas)
+        self.run.record(batch, micro, int(schedule.micro_steps[step]), timing, noise)
+
+    def smoothed(self) -> NoiseEstimate | None:
+        return self.optimizer.controller.noise.measured
