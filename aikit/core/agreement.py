@@ -87,6 +87,7 @@ class Agreement:
     def __init__(self, num_replicas: int, refusal: Callable[[str], str | None] | None = None) -> None:
         self.pending = num_replicas > 1
         self.refusal = refusal
+        self._table: tuple[list[str], int] = ([], 1)  # the settings and replicas of the table :meth:`table` gave
 
     def again(self, num_replicas: int) -> None:
         """Compare at the next collective (with more than one replica; local)."""
@@ -96,6 +97,23 @@ class Agreement:
         """Compare the gathered rows now, refused alike on every replica where they differ."""
         self.pending = False
         check_agreement(names, rows, self.refusal)
+
+    def table(self, settings: Callable[[], Mapping[str, object]], rank: int, num_replicas: int) -> list[float]:
+        """What ``rank`` adds to a sum over the replicas: its :func:`own_row` of ``settings()``
+        where a comparison is pending, else nothing."""
+        own = settings() if self.pending else {}
+        self._table = list(own), num_replicas
+        return own_row(own, rank, num_replicas)
+
+    def compared(self, summed: list[float] | None, table: list[float], rest: list[float]) -> list[float]:
+        """The sums of ``rest``, which followed ``table`` in ``summed`` (``rest`` itself where
+        nothing was summed), the table's rows compared first where it held any."""
+        if summed is not None:
+            table, rest = summed[:len(table)], summed[len(table):]
+        names, num_replicas = self._table
+        if names:
+            self.check(names, rows_of(table, num_replicas))
+        return rest
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from aikit.core.agreement import Agreement, fingerprint, own_row, rows_of
+from aikit.core.agreement import Agreement, fingerprint
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.scaling import Rule
@@ -64,19 +64,14 @@ from aikit.runtime.Torch.wrapping import WrappingOptimizer, settings_put_back, w
 class TraceOptimizer(WrappingOptimizer):
     """Wraps a torch optimizer to train through ``sampler``'s trace, each update at the LR of ``rule``.
 
-    ``rule``: a name of :data:`aikit.core.scaling.RULES` (``"linear"``, ``"sqrt"``, ``"seesaw"``,
-    ``"constant"``, ``"adascale"``) or a :class:`~aikit.core.scaling.Rule`; ``ref_batch_size``: the
-    global batch the LR was tuned for; ``warmup_steps`` ramps the rule's factor in; ``lr_decay``
-    (e.g. :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by its value at the
-    samples trained before each step (clocked by samples, as Seesaw needs); ``policy`` (an
-    :class:`~aikit.core.lr_policy.LRPolicy`) gives the four at once. With ``"adascale"`` every
-    update measures the gradient noise (:attr:`noise`, smoothed over ``noise_decay``) and its LR
-    is the base LR times AdaScale's gain of its batch over ``ref_batch_size``. ``log_steps`` prints
-    ``aikit trace: epoch E step S batch B lr L`` on rank 0 every that many updates.
-    ``max_grad_norm``, ``scaler`` (a ``torch.amp.GradScaler``), ``skip_nonfinite`` and
-    ``max_skips_in_a_row`` are the GA wrapper's, once per update. Replicas start from rank 0's
-    parameters, broadcast at the first :meth:`set_epoch` or :meth:`join` (``ElasticState.restore()``),
-    unless ``broadcast=False``.
+    ``rule``: a name of :data:`aikit.core.scaling.RULES` or a :class:`~aikit.core.scaling.Rule`;
+    ``ref_batch_size``: the global batch the LR was tuned for; ``warmup_steps`` ramps the rule's
+    factor in; ``lr_decay`` (e.g. :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by
+    its value at the samples trained before each step; ``policy`` (an :class:`~aikit.core.lr_policy.LRPolicy`)
+    gives the four at once. ``"adascale"`` measures the gradient noise (:attr:`noise`, smoothed over
+    ``noise_decay``). ``log_steps`` prints ``aikit trace: epoch E step S batch B lr L`` on rank 0
+    every that many updates. ``max_grad_norm``, ``scaler``, ``skip_nonfinite`` and ``max_skips_in_a_row``
+    are the GA wrapper's, once per update. ``broadcast=False``: no rank 0's parameters at the first join.
     """
 
     kind = "trace optimizer"
@@ -123,15 +118,14 @@ class TraceOptimizer(WrappingOptimizer):
         return int(schedule.batch_sizes[self.step_index]) if self.step_index < len(schedule) else 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` and :meth:`join`; before its first micro-batch (after the constructor, a
-        load or a restore) a call for the same epoch keeps the position."""
+        """Start ``epoch`` and :meth:`join` (the same epoch, before its first micro-batch: the position kept)."""
         if not (self._untouched and epoch == self.epoch):
             self._start(epoch, 0, 0)
         self.join()
 
     def join(self) -> None:
-        """The collectives due before this replica's next micro-batch, on every replica alike: rank 0's
-        parameters to every replica (once), then the updates of the steps it sits out here."""
+        """The collectives due before this replica's next micro-batch: rank 0's parameters (once), then
+        the updates of the steps it sits out here."""
         if self._broadcast_pending:
             settings = self.settings()
             with torch.no_grad():
@@ -155,8 +149,7 @@ class TraceOptimizer(WrappingOptimizer):
                 "rule": self.rule, "ref_batch_size": self.ref_batch_size, "lr": self._base_lrs()}
 
     def compare_again(self) -> None:
-        """Compare the replicas' settings again at the next collective, after the world formed anew
-        (Horovod elastic): every replica calls it (``ElasticState.sync()`` does). Local."""
+        """Compare the replicas' settings again at the next collective (every replica calls it). Local."""
         self.agreement.again(self.sampler.num_replicas)
 
     def _start(self, epoch: int, step: int, micro_step: int) -> None:
@@ -171,9 +164,8 @@ class TraceOptimizer(WrappingOptimizer):
         self.loss_terms.restart()  # a step cut short is retrained: so are its terms
 
     def redeal(self) -> None:
-        """Take this replica's share of the current step again after the sampler was dealt to a new
-        world (``TraceSampler.set_world``), at its rank: a step cut short is retrained, its gradients
-        and norms dropped. Local."""
+        """Take this replica's share of the current step again after ``TraceSampler.set_world``: a step
+        cut short is retrained, its gradients and norms dropped. Local."""
         self.engine.discard()
         self.optimizer.zero_grad()
         self.measures.clear()
@@ -228,18 +220,14 @@ class TraceOptimizer(WrappingOptimizer):
         """All-reduce this step's gradients and make its one update at the step's LR (False: not committed)."""
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
         extras = [*self.measures.statistics(), *(self.loss_terms.counts() if self.takes_weights else [])]
-        settings = {**self.settings(), "micro": 0} if self.agreement.pending else {}  # at the step, dealt unevenly
-        table = own_row(settings, self.rank, replicas)
+        table = self.agreement.table(lambda: {**self.settings(), "micro": 0}, self.rank, replicas)  # dealt unevenly
         committed, summed = reduce_and_commit(self.device, lambda: self.engine.reduce([*table, *extras])
                                               if replicas > 1 or lazy(self.device) else None)
         if not committed:  # TorchFT's quorum did not: nothing applied, the step dealt again after the next
             self.updated = False
             self.redeal()
             return False
-        if summed is not None:
-            table, extras = summed[:len(table)], summed[len(table):]
-        if settings:
-            self.agreement.check(list(settings), rows_of(table, replicas))
+        extras = self.agreement.compared(summed, table, extras)
         if self.takes_weights:
             *extras, terms, declared = extras
             self.loss_terms.take(terms, declared, int(self.epoch_schedule.micro_batches_per_step[step]), step)
@@ -256,8 +244,7 @@ class TraceOptimizer(WrappingOptimizer):
         return True
 
     def _step_at_adapted_lr(self) -> tuple[float, ...]:
-        """The wrapped optimizer's one update at the settings :meth:`_adapt` gives, the base ones put
-        back whatever happens (an LR scheduler on this optimizer composes); every group's LR of it."""
+        """The wrapped optimizer's one update at the settings :meth:`_adapt` gives; every group's LR of it."""
         with settings_put_back(self.param_groups, self._adapted):
             self._adapt()
             lr = self._base_lrs()
@@ -310,13 +297,11 @@ class TraceOptimizer(WrappingOptimizer):
 
     # --- checkpoints: trace_state's format --------------------------------------------------------
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state, the position in the trace, and any gradients
-        accumulated in a step not yet finished (so a resume continues to the same bits)."""
+        """The wrapped optimizer's state, the position in the trace, a step's gradients so far."""
         return with_state_dict_hooks(self, lambda: trace_state.saved(self))
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state`` and put the sampler where it stood (the next ``set_epoch`` of that epoch
-        continues mid-epoch). Local: checked whole first, no collective (``join`` comes later)."""
+        """Restore ``state`` and put the sampler where it stood; local, checked whole first."""
         with_load_hooks(self, state, lambda checked: trace_state.load(self, checked))
 
     def check_state(self, state: dict) -> None:
