@@ -35,15 +35,14 @@ import numpy as np
 import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.gradient_noise import gain
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule, seed_value
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.trace import load_trace, multiple_problems
 from aikit.core.validate import checked_float, index_in, positive_int
+from aikit.elastic.Torch.measures import AdaScaleGains
 from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
-from aikit.elastic.Torch.trace_state import StatePart
 from aikit.runtime.originals import either
 from aikit.runtime.process import remember_sampler, sampler_made_last
 from aikit.runtime.Torch import distributed
@@ -350,15 +349,11 @@ class LinearRuleMomentumOptimizer(EthEaslOptimizer, TraceOptimizer):
 class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
     """eth-easl's AdaScale (Johnson et al., 2020) through a batch-size trace: every update's LR is
     the base LR for one micro-batch, ``lr · micro_batch / ref_batch_size``, times each param
-    group's own gain ``r`` of the step's batch over a micro-batch (as eth-easl's and fairscale's),
-    and :attr:`progress` advances by the whole model's gain (the scale-invariant iteration count:
-    drive an LR schedule with it, e.g. ``LambdaLR(optimizer, lambda _: f(optimizer.progress))``).
-    eth-easl's argument order: ``(optimizer, sampler, log_steps, ref_batch_size)``,
-    ``ref_batch_size`` 32 by default; ``decay`` smooths the noise. aikit's own AdaScale, the gain
-    over ``ref_batch_size`` of the whole model, is ``TraceOptimizer(optimizer, sampler,
-    rule="adascale", ref_batch_size=...)``; both measure the noise with the same
-    :class:`~aikit.runtime.Torch.noise.NoiseMeter`. Call ``step()`` once per micro-batch after its
-    one ``backward()``."""
+    group's own gain of the step's batch over a micro-batch (as eth-easl's and fairscale's), and
+    :attr:`progress` advances by the whole model's gain (drive an LR schedule with it, e.g.
+    ``LambdaLR(optimizer, lambda _: f(optimizer.progress))``); :class:`~aikit.elastic.Torch.measures.AdaScaleGains`
+    keeps them. eth-easl's argument order ``(optimizer, sampler, log_steps, ref_batch_size)``, ``ref_batch_size``
+    32 by default; ``decay`` smooths the noise. aikit's own AdaScale is ``TraceOptimizer(rule="adascale")``."""
 
     rule = "linear"
     per_micro_batch = True
@@ -372,43 +367,36 @@ class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
         if ref_batch_size is None and options.get("ref_batchsize") is None:
             ref_batch_size = 32  # eth-easl's default
         super().__init__(optimizer, sampler, ref_batch_size, log_steps, noise_decay=decay, **options)
-        self.progress = self._progress_before = 0.0  # base-batch (micro-batch) steps' worth of progress so far
-        self._gains = (1.0,) * len(self.param_groups)
-        self.last_gain = 1.0
-        # its state: {"adascale": {"trackers", "progress", "gains", "pending"}}, as it always saved
-        self.noise.owner = "AdaScaleOptimizer state['adascale']"
-        self.parts = {"adascale": StatePart(self._saved, self._check_saved, self._load_saved)}
+        self.measures = AdaScaleGains(self, self.noise)
+        self.parts = {"adascale": self.measures}  # its state, as it always saved
 
-    def _observe(self, totals: list[float]) -> None:
-        super()._observe(totals)  # the update's noise, smoothed per group
-        batch = self.batch
-        self._gains = tuple(self._gain(self.noise.smoothed(group), batch) for group in range(len(self.param_groups)))
-        self.last_gain = self._gain(self.noise.smoothed(), batch)  # the whole model's
-        self._progress_before, self.progress = self.progress, self.progress + self.last_gain
+    @property
+    def progress(self) -> float:
+        """Base-batch (micro-batch) steps' worth of progress so far: the sum of the whole model's gains."""
+        return self.measures.progress
+
+    @property
+    def last_gain(self) -> float:
+        """The whole model's gain at the last update (1 before the first)."""
+        return self.measures.last_gain
 
     def _updated(self, lr: tuple[float, ...]) -> None:
-        if not self.updated:  # skipped (inf/NaN): no step made, so no progress (restored, not subtracted: exact)
-            self.progress = self._progress_before
-
-    def _gain(self, noise: Any, batch: int) -> float:
-        if noise is None or batch == 0:
-            return 1.0
-        return gain(noise.trace, noise.grad_sq, batch, self.epoch_schedule.micro_batch)
+        if not self.updated:
+            self.measures.skipped()
 
     def gain(self) -> tuple[float, ...]:
         """Each param group's gain at the last update (1 before the first)."""
-        return self._gains
+        return self.measures.gains
 
     @property
     def grad_var_avg(self) -> np.ndarray:
         """eth-easl's smoothed variance of a micro-batch's gradient per group, ``tr(Σ) / micro_batch``."""
-        micro = self.epoch_schedule.micro_batch
-        return np.array([t.smoothed.trace / micro if t.updates else 0.0 for t in self.noise.trackers])
+        return self.measures.averages()[0]
 
     @property
     def grad_sqr_avg(self) -> np.ndarray:
         """eth-easl's smoothed ``|G|²`` per group."""
-        return np.array([t.smoothed.grad_sq if t.updates else 1.0 for t in self.noise.trackers])
+        return self.measures.averages()[1]
 
     def adapt_lr(self) -> None:
         self.set_lr(self.current_lr())
@@ -417,22 +405,8 @@ class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
         """Every group's LR for the current step with the last gains (a tuple, as eth-easl's):
         the policy's LR of one micro-batch times the group's gain."""
         micro = self.epoch_schedule.micro_batch
-        return tuple(self.policy.lr(lr, micro) * r for lr, r in zip(self.get_lr(), self._gains, strict=True))
+        return tuple(self.policy.lr(lr, micro) * r for lr, r in zip(self.get_lr(), self.gain(), strict=True))
 
     def _log_lines(self, step: int, batch: int, lr: tuple[float, ...]) -> list[str]:
         return [f"    Adascale: Step={step}, gain={self.gain()}, grad_var_avg={self.grad_var_avg}, "
                 f"grad_sqr_avg={self.grad_sqr_avg}", *super()._log_lines(step, batch, lr)]
-
-    def _saved(self) -> dict:
-        return {**self.noise.save(), "progress": self.progress, "gains": list(self._gains)}
-
-    def _check_saved(self, saved: dict) -> None:
-        if not isinstance(saved, dict) or set(saved) != {"trackers", "progress", "gains", "pending"} \
-                or len(saved["gains"]) != len(self.param_groups) or len(saved["trackers"]) != len(self.param_groups):
-            raise InvalidValue(f"AdaScaleOptimizer state['adascale'] needs keys ['gains', 'pending', 'progress', "
-                               f"'trackers'] with one tracker and one gain per param group ({len(self.param_groups)})")
-        self.noise.check(saved)
-
-    def _load_saved(self, saved: dict) -> None:
-        self.noise.load(saved)
-        self.progress, self._gains = float(saved["progress"]), tuple(saved["gains"])

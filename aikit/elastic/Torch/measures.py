@@ -3,7 +3,8 @@
 :class:`UpdateNoise` is the gradient noise a measured LR rule (AdaScale) reads, smoothed by a
 :class:`~aikit.runtime.Torch.noise.NoiseMeter` (nothing where the rule reads none);
 :class:`AdaptiveMeasures` an adaptive run's, each update's noise and timing recorded in its
-:class:`~aikit.core.adaptive.AdaptiveRun` for the controller. The optimizer calls them at fixed
+:class:`~aikit.core.adaptive.AdaptiveRun` for the controller; :class:`AdaScaleGains` eth-easl's
+AdaScale, the gains and progress of that noise. The optimizer calls them at fixed
 points: ``close`` as ``step()`` begins, ``end_micro_step`` once its micro-batch is done,
 ``statistics`` and ``observe`` around the all-reduce, ``restart`` at a new position, ``clear`` when a
 step cut short is dealt again.
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from aikit.core.adaptive import AdaptiveRun, UpdateClock, update_timing
-from aikit.core.gradient_noise import NoiseEstimate
+from aikit.core.errors import InvalidValue
+from aikit.core.gradient_noise import NoiseEstimate, gain
 from aikit.runtime.Torch.noise import NoiseMeter
 
 TraceOptimizer = Any  # the optimizer that measures (not imported: it imports this module)
@@ -117,3 +120,52 @@ class AdaptiveMeasures(UpdateNoise):
 
     def smoothed(self) -> NoiseEstimate | None:
         return self.optimizer.controller.noise.measured
+
+
+class AdaScaleGains(UpdateNoise):
+    """eth-easl's AdaScale: each param group's gain of the step's batch over a micro-batch from its
+    smoothed noise, the whole model's (:attr:`last_gain`) and their sum, :attr:`progress` (put back
+    where an update was skipped); saved as ``{"trackers", "progress", "gains", "pending"}``."""
+
+    def __init__(self, optimizer: TraceOptimizer, noise: NoiseMeter) -> None:
+        super().__init__(optimizer, noise)
+        noise.owner = "AdaScaleOptimizer state['adascale']"  # what a refused state is called
+        self.gains = (1.0,) * len(optimizer.param_groups)
+        self.last_gain, self.progress = 1.0, 0.0
+        self._progress_before = 0.0  # put back where the update is skipped (restored, not subtracted: exact)
+
+    def observe(self, totals: list[float]) -> None:
+        super().observe(totals)  # the update's noise, smoothed per group
+        batch, micro = self.optimizer.batch, self.optimizer.epoch_schedule.micro_batch
+        self.gains = tuple(_gain(self.noise.smoothed(group), batch, micro) for group in range(len(self.gains)))
+        self.last_gain = _gain(self.noise.smoothed(), batch, micro)
+        self._progress_before, self.progress = self.progress, self.progress + self.last_gain
+
+    def skipped(self) -> None:
+        """The update was skipped (inf/NaN): no step made, so no progress."""
+        self.progress = self._progress_before
+
+    def averages(self) -> tuple[np.ndarray, np.ndarray]:
+        """eth-easl's ``grad_var_avg`` (``tr(Σ) / micro_batch``) and ``grad_sqr_avg`` (``|G|²``) per group."""
+        micro = self.optimizer.epoch_schedule.micro_batch
+        return (np.array([t.smoothed.trace / micro if t.updates else 0.0 for t in self.noise.trackers]),
+                np.array([t.smoothed.grad_sq if t.updates else 1.0 for t in self.noise.trackers]))
+
+    def save(self) -> dict:
+        return {**self.noise.save(), "progress": self.progress, "gains": list(self.gains)}
+
+    def check(self, saved: dict) -> None:
+        groups = len(self.gains)
+        if not isinstance(saved, dict) or set(saved) != {"trackers", "progress", "gains", "pending"} \
+                or len(saved["gains"]) != groups or len(saved["trackers"]) != groups:
+            raise InvalidValue(f"AdaScaleOptimizer state['adascale'] needs keys ['gains', 'pending', 'progress', "
+                               f"'trackers'] with one tracker and one gain per param group ({groups})")
+        self.noise.check(saved)
+
+    def load(self, saved: dict) -> None:
+        self.noise.load(saved)
+        self.progress, self.gains = float(saved["progress"]), tuple(saved["gains"])
+
+
+def _gain(noise: NoiseEstimate | None, batch: int, micro: int) -> float:
+    return 1.0 if noise is None or batch == 0 else gain(noise.trace, noise.grad_sq, batch, micro)
