@@ -150,16 +150,6 @@ class AdaptiveOptimizer(TraceOptimizer):
         """The rule's LR times the controller's LR scale (1, or the LR a probe policy chose)."""
         return super()._lr_of_update(base, group) * self.controller.lr_scale()
 
-    def _updated(self, lr: tuple[float, ...]) -> None:
-        """The update's history row, the controller's decision (none after a skipped update) and
-        the next batches decided; after a probe, the replicas compare its decision at the next
-        update's all-reduce."""
-        probes = len(self.controller.decisions())
-        self.run.finish(self.epoch, lr[0], log_change=self.sampler.rank == 0, applied=self.updated)
-        if len(self.controller.decisions()) != probes:
-            self.compare_again()
-        self.measures.arm()
-
     def settings(self) -> dict[str, object]:
         probes = self.controller.decisions()  # decided alone on each replica: compared, refused in their own words
         return {**super().settings(), "probe decisions": probes} if probes else super().settings()

@@ -380,10 +380,6 @@ class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
         """The whole model's gain at the last update (1 before the first)."""
         return self.measures.last_gain
 
-    def _updated(self, lr: tuple[float, ...]) -> None:
-        if not self.updated:
-            self.measures.skipped()
-
     def gain(self) -> tuple[float, ...]:
         """Each param group's gain at the last update (1 before the first)."""
         return self.measures.gains

@@ -4,10 +4,10 @@
 :class:`~aikit.runtime.Torch.noise.NoiseMeter` (nothing where the rule reads none);
 :class:`AdaptiveMeasures` an adaptive run's, each update's noise and timing recorded in its
 :class:`~aikit.core.adaptive.AdaptiveRun` for the controller; :class:`AdaScaleGains` eth-easl's
-AdaScale, the gains and progress of that noise. The optimizer calls them at fixed
-points: ``close`` as ``step()`` begins, ``end_micro_step`` once its micro-batch is done,
-``statistics`` and ``observe`` around the all-reduce, ``restart`` at a new position, ``clear`` when a
-step cut short is dealt again.
+AdaScale, the gains and progress of that noise. The optimizer calls them at fixed points:
+``end_micro_step`` once a ``step()``'s micro-batch is done, ``statistics`` and ``observe`` around the
+all-reduce, ``updated`` after the update, ``restart`` at a new position, ``clear`` when a step cut
+short is dealt again.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ class UpdateNoise:
     def __init__(self, optimizer: TraceOptimizer, noise: NoiseMeter | None) -> None:
         self.optimizer, self.noise = optimizer, noise
 
-    def close(self) -> None:
-        """End the micro-batch backpropagated since the last ``step()``."""
+    def end_micro_step(self) -> None:
+        """The micro-batch of a ``step()`` is done (its closure run): its norms a part of their own."""
         if self.noise is not None:
             self.noise.norms.close()
 
-    def end_micro_step(self) -> None:
-        """The micro-batch of a ``step()`` is done (its closure run)."""
-
     def restart(self) -> None:
         """The optimizer stands at a new position (norms a checkpoint held stay)."""
+
+    def updated(self, lr: tuple[float, ...]) -> None:
+        """After the update (applied or skipped: ``optimizer.updated``), the position on the next step."""
 
     def clear(self) -> None:
         if self.noise is not None:
@@ -77,13 +77,24 @@ class AdaptiveMeasures(UpdateNoise):
         self.run, self.clock = run, clock
 
     def end_micro_step(self) -> None:
-        self.noise.norms.close()
+        super().end_micro_step()
         self.clock.end_micro_step()  # the update's own work comes after its last micro-step's mark
 
     def restart(self) -> None:
         """No norms pending, the next update untimed."""
         self.noise.norms.clear()
         self.clock.restart()
+        self.arm()
+
+    def updated(self, lr: tuple[float, ...]) -> None:
+        """The update's history row, the controller's decision (none after a skipped update) and
+        the next batches decided; after a probe, the replicas compare its decision at the next
+        update's all-reduce."""
+        optimizer = self.optimizer
+        probes = len(optimizer.controller.decisions())
+        self.run.finish(optimizer.epoch, lr[0], log_change=optimizer.sampler.rank == 0, applied=optimizer.updated)
+        if len(optimizer.controller.decisions()) != probes:
+            optimizer.compare_again()
         self.arm()
 
     def arm(self) -> None:
@@ -141,9 +152,9 @@ class AdaScaleGains(UpdateNoise):
         self.last_gain = _gain(self.noise.smoothed(), batch, micro)
         self._progress_before, self.progress = self.progress, self.progress + self.last_gain
 
-    def skipped(self) -> None:
-        """The update was skipped (inf/NaN): no step made, so no progress."""
-        self.progress = self._progress_before
+    def updated(self, lr: tuple[float, ...]) -> None:
+        if not self.optimizer.updated:  # skipped (inf/NaN): no step made, so no progress
+            self.progress = self._progress_before
 
     def averages(self) -> tuple[np.ndarray, np.ndarray]:
         """eth-easl's ``grad_var_avg`` (``tr(Σ) / micro_batch``) and ``grad_sqr_avg`` (``|G|²``) per group."""

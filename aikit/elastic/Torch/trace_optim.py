@@ -188,7 +188,6 @@ class TraceOptimizer(WrappingOptimizer):
 
     def step(self, closure=None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update (committed)."""
-        self.measures.close()
         _check_steppable(self, joined=False)
         self.join()
         if closure is not None:
@@ -238,7 +237,7 @@ class TraceOptimizer(WrappingOptimizer):
             self.updates += self.updated
             self.step_index, self.micro_step = self.step_index + 1, 0
         mark_step(self.device)
-        self._updated(lr)
+        self.measures.updated(lr)
         if self.log_steps and self.rank == 0:
             self._log(step, batch, lr)
         return True
@@ -285,9 +284,6 @@ class TraceOptimizer(WrappingOptimizer):
     def _observe(self, totals: list[float]) -> None:
         """Take the update's reduced statistics in, before its LR is set (its :attr:`measures`')."""
         self.measures.observe(totals)
-
-    def _updated(self, lr: tuple[float, ...]) -> None:
-        """After the update (the position already on the next step), with its LRs."""
 
     def _gradient_scale(self) -> float | torch.Tensor:
         """From the summed micro-batch gradients to their mean over the step's samples (or loss terms)."""
