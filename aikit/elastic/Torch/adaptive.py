@@ -63,12 +63,11 @@ class AdaptiveOptimizer(TraceOptimizer):
 
     ``rule`` scales the LR from ``sampler``'s ``ref_batch_size`` to each update's batch:
     ``"adascale"`` (default, but ``"constant"`` where the sampler has a ``batch_policy``, whose
-    probes choose the LR: :meth:`~aikit.core.goodput.GoodputController.lr_scale`; AdaScale's
-    gain from the measured noise, Johnson et al. 2020),
-    ``"sqrt"``, ``"linear"`` or ``"constant"`` (:data:`aikit.core.scaling.RULES`), through its
-    :class:`~aikit.core.lr_policy.LRPolicy` with the controller's smoothed noise. ``clock`` times
-    the updates (seconds). Other arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`.
-    Under torchrun give it the plain model (no DDP): its one all-reduce per update replaces DDP's.
+    probes choose the LR: :meth:`~aikit.core.goodput.GoodputController.lr_scale`), ``"sqrt"``,
+    ``"linear"`` or ``"constant"``, with the controller's smoothed noise. ``clock`` times the updates
+    (seconds); what it measures: :class:`~aikit.elastic.Torch.measures.AdaptiveMeasures`. Other
+    arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`. Under torchrun give it
+    the plain model (no DDP): its one all-reduce per update replaces DDP's.
 
     ``history`` holds one row per update (:func:`aikit.core.adaptive.history_row`, as Keras'
     ``fit_adaptive`` returns them): ``epoch``, ``step``, ``batch_size``, ``ga_steps``,
@@ -79,29 +78,11 @@ class AdaptiveOptimizer(TraceOptimizer):
     _decides_while_training = True
     _measures_noise = True  # the controller reads the noise whatever the rule
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        sampler: AdaptiveSampler,
-        rule: str | None = None,
-        log_steps: int | None = None,
-        *,
-        warmup_steps: int = 0,
-        broadcast: bool = True,
-        max_grad_norm: float | None = None,
-        scaler: Any = None,
-        clock: Callable[[], float] = time.perf_counter,
-        skip_nonfinite: bool = True,
-        max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
-    ) -> None:
-        if not isinstance(sampler, AdaptiveSampler):
-            raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
-        probed = isinstance(sampler.controller, ProbeController)  # a probe policy chooses the LR itself (lr_scale)
-        if probed and rule not in (None, "constant"):
-            raise InvalidValue(f"rule={rule!r} scales the LR to each batch, but the sampler's batch_policy chooses the "
-                               "LR with its probes, and the two would multiply (an LR no probe chose): leave rule out "
-                               "(or rule='constant') with a batch_policy, or give the sampler no batch_policy")
-        rule = ("constant" if probed else "adascale") if rule is None else rule
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: AdaptiveSampler, rule: str | None = None,
+                 log_steps: int | None = None, *, warmup_steps: int = 0, broadcast: bool = True,
+                 max_grad_norm: float | None = None, scaler: Any = None, clock: Callable[[], float] = time.perf_counter,
+                 skip_nonfinite: bool = True, max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
+        rule = _rule(sampler, rule)
         self.run = AdaptiveRun(sampler.schedule, rule)
         policy = LRPolicy(rule, sampler.controller.ref_batch_size, warmup_steps, adaptive=True,
                           user="AdaptiveOptimizer")
@@ -171,7 +152,6 @@ class AdaptiveOptimizer(TraceOptimizer):
         write_schedule(path, [(row["step"], row["lr"]) for row in self.history])
 
     # --- checkpoints: the trace optimizer's state and the adaptive schedule's ------------------------
-
     def _check_position(self, state: dict) -> None:
         trace, schedule = state["trace"], self.sampler.schedule
         sizes, starts, _ = schedule.checked(state["adaptive"])
@@ -183,3 +163,15 @@ class AdaptiveOptimizer(TraceOptimizer):
     def __repr__(self) -> str:
         return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
 
+
+def _rule(sampler: object, rule: str | None) -> str:
+    """The LR rule of an adaptive run on ``sampler``: ``rule``, by default AdaScale's (or, where a
+    probe policy chooses the LR itself, ``"constant"``, which is then the only one)."""
+    if not isinstance(sampler, AdaptiveSampler):
+        raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
+    probed = isinstance(sampler.controller, ProbeController)  # a probe policy chooses the LR itself (lr_scale)
+    if probed and rule not in (None, "constant"):
+        raise InvalidValue(f"rule={rule!r} scales the LR to each batch, but the sampler's batch_policy chooses the "
+                           "LR with its probes, and the two would multiply (an LR no probe chose): leave rule out "
+                           "(or rule='constant') with a batch_policy, or give the sampler no batch_policy")
+    return ("constant" if probed else "adascale") if rule is None else rule

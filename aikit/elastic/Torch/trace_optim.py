@@ -64,14 +64,13 @@ from aikit.runtime.Torch.wrapping import WrappingOptimizer, settings_put_back, w
 class TraceOptimizer(WrappingOptimizer):
     """Wraps a torch optimizer to train through ``sampler``'s trace, each update at the LR of ``rule``.
 
-    ``rule``: a name of :data:`aikit.core.scaling.RULES` or a :class:`~aikit.core.scaling.Rule`;
-    ``ref_batch_size``: the global batch the LR was tuned for; ``warmup_steps`` ramps the rule's
-    factor in; ``lr_decay`` (e.g. :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by
-    its value at the samples trained before each step; ``policy`` (an :class:`~aikit.core.lr_policy.LRPolicy`)
-    gives the four at once. ``"adascale"`` measures the gradient noise (:attr:`noise`, smoothed over
-    ``noise_decay``). ``log_steps`` prints ``aikit trace: epoch E step S batch B lr L`` on rank 0
-    every that many updates. ``max_grad_norm``, ``scaler``, ``skip_nonfinite`` and ``max_skips_in_a_row``
-    are the GA wrapper's, once per update. ``broadcast=False``: no rank 0's parameters at the first join.
+    ``rule``: a name of :data:`aikit.core.scaling.RULES` or a :class:`~aikit.core.scaling.Rule`; ``ref_batch_size``:
+    the global batch the LR was tuned for; ``warmup_steps`` ramps the rule's factor in; ``lr_decay`` (e.g.
+    :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by its value at the samples trained before
+    each step; ``policy`` (an :class:`~aikit.core.lr_policy.LRPolicy`) gives the four at once. ``"adascale"``
+    measures the gradient noise (:attr:`noise`, smoothed over ``noise_decay``). ``log_steps`` prints ``aikit
+    trace: epoch E step S batch B lr L`` on rank 0 every that many updates. ``max_grad_norm``, ``scaler``,
+    ``skip_nonfinite``, ``max_skips_in_a_row``: the GA wrapper's. ``broadcast=False``: no rank 0's parameters.
     """
 
     kind = "trace optimizer"
@@ -82,12 +81,11 @@ class TraceOptimizer(WrappingOptimizer):
     _adapted = ("lr",)  # the group settings _adapt() changes for one update, put back after it
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: TraceSampler | None = None,
-                 rule: str | Rule = "linear", *,
-                 ref_batch_size: int | None = None, warmup_steps: int = 0,
+                 rule: str | Rule = "linear", *, ref_batch_size: int | None = None, warmup_steps: int = 0,
                  lr_decay: Callable[[int], float] | None = None, policy: LRPolicy | None = None,
                  log_steps: int | None = None, broadcast: bool = True, max_grad_norm: float | None = None,
-                 scaler: Any = None, skip_nonfinite: bool = True,
-                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, noise_decay: float = 0.99):
+                 scaler: Any = None, skip_nonfinite: bool = True, max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
+                 noise_decay: float = 0.99):
         super().__init__(optimizer)
         name = type(self).__name__
         self.sampler = _checked_sampler(sampler, name, self._decides_while_training)
@@ -127,20 +125,14 @@ class TraceOptimizer(WrappingOptimizer):
         """The collectives due before this replica's next micro-batch: rank 0's parameters (once), then
         the updates of the steps it sits out here."""
         if self._broadcast_pending:
-            settings = self.settings()
-            with torch.no_grad():
-                rows = broadcast_gathering_(self.params, fingerprint(settings))
-            mark_step(self.device)
-            self._broadcast_pending = False
-            self.agreement.check(list(settings), rows)
+            _broadcast_agreed(self)
         if not self._joined:
             self._joined = True
             if self.micro_step == 0:
                 self._join_empty_steps()
 
     def settings(self) -> dict[str, object]:
-        """What every replica must share to train one run (compared at the first collective): the
-        samples of every step, the micro-batch, the world, the position, the optimizer, its LR rule."""
+        """What every replica must share to train one run, compared at the first collective."""
         sampler, schedule, kind = self.sampler, self.sampler.schedule, type(self.optimizer).__name__
         identity = {key: value for key, value in sampler.identity().items() if key != "trace_source"}
         return {**identity, "micro_batch": schedule.micro_batch, "max_device_batch": schedule.max_device_batch,
@@ -175,8 +167,7 @@ class TraceOptimizer(WrappingOptimizer):
     def accumulate(self, model: torch.nn.Module, weight: int | torch.Tensor) -> contextlib.AbstractContextManager:
         """Run a micro-batch's forward and backward in here when its loss is a mean over ``weight``
         loss terms (tokens; an int or a 0-d integer tensor): the update is then Σ nᵢ·gᵢ / Σ nᵢ over
-        the step's micro-batches on every replica (the count in its one all-reduce), not the mean of
-        their means. Declare it for every micro-batch of a step or for none."""
+        the step's micro-batches on every replica (:class:`~aikit.elastic.Torch.loss_terms.LossTerms`)."""
         return self.loss_terms.counted(model, weight, None if self.takes_weights else type(self).__name__)
 
     def unhook(self) -> None:
@@ -323,6 +314,16 @@ def _policy(policy: LRPolicy | None, rule: str | Rule, ref_batch_size: int | Non
         raise InvalidValue(f"{name} got policy= and rule=, ref_batch_size=, warmup_steps= or lr_decay=: give the "
                            "policy alone (it holds all four) or those")
     return policy
+
+
+def _broadcast_agreed(optimizer: TraceOptimizer) -> None:
+    """Rank 0's parameters to every replica, the replicas' settings compared in the same collective."""
+    settings = optimizer.settings()
+    with torch.no_grad():
+        rows = broadcast_gathering_(optimizer.params, fingerprint(settings))
+    mark_step(optimizer.device)
+    optimizer._broadcast_pending = False
+    optimizer.agreement.check(list(settings), rows)
 
 
 def _world_of(sampler: TraceSampler, device: torch.device) -> tuple[int, int]:

@@ -339,7 +339,7 @@ class Optimizer(KeptNames, WrappingOptimizer):
     def _restore(self, ga: dict[str, Any]) -> None:
         """The update ``ga`` (a checked ``state_dict()["ga"]``) saved: its window, and the
         gradients accumulated so far as the plain weighted sum."""
-        params = self._params()
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         for p, grad in zip(params, ga["pending_grads"] if ga["position"] else [None] * len(params), strict=True):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum

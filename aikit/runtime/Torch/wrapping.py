@@ -91,9 +91,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
         self.__dict__["optimizer"] = optimizer
 
     def __getattr__(self, name: str) -> Any:
-        """``train()`` and ``eval()`` of a wrapped optimizer that has them (Schedule-Free's), so
-        the calls its contract asks for (with the model's mode, before saving) reach it through the
-        wrapper; other optimizers have neither, as without the wrapper."""
+        """``train()`` and ``eval()`` of a wrapped optimizer that has them (Schedule-Free's contract)."""
         inner = self.__dict__.get("optimizer")
         if name in ("train", "eval") and hasattr(inner, name):
             return getattr(inner, name)
@@ -118,8 +116,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
 
     @property
     def updated(self) -> bool:
-        """Whether the last ``step()`` call made a real update (not one skipped for inf/NaN; a
-        fused optimizer's skip under AMP is read from the device here, once)."""
+        """Whether the last ``step()`` made a real update (not skipped for inf/NaN; a fused skip read here, once)."""
         return self.engine.outcomes.settle() if self._applied_last is None else self._applied_last
 
     @updated.setter
@@ -128,8 +125,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
 
     @property
     def applied(self) -> int:
-        """Real updates applied by this object (skips not counted): what ``UpdateScheduler`` counts.
-        A fused optimizer's updates under AMP are read from the device here, once."""
+        """Real updates applied by this object (skips not counted): what ``UpdateScheduler`` counts."""
         self.engine.outcomes.settle()
         return self.engine.outcomes.applied
 
@@ -149,9 +145,6 @@ class WrappingOptimizer(torch.optim.Optimizer):
 
     def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
         return self.optimizer.register_step_post_hook(hook)
-
-    def _params(self) -> list[torch.Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
 
 def with_state_dict_hooks(optimizer: torch.optim.Optimizer, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
