@@ -230,23 +230,10 @@ class GoodputController:
             so too.
     """
 
-    def __init__(
-        self,
-        max_device_batch: int,
-        devices: int = 1,
-        *,
-        ref_batch_size: int | None = None,
-        max_batch: int,
-        min_batch: int | None = None,
-        threshold: float = 0.05,
-        decay: float = 0.95,
-        policy: str = "ragged",
-        max_change: float = 2.0,
-        min_estimates: int | None = None,
-        interval: int = 10,
-        fixed_micro_batch: bool = False,
-        noise_every: int | None = None,
-    ) -> None:
+    def __init__(self, max_device_batch: int, devices: int = 1, *, ref_batch_size: int | None = None, max_batch: int,
+                 min_batch: int | None = None, threshold: float = 0.05, decay: float = 0.95, policy: str = "ragged",
+                 max_change: float = 2.0, min_estimates: int | None = None, interval: int = 10,
+                 fixed_micro_batch: bool = False, noise_every: int | None = None) -> None:
         self.max_device_batch = positive_int(max_device_batch, "max_device_batch")
         self.devices = positive_int(devices, "devices")
         if ref_batch_size is None:

@@ -76,31 +76,13 @@ class AdaptiveSampler(TraceSampler):
 
     _decides_while_training = True
 
-    def __init__(
-        self,
-        dataset: Sized | int | None = None,
-        *,
-        ref_batch_size: int | None = None,
-        max_batch: int,
-        micro_batch: int | None = None,
-        min_batch: int | None = None,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        seed: int = 42,
-        shuffle: bool = True,
-        threshold: float = 0.05,
-        decay: float = 0.95,
-        lookahead: int = 0,
-        min_estimates: int | None = None,
-        interval: int = 10,
-        dataset_size: int | None = None,
-        max_device_batch: int | None = None,
-        noise_every: int | None = None,
-        max_change: float = 2.0,
-        base_batch: int | None = None,
-        hold_after: int | None = None,
-        batch_policy: ProbePolicy | None = None,
-    ) -> None:
+    def __init__(self, dataset: Sized | int | None = None, *, ref_batch_size: int | None = None, max_batch: int,
+                 micro_batch: int | None = None, min_batch: int | None = None, num_replicas: int | None = None,
+                 rank: int | None = None, seed: int = 42, shuffle: bool = True, threshold: float = 0.05,
+                 decay: float = 0.95, lookahead: int = 0, min_estimates: int | None = None, interval: int = 10,
+                 dataset_size: int | None = None, max_device_batch: int | None = None, noise_every: int | None = None,
+                 max_change: float = 2.0, base_batch: int | None = None, hold_after: int | None = None,
+                 batch_policy: ProbePolicy | None = None) -> None:
         size = dataset_size_of(dataset, dataset_size, "AdaptiveSampler")
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
         rank = distributed.rank() if rank is None else rank

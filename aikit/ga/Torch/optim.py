@@ -106,21 +106,10 @@ class Optimizer(KeptNames, WrappingOptimizer):
 
     kind = "GA Optimizer"
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        steps: int,
-        *,
-        global_batch_size: int | None = None,
-        max_grad_norm: float | None = None,
-        scaler: Any = None,
-        reduce: bool = False,
-        reduction: str = "mean",
-        bucket_cap_mb: float | None = 25.0,
-        sync_every_micro_step: bool = False,
-        skip_nonfinite: bool = True,
-        max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
-    ) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, steps: int, *, global_batch_size: int | None = None,
+                 max_grad_norm: float | None = None, scaler: Any = None, reduce: bool = False, reduction: str = "mean",
+                 bucket_cap_mb: float | None = 25.0, sync_every_micro_step: bool = False, skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise InvalidType(
                 "optimizer is a horovod DistributedOptimizer, which all-reduces from backward hooks while "
