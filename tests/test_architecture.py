@@ -173,6 +173,18 @@ def test_no_aikit_class_builds_on_an_originals_class_and_no_hierarchy_is_deep():
     assert {f"{m}.{n}": depth((m, n)) for (m, n) in found if depth((m, n)) > limit} == {}
 
 
+def test_no_class_counted_with_its_aikit_bases_is_longer_than_the_page_says():
+    """What a reader of one class must read: its lines and those of every aikit class it builds on."""
+    (limit,) = {int(n) for n in stated(r"no class counted with its aikit bases is longer than (\d+) lines")}
+    found = classes()
+
+    def ancestors(key: tuple[str, str]) -> set[tuple[str, str]]:
+        return {key}.union(*(ancestors(base) for base in found[key][1]))
+
+    counted = {f"{m}.{n}": sum(found[a][0] for a in ancestors((m, n))) for (m, n) in found}
+    assert {name: lines for name, lines in counted.items() if lines > limit} == {}
+
+
 def keras_backend_names() -> tuple[set[str], set[str]]:
     """The modules of aikit that name Keras' backends: (those holding the registry ``SEAMS``, those
     comparing ``BACKEND`` with a string: a branch that a new backend would need as well)."""

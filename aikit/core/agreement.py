@@ -11,7 +11,7 @@ that the other replicas fill with zeros: one sum over the replicas gathers every
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aikit.core.errors import InvalidValue
 
@@ -67,15 +67,53 @@ def disagreement(names: list[str], rows: list[list[int]]) -> str | None:
     return ", ".join(differ) if differ else None
 
 
-def check_agreement(names: list[str], rows: list[list[int]]) -> None:
+def check_agreement(names: list[str], rows: list[list[int]],
+                    refusal: Callable[[str], str | None] | None = None) -> None:
     """Refuse, on every replica alike, a run whose replicas were given different settings: they
-    would each train their own run, diverge, and fail much later in a collective."""
+    would each train their own run, diverge, and fail much later in a collective. ``refusal``
+    words a difference of its own (None: these words)."""
     problem = disagreement(names, rows)
     if problem is not None:
-        raise InvalidValue(
+        raise InvalidValue((refusal and refusal(problem)) or (
             f"the replicas were not given the same run; they differ in {problem}: start every worker with the "
-            "same trace, data set, seed and settings (and, resuming, from the same checkpoint)"
-        )
+            "same trace, data set, seed and settings (and, resuming, from the same checkpoint)"))
+
+
+class Agreement:
+    """When the replicas compare their settings, in the rows a collective gathers anyway: at their
+    first collective, and again after the world formed anew or a decision each replica made alone;
+    ``refusal`` as :func:`check_agreement`'s."""
+
+    def __init__(self, num_replicas: int, refusal: Callable[[str], str | None] | None = None) -> None:
+        self.pending = num_replicas > 1
+        self.refusal = refusal
+        self._table: tuple[list[str], int] = ([], 1)  # the settings and replicas of the table :meth:`table` gave
+
+    def again(self, num_replicas: int) -> None:
+        """Compare at the next collective (with more than one replica; local)."""
+        self.pending = num_replicas > 1
+
+    def check(self, names: list[str], rows: list[list[int]]) -> None:
+        """Compare the gathered rows now, refused alike on every replica where they differ."""
+        self.pending = False
+        check_agreement(names, rows, self.refusal)
+
+    def table(self, settings: Callable[[], Mapping[str, object]], rank: int, num_replicas: int) -> list[float]:
+        """What ``rank`` adds to a sum over the replicas: its :func:`own_row` of ``settings()``
+        where a comparison is pending, else nothing."""
+        own = settings() if self.pending else {}
+        self._table = list(own), num_replicas
+        return own_row(own, rank, num_replicas)
+
+    def compared(self, summed: list[float] | None, table: list[float], rest: list[float]) -> list[float]:
+        """The sums of ``rest``, which followed ``table`` in ``summed`` (``rest`` itself where
+        nothing was summed), the table's rows compared first where it held any."""
+        if summed is not None:
+            table, rest = summed[:len(table)], summed[len(table):]
+        names, num_replicas = self._table
+        if names:
+            self.check(names, rows_of(table, num_replicas))
+        return rest
 
 
 def _ranks(ranks: list[int]) -> str:

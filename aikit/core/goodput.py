@@ -230,23 +230,10 @@ class GoodputController:
             so too.
     """
 
-    def __init__(
-        self,
-        max_device_batch: int,
-        devices: int = 1,
-        *,
-        ref_batch_size: int | None = None,
-        max_batch: int,
-        min_batch: int | None = None,
-        threshold: float = 0.05,
-        decay: float = 0.95,
-        policy: str = "ragged",
-        max_change: float = 2.0,
-        min_estimates: int | None = None,
-        interval: int = 10,
-        fixed_micro_batch: bool = False,
-        noise_every: int | None = None,
-    ) -> None:
+    def __init__(self, max_device_batch: int, devices: int = 1, *, ref_batch_size: int | None = None, max_batch: int,
+                 min_batch: int | None = None, threshold: float = 0.05, decay: float = 0.95, policy: str = "ragged",
+                 max_change: float = 2.0, min_estimates: int | None = None, interval: int = 10,
+                 fixed_micro_batch: bool = False, noise_every: int | None = None) -> None:
         self.max_device_batch = positive_int(max_device_batch, "max_device_batch")
         self.devices = positive_int(devices, "devices")
         if ref_batch_size is None:
@@ -383,6 +370,15 @@ class GoodputController:
         """The factor a batch policy puts on the LR rule's LR (1: the rule's alone; a
         :class:`~aikit.core.critical_batch.ProbeController`'s: the LR its probes chose)."""
         return 1.0
+
+    def decisions(self) -> list[tuple]:
+        """What this replica decided alone, which the replicas compare (none: every decision here
+        is made from all-reduced numbers; a ``ProbeController``'s probes)."""
+        return []
+
+    def refusal(self, problem: str) -> str | None:
+        """The words for replicas whose :meth:`decisions` differ (``problem``), None for any other difference."""
+        return None
 
     def state_dict(self) -> dict:
         return {"batch": self.batch, "batches": list(self.batches), "changes": [list(c) for c in self.changes],

@@ -226,14 +226,8 @@ def devices_here(gpus: object, available: int, where: str, global_batch_size: in
     return gpus
 
 
-def make_plan(
-    global_batch_size: int,
-    max_device_batch: int,
-    gpus: int = 1,
-    *,
-    policy: str = "ragged",
-    rank: int = 0,
-) -> Plan:
+def make_plan(global_batch_size: int, max_device_batch: int, gpus: int = 1, *, policy: str = "ragged",
+              rank: int = 0) -> Plan:
     """Plan GA steps and micro-batches for ``gpus`` devices; see the module docstring.
     ``max_device_batch`` is the most samples one device holds. Any ``gpus`` plans: for a machine
     you are not on too. Constant time and memory in ``G`` (``fewer_devices`` searches the divisors

@@ -130,28 +130,14 @@ def rule_lr(base_lr: float, batch: int, ref_batch_size: int | None, rule: Rule, 
     return base * (1.0 + (factor - 1.0) * fraction)
 
 
-def scaled_lr(
-    base_lr: float,
-    batch: int,
-    ref_batch_size: int,
-    rule: str | Rule = "linear",
-    step: int = 0,
-    warmup_steps: int = 0,
-    decay: float = 1.0,
-) -> float:
+def scaled_lr(base_lr: float, batch: int, ref_batch_size: int, rule: str | Rule = "linear", step: int = 0,
+              warmup_steps: int = 0, decay: float = 1.0) -> float:
     """The LR for update ``step`` at the global ``batch`` of a trace's rule: :func:`rule_lr`."""
     return rule_lr(base_lr, batch, ref_batch_size, lr_rule(rule), step, warmup_steps, decay)
 
 
-def adaptive_lr(
-    base_lr: float,
-    batch: int,
-    ref_batch_size: int,
-    rule: str | Rule,
-    noise: NoiseEstimate | None,
-    step: int = 0,
-    warmup_steps: int = 0,
-) -> float:
+def adaptive_lr(base_lr: float, batch: int, ref_batch_size: int, rule: str | Rule, noise: NoiseEstimate | None,
+                step: int = 0, warmup_steps: int = 0) -> float:
     """The LR of an adaptive run's update at the global ``batch``: with ``adascale``, ``base_lr`` times
     AdaScale's gain over ``ref_batch_size`` from the smoothed ``noise`` (``base_lr`` itself at
     ``ref_batch_size`` or before a first estimate); otherwise :func:`scaled_lr` of the rule (with

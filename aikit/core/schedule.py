@@ -143,11 +143,9 @@ def split_minimums(first: int, end: int, min_micro_batches: int, noise_every: in
     return np.where(measured, max(min_micro_batches, 2), min_micro_batches)
 
 
-def schedule_problems(
-    trace: Trace, dataset_size: int, num_replicas: int, micro_batch: int, balanced: bool = False, *,
-    max_device_batch: int | None = None, min_micro_batches: int = 1, noise_every: int | None = None,
-    noise_until: int | None = None, name: str = "micro_batch",
-) -> list[str]:
+def schedule_problems(trace: Trace, dataset_size: int, num_replicas: int, micro_batch: int, balanced: bool = False, *,
+                      max_device_batch: int | None = None, min_micro_batches: int = 1, noise_every: int | None = None,
+                      noise_until: int | None = None, name: str = "micro_batch") -> list[str]:
     """Every reason ``trace`` cannot be scheduled with these settings (empty when it can);
     ``name``: what the messages call the micro-batch (the name its caller wrote)."""
     if max_device_batch is not None:
@@ -217,23 +215,11 @@ class Schedule:
     given ``minibatch_size=`` passes that).
     """
 
-    def __init__(
-        self,
-        trace: Trace | str | list[int] | int,
-        dataset_size: int,
-        num_replicas: int = 1,
-        micro_batch: int | None = None,
-        seed: int = 42,
-        shuffle: bool = True,
-        balanced: bool = False,
-        permutation: Permutation = numpy_permutation,
-        *,
-        micro_name: str = "micro_batch",
-        max_device_batch: int | None = None,
-        min_micro_batches: int = 1,
-        noise_every: int | None = None,
-        noise_until: int | None = None,
-    ):
+    def __init__(self, trace: Trace | str | list[int] | int, dataset_size: int, num_replicas: int = 1,
+                 micro_batch: int | None = None, seed: int = 42, shuffle: bool = True, balanced: bool = False,
+                 permutation: Permutation = numpy_permutation, *, micro_name: str = "micro_batch",
+                 max_device_batch: int | None = None, min_micro_batches: int = 1, noise_every: int | None = None,
+                 noise_until: int | None = None):
         self.trace = load_trace(trace)
         self.micro_name = micro_name
         grows = max_device_batch is not None  # each step split evenly: its micro-batch is a function of its batch

@@ -346,12 +346,8 @@ def _step_jumps(slow: dict[int, tuple[int, int]], rows: int) -> list[str]:
     return jumps
 
 
-def load_trace(
-    source: Trace | str | os.PathLike | Sequence[int] | np.ndarray | int,
-    when_exhausted: str | None = None,
-    *,
-    strict_steps: bool = False,
-) -> Trace:
+def load_trace(source: Trace | str | os.PathLike | Sequence[int] | np.ndarray | int, when_exhausted: str | None = None,
+               *, strict_steps: bool = False) -> Trace:
     """A :class:`Trace` from a CSV path, a list of sizes, an int (constant), a Trace, or a
     :class:`~aikit.core.ramp.BatchSchedule` (its steps up to its last entry, whose batch then
     repeats: :func:`schedule_trace`). ``strict_steps`` applies to CSV files (see :func:`read_csv_trace`)."""

@@ -97,22 +97,10 @@ class LRFinder(RangeTestResults):
         for variable, value in zip(self.optimizer.variables, values[weights:], strict=True):
             variable.assign(value)
 
-    def range_test(
-        self,
-        train_data,
-        val_data=None,
-        start_lr: float | None = None,
-        end_lr: float = 10,
-        num_iter: int = 100,
-        step_mode: str = "exp",
-        smooth_f: float = 0.05,
-        diverge_th: float = 5,
-        accumulation_steps: int = 1,
-        *,
-        batch_size: int = 32,
-        shuffle: bool = True,
-        progress_bar: bool = True,
-    ) -> None:
+    def range_test(self, train_data, val_data=None, start_lr: float | None = None, end_lr: float = 10,
+                   num_iter: int = 100, step_mode: str = "exp", smooth_f: float = 0.05, diverge_th: float = 5,
+                   accumulation_steps: int = 1, *, batch_size: int = 32, shuffle: bool = True,
+                   progress_bar: bool = True) -> None:
         """Train ``num_iter`` updates while the LR climbs to ``end_lr``; fill ``self.history``.
 
         ``train_data`` and ``val_data`` are tuples of arrays ``(x, y)`` (or ``(x, y, sample_weight)``),

@@ -25,6 +25,8 @@ what the replica hands to ``apply``.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from aikit.core.errors import InvalidValue
 from aikit.core.ga import accumulated_divisor, reduction_name
 from aikit.core.gradient_noise import NoiseEstimate, update_estimates
@@ -48,36 +50,12 @@ class NoiseOptimizer(Optimizer):
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, steps: int = 1, name: str | None = None, **kwargs):
-        if "_all_reduce_sum_gradients" in getattr(optimizer, "__dict__", {}):  # (a dict is a saved config)
-            raise InvalidValue("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
-        if reduction_name(kwargs.get("reduction") or "mean") == "sum":
-            raise InvalidValue(
-                "NoiseOptimizer needs reduction='mean', got 'sum': it estimates |G|² from the mean of the micro-batch "
-                "gradients, and a summed update is not that mean; train a mean loss with reduction='mean', or keep "
-                "reduction='sum' with aikit.keras.Optimizer (no noise measurement)"
-            )
+        _check_measurable(optimizer, kwargs.get("reduction"))
         kwargs["reduction"] = "mean"  # given, not the compiled loss's: a summed loss is refused
         super().__init__(optimizer, steps, name=name, **kwargs)
-        changed = {name: value for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
-                   if (value := getattr(self.inner, name, None)) is not None}
-        if changed:
-            raise InvalidValue(
-                f"NoiseOptimizer measures the raw micro-batch gradients, but the wrapped optimizer changes them "
-                f"before applying ({', '.join(f'{k}={v}' for k, v in changed.items())}): create it without these "
-                "arguments, or train with aikit.keras.Optimizer (no noise measurement)"
-            )
+        _check_unchanged(self.inner)
         with keras.name_scope(self.name, caller=self):
-            # the update's parts (micro-batches over all replicas), the sum of their squared norms,
-            # and the squared norm of their mean: what the last update measured
-            self._noise_parts = keras.Variable(0, name="noise_parts", dtype="int64", trainable=False,
-                                               aggregation="only_first_replica")
-            self._noise_part_sq_norms = keras.Variable(0.0, name="noise_part_sq_norms", dtype="float64",
-                                                       trainable=False, aggregation="only_first_replica")
-            self._noise_mean_sq_norm = keras.Variable(0.0, name="noise_mean_sq_norm", dtype="float64",
-                                                      trainable=False, aggregation="only_first_replica")
-            # this replica's sum of squared micro-batch norms towards the coming update
-            self._micro_sq_norms = keras.Variable(0.0, name="micro_sq_norms", dtype="float64", trainable=False,
-                                                  synchronization="on_read", aggregation="sum")
+            self._norms = PartNorms.made()  # variables of this optimizer's state (Keras tracks a named tuple's)
 
     def _check_weighable(self, weight) -> None:
         raise InvalidValue(
@@ -93,14 +71,12 @@ class NoiseOptimizer(Optimizer):
         present = [g for g in grads if g is not None]
         seam.check_apply_context(self.built)
         if present:
-            replicas = seam.replicas()
-            squared = ops.sum(ops.stack([ops.sum(ops.square(ops.cast(g, "float64"))) for g in present]))
-            self.assign_add(self._micro_sq_norms, squared * float(replicas) ** 2)
+            self.assign_add(self._norms.micro_sq_norms, _sq_norm(present) * float(seam.replicas()) ** 2)
         super().apply(grads, trainable_variables)
 
     def _skip(self, sums) -> None:
         super()._skip(sums)
-        self.assign(self._micro_sq_norms, ops.zeros((), "float64"))  # a skipped update's parts: not measured
+        self.assign(self._norms.micro_sq_norms, ops.zeros((), "float64"))  # a skipped update's parts: not measured
 
     def build(self, variables):
         super().build(variables)
@@ -111,38 +87,89 @@ class NoiseOptimizer(Optimizer):
 
     def _update(self, sums, variables) -> None:
         if not seam.UPDATE_ALL_REDUCES:  # no all-reduce to ride: the parts and the mean measured here
-            divisor = accumulated_divisor(self._accumulated + 1, self.reduction)
-            mean = [ops.sum(ops.square(ops.cast(s.value, "float64") / ops.cast(divisor, "float64")))
-                    for s in sums if s is not None]
-            self._record_noise(self._micro_sq_norms.value, mean, 1)
+            divisor = ops.cast(accumulated_divisor(self._accumulated + 1, self.reduction), "float64")
+            self._record_noise(self._norms.micro_sq_norms.value,
+                               [ops.cast(s.value, "float64") / divisor for s in sums if s is not None], 1)
         super()._update(sums, variables)
 
     def _all_reduce_with_part_norms(self, grads_and_vars):
         """Keras' gradient all-reduce with one more element: this replica's part norms. Runs once
         per replica inside the update; the reduced gradients are the update's mean gradient."""
         keras_reduce = type(self.inner)._all_reduce_sum_gradients
-        local = self._micro_sq_norms.value
+        local = self._norms.micro_sq_norms.value
         reduced = keras_reduce(self.inner, [*grads_and_vars, (local, None)])  # Keras needs no variable for it
         (part_sq_norms, _), reduced = reduced[-1], reduced[:-1]
-        mean = [ops.sum(ops.square(ops.cast(g, "float64"))) for g, _ in reduced if g is not None]
-        self._record_noise(part_sq_norms, mean, seam.replicas())
+        self._record_noise(part_sq_norms, [g for g, _ in reduced if g is not None], seam.replicas())
         return reduced
 
-    def _record_noise(self, part_sq_norms, mean_sq_norms: list, num_replicas: int) -> None:
-        """What the update measured: its parts, their squared norms summed, its mean's squared norm."""
-        self._noise_parts.assign((self._accumulated + 1) * num_replicas)
-        self._noise_part_sq_norms.assign(part_sq_norms)
-        mean = ops.sum(ops.stack(mean_sq_norms)) if mean_sq_norms else ops.zeros((), "float64")
-        self._noise_mean_sq_norm.assign(mean)
-        self.assign(self._micro_sq_norms, ops.zeros((), "float64"))
+    def _record_noise(self, part_sq_norms, mean: list, num_replicas: int) -> None:
+        """What the update measured: its parts, their squared norms summed, its mean gradient's squared norm."""
+        norms = self._norms
+        norms.parts.assign((self._accumulated + 1) * num_replicas)
+        norms.part_sq_norms.assign(part_sq_norms)
+        norms.mean_sq_norm.assign(_sq_norm(mean) if mean else ops.zeros((), "float64"))
+        self.assign(norms.micro_sq_norms, ops.zeros((), "float64"))
 
     def noise(self, part_samples: int) -> NoiseEstimate | None:
         """The unbiased ``|G|²`` and ``tr(Σ)`` of the last update, whose micro-batches each held
         ``part_samples`` samples on one replica; None when it had a single part (one replica and
         one micro-step: nothing to tell noise from signal), a norm that is not finite, or no
         update ran yet."""
-        part_samples = positive_int(part_samples, "part_samples")
-        parts = int(to_numpy(self._noise_parts))
-        estimates = update_estimates([float(to_numpy(self._noise_part_sq_norms)) * part_samples], parts,
-                                     parts * part_samples, [float(to_numpy(self._noise_mean_sq_norm))])
+        return self._norms.estimate(positive_int(part_samples, "part_samples"))
+
+
+class PartNorms(NamedTuple):
+    """What the last update measured (its parts, the micro-batches over all replicas; the sum of
+    their squared norms; the squared norm of their mean) and this replica's sum of squared
+    micro-batch norms towards the coming update (``ON_READ``, no communication)."""
+
+    parts: Any
+    part_sq_norms: Any
+    mean_sq_norm: Any
+    micro_sq_norms: Any
+
+    @classmethod
+    def made(cls) -> PartNorms:
+        """New variables, zero (in the optimizer's name scope)."""
+        kept = {"trainable": False, "aggregation": "only_first_replica"}
+        return cls(keras.Variable(0, name="noise_parts", dtype="int64", **kept),
+                   keras.Variable(0.0, name="noise_part_sq_norms", dtype="float64", **kept),
+                   keras.Variable(0.0, name="noise_mean_sq_norm", dtype="float64", **kept),
+                   keras.Variable(0.0, name="micro_sq_norms", dtype="float64", trainable=False,
+                                  synchronization="on_read", aggregation="sum"))
+
+    def estimate(self, part_samples: int) -> NoiseEstimate | None:
+        """:func:`aikit.core.gradient_noise.update_estimates` of the last update (None: no estimate)."""
+        parts = int(to_numpy(self.parts))
+        estimates = update_estimates([float(to_numpy(self.part_sq_norms)) * part_samples], parts,
+                                     parts * part_samples, [float(to_numpy(self.mean_sq_norm))])
         return estimates[0] if estimates else None
+
+
+def _sq_norm(tensors: list):
+    """The squared norm of ``tensors`` together, in float64 (summed tensor by tensor, in order)."""
+    return ops.sum(ops.stack([ops.sum(ops.square(ops.cast(t, "float64"))) for t in tensors]))
+
+
+def _check_measurable(optimizer: object, reduction: str | None) -> None:
+    """Refuse what a NoiseOptimizer cannot measure: an optimizer another one serves, a summed update."""
+    if "_all_reduce_sum_gradients" in getattr(optimizer, "__dict__", {}):  # (a dict is a saved config)
+        raise InvalidValue("the optimizer already serves another NoiseOptimizer: give each its own optimizer")
+    if reduction_name(reduction or "mean") == "sum":
+        raise InvalidValue(
+            "NoiseOptimizer needs reduction='mean', got 'sum': it estimates |G|² from the mean of the micro-batch "
+            "gradients, and a summed update is not that mean; train a mean loss with reduction='mean', or keep "
+            "reduction='sum' with aikit.keras.Optimizer (no noise measurement)"
+        )
+
+
+def _check_unchanged(inner: keras.optimizers.Optimizer) -> None:
+    """Refuse a wrapped optimizer that changes the gradients before applying them (the parts would not add up)."""
+    changed = {name: value for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
+               if (value := getattr(inner, name, None)) is not None}
+    if changed:
+        raise InvalidValue(
+            f"NoiseOptimizer measures the raw micro-batch gradients, but the wrapped optimizer changes them "
+            f"before applying ({', '.join(f'{k}={v}' for k, v in changed.items())}): create it without these "
+            "arguments, or train with aikit.keras.Optimizer (no noise measurement)"
+        )

@@ -50,7 +50,7 @@ from aikit.core.skips import MAX_SKIPS_IN_A_ROW, checked_max_skips
 from aikit.core.validate import checked_bool, positive_int
 from aikit.keras.precision import check_float64
 from aikit.keras.reduction import building_model, compiled_reduction, mismatch
-from aikit.keras.saved import SavedVariables
+from aikit.keras.saved import load_keeping_steps, save_variables
 from aikit.keras.skipping import SkippedUpdates
 from aikit.runtime.exports import served
 from aikit.runtime.Keras.backend import check_backend, keras, ops, seam, to_numpy
@@ -69,7 +69,7 @@ def checked_steps(steps: object) -> int:
 
 
 @keras.saving.register_keras_serializable(package="aikit")
-class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
+class Optimizer(SkippedUpdates, keras.optimizers.Optimizer):
     """Accumulate gradients over ``steps`` calls, then apply their mean with ``optimizer``.
 
     Args:
@@ -90,27 +90,7 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
                  reduction: str | None = None, skip_nonfinite: bool = True,
                  max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, **kwargs):
         check_backend("aikit's GA Optimizer")
-        if kwargs:
-            raise InvalidValue(
-                f"aikit's GA Optimizer takes only optimizer, steps, name, reduction, skip_nonfinite and "
-                f"max_skips_in_a_row, got {sorted(kwargs)}: set learning rate, weight decay, clipping and EMA on "
-                "the wrapped optimizer"
-            )
-        if isinstance(optimizer, dict):  # from a saved config
-            optimizer = keras.optimizers.deserialize(optimizer)
-        if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise InvalidType(
-                f"optimizer must be a Keras 3 optimizer instance such as keras.optimizers.Adam(1e-3), "
-                f"got {type(optimizer).__name__}"
-            )
-        if isinstance(optimizer, Optimizer):
-            raise InvalidValue("optimizer is already an aikit GA Optimizer: set its .steps instead of wrapping it")
-        if optimizer.gradient_accumulation_steps:
-            raise InvalidValue(
-                f"optimizer already accumulates with Keras' gradient_accumulation_steps="
-                f"{optimizer.gradient_accumulation_steps}: create it without that argument and let "
-                "aikit accumulate"
-            )
+        optimizer = _checked_inner(optimizer, kwargs)
         steps = checked_steps(steps)
         reduction = None if reduction is None else reduction_name(reduction)
         checked_bool(skip_nonfinite, "skip_nonfinite")
@@ -222,6 +202,14 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
         """What an update may assign: the model's variables and the optimizer's."""
         return [*self._trainable_variables, *self.variables]
 
+    def load_own_variables(self, store) -> None:
+        """Load the saved variables, keeping this optimizer's ``steps`` (``saved.load_keeping_steps``)."""
+        load_keeping_steps(self, store)
+
+    def save_own_variables(self, store) -> None:
+        """The variables Keras saved before the skip counts were variables (``saved.save_variables``)."""
+        save_variables(self, store)
+
     def scale_loss(self, loss):
         return self.inner.scale_loss(loss)
 
@@ -298,7 +286,7 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
             is_update = self._maybe_update(lambda: self._update_if_finite(lambda: self._replicas_nonfinite(sums),
                                                                           lambda: self._update(sums, variables),
                                                                           lambda: self._skip(sums)))
-        if self._checks_finite and is_update is not False and seam.eager(self._skipped_in_a_row.value):
+        if self._checks_finite and is_update is not False and seam.eager(self._counts.in_a_row.value):
             self._check_skips()  # (torch: only after an update, which the host knows: no read per micro-step)
 
     def _take_declared(self):
@@ -369,6 +357,33 @@ class Optimizer(SavedVariables, SkippedUpdates, keras.optimizers.Optimizer):
         restored = cls.__new__(cls)  # a prebuilt subclass takes other arguments: wrap the saved inner as is
         Optimizer.__init__(restored, inner, **config)
         return restored
+
+
+def _checked_inner(optimizer: object, kwargs: dict) -> keras.optimizers.Optimizer:
+    """The Keras optimizer a GA Optimizer wraps (made from a saved config), refused where it cannot
+    (an aikit GA optimizer, one that accumulates itself) or where ``kwargs`` sets what is its."""
+    if kwargs:
+        raise InvalidValue(
+            f"aikit's GA Optimizer takes only optimizer, steps, name, reduction, skip_nonfinite and "
+            f"max_skips_in_a_row, got {sorted(kwargs)}: set learning rate, weight decay, clipping and EMA on "
+            "the wrapped optimizer"
+        )
+    if isinstance(optimizer, dict):  # from a saved config
+        optimizer = keras.optimizers.deserialize(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise InvalidType(
+            f"optimizer must be a Keras 3 optimizer instance such as keras.optimizers.Adam(1e-3), "
+            f"got {type(optimizer).__name__}"
+        )
+    if isinstance(optimizer, Optimizer):
+        raise InvalidValue("optimizer is already an aikit GA Optimizer: set its .steps instead of wrapping it")
+    if optimizer.gradient_accumulation_steps:
+        raise InvalidValue(
+            f"optimizer already accumulates with Keras' gradient_accumulation_steps="
+            f"{optimizer.gradient_accumulation_steps}: create it without that argument and let "
+            "aikit accumulate"
+        )
+    return optimizer
 
 
 def _weighed(grad, weight):

@@ -53,14 +53,6 @@ class SkippedUpdates:
         return [] if counts is None else [counts.skipped, counts.in_a_row]
 
     @property
-    def _skipped(self):
-        return self._counts.skipped
-
-    @property
-    def _skipped_in_a_row(self):
-        return self._counts.in_a_row
-
-    @property
     def _checks_finite(self) -> bool:
         """Whether this wrapper skips non-finite updates itself (not where a LossScaleOptimizer does)."""
         return self.skip_nonfinite and not isinstance(self.inner, keras.optimizers.LossScaleOptimizer)
@@ -68,12 +60,12 @@ class SkippedUpdates:
     @property
     def skipped(self) -> int:
         """Updates skipped for an inf/NaN gradient (the weights and ``iterations`` left as they were)."""
-        return int(to_numpy(self._skipped))
+        return int(to_numpy(self._counts.skipped))
 
     @property
     def skipped_in_a_row(self) -> int:
         """Updates skipped for an inf/NaN gradient since the last update applied."""
-        return int(to_numpy(self._skipped_in_a_row))
+        return int(to_numpy(self._counts.in_a_row))
 
     def _replicas_nonfinite(self, sums):
         """How many replicas hold an inf or NaN in their ``sums``, from a replica context (every
@@ -95,12 +87,12 @@ class SkippedUpdates:
 
         def updated() -> None:  # a branch returns nothing, whatever its call returned
             update()
-            self._skipped_in_a_row.assign(0)
+            self._counts.in_a_row.assign(0)
 
         def skipped() -> None:
             skip()
-            self._skipped.assign_add(1)
-            self._skipped_in_a_row.assign_add(1)
+            self._counts.skipped.assign_add(1)
+            self._counts.in_a_row.assign_add(1)
 
         seam.cond(ops.equal(nonfinite(), 0), updated, skipped, self._state_variables())
 
@@ -112,7 +104,7 @@ class SkippedUpdates:
             return
         self._warn("inf or NaN")
         if self.max_skips_in_a_row is not None and in_a_row >= self.max_skips_in_a_row:
-            self._skipped_in_a_row.assign(0)  # caught, training may go on: another run to fail
+            self._counts.in_a_row.assign(0)  # caught, training may go on: another run to fail
             raise too_many_skips(in_a_row, self.skipped, "inf or NaN", updated=False)
 
     def _report_skips(self) -> None:
@@ -120,7 +112,7 @@ class SkippedUpdates:
         JAX takes the variables' values out of them for the fit and puts them back at its end; a
         fit that failed before its first step (``jax.jit``'s "incompatible devices") put none back,
         and its error, on its way out through this call, must not become another one here."""
-        if self._checks_finite and self._skipped._value is not None and self.skipped:
+        if self._checks_finite and self._counts.skipped._value is not None and self.skipped:
             self._warn(f"inf or NaN: {self.skipped} update(s) skipped, the last {self.skipped_in_a_row} in a row")
 
     def _warn(self, detail: str) -> None:

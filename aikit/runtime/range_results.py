@@ -64,15 +64,8 @@ class RangeTestResults:
         if self._is_master():
             lr_range.write_history(path, self.history)
 
-    def plot(
-        self,
-        skip_start: int = 10,
-        skip_end: int = 5,
-        log_lr: bool = True,
-        show_lr: float | None = None,
-        ax=None,
-        suggest_lr: bool | str = True,
-    ):
+    def plot(self, skip_start: int = 10, skip_end: int = 5, log_lr: bool = True, show_lr: float | None = None, ax=None,
+             suggest_lr: bool | str = True):
         """Plot loss against LR, as torch-lr-finder does; returns ``ax`` or ``(ax, suggested_lr)``.
 
         ``suggest_lr`` may name a method of ``aikit.core.lr_range.SUGGESTIONS`` (True means

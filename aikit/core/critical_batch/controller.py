@@ -49,6 +49,19 @@ class ProbeController(GoodputController):
     def lr_scale(self) -> float:
         return self.batch_policy.lr_scale
 
+    def decisions(self) -> list[tuple]:
+        """Every probe's decision so far (not its CPU time, each replica's own)."""
+        return [(row["samples"], row["batch"], row["critical_batch"], row["rule"], row["lr_scale"], row["resolved"])
+                for row in self.batch_policy.rows]
+
+    def refusal(self, problem: str) -> str | None:
+        if "probe decisions (" not in problem:
+            return None
+        return (f"the replicas' critical-batch probes decided differently by update {len(self.batches) - 1} "
+                f"({problem}): each replica probes alone, so it must branch on the same data as every other: give "
+                "TorchBranches the whole training set and the whole held-out set on every replica (not this replica's "
+                "shard), and every replica the same probe, policy and seed")
+
     def propose(self) -> int | None:
         """Probe where the policy says it is due; the new batch, or None to keep the current one."""
         if not self.batch_policy.due(sum(self.batches), self.batch, self.max_batch):

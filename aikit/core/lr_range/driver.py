@@ -105,21 +105,9 @@ class RangeTest:
     only once the test runs.
     """
 
-    def __init__(
-        self,
-        results,
-        start_lrs: Sequence[float],
-        end_lr: float = 10,
-        num_iter: int = 100,
-        step_mode: str = "exp",
-        smooth_f: float = 0.05,
-        diverge_th: float = 5,
-        *,
-        validate: bool = False,
-        val_average: str | None = None,
-        replicas: Replicas = ONE_PROCESS,
-        progress_bar: bool = True,
-    ):
+    def __init__(self, results, start_lrs: Sequence[float], end_lr: float = 10, num_iter: int = 100,
+                 step_mode: str = "exp", smooth_f: float = 0.05, diverge_th: float = 5, *, validate: bool = False,
+                 val_average: str | None = None, replicas: Replicas = ONE_PROCESS, progress_bar: bool = True):
         results.history = {"lr": [], "loss": []}
         results.best_loss = None
         self.results = results

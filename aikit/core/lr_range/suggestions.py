@@ -89,14 +89,8 @@ def _slide(lrs: np.ndarray, losses: np.ndarray, lr_diff: int = 15, thresh: float
 SUGGESTIONS = {"steepest": _steepest, "valley": _valley, "minimum": _minimum, "slide": _slide, "bottom": _bottom}
 
 
-def suggest(
-    lrs: list[float],
-    losses: list[float],
-    method: str = "steepest",
-    skip_start: int = 0,
-    skip_end: int = 0,
-    **options,
-) -> Suggestion:
+def suggest(lrs: list[float], losses: list[float], method: str = "steepest", skip_start: int = 0, skip_end: int = 0,
+            **options) -> Suggestion:
     """Suggest an LR from a range test's history by ``method`` (one of ``SUGGESTIONS``).
 
     The first ``skip_start`` and last ``skip_end`` points are ignored, and so is a final

@@ -41,17 +41,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from aikit.core.adaptive import AdaptiveRun, UpdateClock, update_timing
-from aikit.core.agreement import disagreement
+from aikit.core.adaptive import AdaptiveRun, UpdateClock
 from aikit.core.autolrs import write_schedule
 from aikit.core.critical_batch import ProbeController
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.goodput import GoodputController
-from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.elastic.Torch.adaptive_sampler import AdaptiveSampler
+from aikit.elastic.Torch.measures import AdaptiveMeasures
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
 from aikit.elastic.Torch.trace_state import StatePart
 
@@ -64,12 +63,11 @@ class AdaptiveOptimizer(TraceOptimizer):
 
     ``rule`` scales the LR from ``sampler``'s ``ref_batch_size`` to each update's batch:
     ``"adascale"`` (default, but ``"constant"`` where the sampler has a ``batch_policy``, whose
-    probes choose the LR: :meth:`~aikit.core.goodput.GoodputController.lr_scale`; AdaScale's
-    gain from the measured noise, Johnson et al. 2020),
-    ``"sqrt"``, ``"linear"`` or ``"constant"`` (:data:`aikit.core.scaling.RULES`), through its
-    :class:`~aikit.core.lr_policy.LRPolicy` with the controller's smoothed noise. ``clock`` times
-    the updates (seconds). Other arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`.
-    Under torchrun give it the plain model (no DDP): its one all-reduce per update replaces DDP's.
+    probes choose the LR: :meth:`~aikit.core.goodput.GoodputController.lr_scale`), ``"sqrt"``,
+    ``"linear"`` or ``"constant"``, with the controller's smoothed noise. ``clock`` times the updates
+    (seconds); what it measures: :class:`~aikit.elastic.Torch.measures.AdaptiveMeasures`. Other
+    arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`. Under torchrun give it
+    the plain model (no DDP): its one all-reduce per update replaces DDP's.
 
     ``history`` holds one row per update (:func:`aikit.core.adaptive.history_row`, as Keras'
     ``fit_adaptive`` returns them): ``epoch``, ``step``, ``batch_size``, ``ga_steps``,
@@ -80,29 +78,11 @@ class AdaptiveOptimizer(TraceOptimizer):
     _decides_while_training = True
     _measures_noise = True  # the controller reads the noise whatever the rule
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        sampler: AdaptiveSampler,
-        rule: str | None = None,
-        log_steps: int | None = None,
-        *,
-        warmup_steps: int = 0,
-        broadcast: bool = True,
-        max_grad_norm: float | None = None,
-        scaler: Any = None,
-        clock: Callable[[], float] = time.perf_counter,
-        skip_nonfinite: bool = True,
-        max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
-    ) -> None:
-        if not isinstance(sampler, AdaptiveSampler):
-            raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
-        probed = isinstance(sampler.controller, ProbeController)  # a probe policy chooses the LR itself (lr_scale)
-        if probed and rule not in (None, "constant"):
-            raise InvalidValue(f"rule={rule!r} scales the LR to each batch, but the sampler's batch_policy chooses the "
-                               "LR with its probes, and the two would multiply (an LR no probe chose): leave rule out "
-                               "(or rule='constant') with a batch_policy, or give the sampler no batch_policy")
-        rule = ("constant" if probed else "adascale") if rule is None else rule
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: AdaptiveSampler, rule: str | None = None,
+                 log_steps: int | None = None, *, warmup_steps: int = 0, broadcast: bool = True,
+                 max_grad_norm: float | None = None, scaler: Any = None, clock: Callable[[], float] = time.perf_counter,
+                 skip_nonfinite: bool = True, max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
+        rule = _rule(sampler, rule)
         self.run = AdaptiveRun(sampler.schedule, rule)
         policy = LRPolicy(rule, sampler.controller.ref_batch_size, warmup_steps, adaptive=True,
                           user="AdaptiveOptimizer")
@@ -110,10 +90,12 @@ class AdaptiveOptimizer(TraceOptimizer):
                          max_grad_norm=max_grad_norm, scaler=scaler, skip_nonfinite=skip_nonfinite,
                          max_skips_in_a_row=max_skips_in_a_row)
         self.clock = UpdateClock(clock)
+        self.measures = AdaptiveMeasures(self, self.run, self.clock)
+        self.agreement.refusal = sampler.controller.refusal
         schedule = sampler.schedule
         self.parts = {"adaptive": StatePart(schedule.state_dict, schedule.checked,
                                             lambda saved: schedule.load(*schedule.checked(saved)))}
-        self._arm()
+        self.measures.arm()
 
     @property
     def history(self) -> list[dict]:
@@ -145,97 +127,13 @@ class AdaptiveOptimizer(TraceOptimizer):
         self.clock.restart()  # an epoch's first update waits for the DataLoader: untimed
         super().set_epoch(epoch)
 
-    def _start(self, epoch: int, step: int, micro_step: int) -> None:
-        super()._start(epoch, step, micro_step)
-        if hasattr(self, "clock"):  # a new position: no norms pending, the next update untimed
-            self.noise.norms.clear()
-            self.clock.restart()
-        self._arm()
-
-    def _arm(self) -> None:
-        """Record micro-batch norms only for an update of two parts or more: a one-part update
-        (one device, one micro-batch) cannot measure the noise, so its hooks cost nothing; nor
-        does an update of a run that holds its batch (it measures nothing)."""
-        if hasattr(self, "clock"):
-            schedule, step = self.epoch_schedule, self.step_index
-            self.noise.norms.active = not self.sampler.schedule.holds(schedule.first_step + step) and (
-                self.sampler.num_replicas > 1 or step >= len(schedule) or schedule.counts(0)[step] >= 2)
-
-    # --- measuring -----------------------------------------------------------------------------
-    def step(self, closure: Callable[[], Any] | None = None) -> bool:
-        """Account for one micro-batch; returns True when it completed a global step's update."""
-
-        def measured() -> Any:
-            loss = closure() if closure is not None else None
-            self.noise.norms.close()
-            self.clock.end_micro_step()  # the update's own work comes after its last micro-step's mark
-            return loss
-
-        return super().step(measured)
-
-    def _local_statistics(self) -> list[float]:
-        """This replica's micro-batch norms per param group and its timing of the update: what
-        rides in the update's all-reduce."""
-        schedule, step = self.epoch_schedule, self.step_index
-        even = int(schedule.batch_sizes[step]) % (schedule.micro_size(step) * self.sampler.num_replicas) == 0
-        timing = self.clock.measure(timed=even, ends_at_last_mark=True)  # a replica short of a micro-batch: untimed
-        return [*self.noise.statistics(self.engine.scaler), *timing]
-
-    @torch.no_grad()
-    def _observe(self, totals: list[float]) -> None:
-        """The update's noise and timing to the controller, before its LR is set (AdaScale's
-        gain includes this update's noise)."""
-        groups = len(self.param_groups)
-        schedule, step = self.epoch_schedule, self.step_index
-        batch, micro = int(schedule.batch_sizes[step]), schedule.micro_size(step)
-        parts, noise = int(schedule.micro_batches_per_step[step]), None
-        if parts >= 2 and self.noise.norms.active:  # one part alone cannot tell noise from signal
-            estimates = self.noise.measure(totals[:groups], parts, batch, micro, self._gradient_scale(),
-                                           self.engine.scaler, whole=True)
-            noise = estimates[0] if estimates else None  # None: an inf/NaN step AMP skips
-        timing = update_timing(totals[groups:], self.sampler.num_replicas)
-        self.run.record(batch, micro, int(schedule.micro_steps[step]), timing, noise)
-
     def _lr_of_update(self, base: float, group: int = 0) -> float:
         """The rule's LR times the controller's LR scale (1, or the LR a probe policy chose)."""
         return super()._lr_of_update(base, group) * self.controller.lr_scale()
 
-    def _noise(self) -> NoiseEstimate | None:
-        """The controller's smoothed noise, which the policy's ``adascale`` gain reads (None before a
-        first estimate)."""
-        return self.controller.noise.measured
-
-    def _updated(self, lr: tuple[float, ...]) -> None:
-        """The update's history row, the controller's decision (none after a skipped update) and
-        the next batches decided; after a probe, the replicas compare its decision at the next
-        update's all-reduce."""
-        probes = len(self._probe_decisions())
-        self.run.finish(self.epoch, lr[0], log_change=self.sampler.rank == 0, applied=self.updated)
-        if len(self._probe_decisions()) != probes:
-            self.compare_again()
-        self._arm()
-
-    def _probe_decisions(self) -> list[tuple]:
-        """Every probe's decision so far (not its CPU time, each replica's own): empty without a probe policy."""
-        policy = getattr(self.controller, "batch_policy", None)
-        return [] if policy is None else [(row["samples"], row["batch"], row["critical_batch"], row["rule"],
-                                           row["lr_scale"], row["resolved"]) for row in policy.rows]
-
     def settings(self) -> dict[str, object]:
-        probes = self._probe_decisions()
+        probes = self.controller.decisions()  # decided alone on each replica: compared, refused in their own words
         return {**super().settings(), "probe decisions": probes} if probes else super().settings()
-
-    def _agree(self, settings: dict[str, object], rows: list[list[int]]) -> None:
-        """A probe's decision differing between replicas is refused with its own fix."""
-        problem = disagreement(list(settings), rows)
-        if problem is not None and "probe decisions (" in problem:
-            self._agreement_pending = False
-            raise InvalidValue(
-                f"the replicas' critical-batch probes decided differently by update {len(self.controller.batches) - 1} "
-                f"({problem}): each replica probes alone, so it must branch on the same data as every other: give "
-                "TorchBranches the whole training set and the whole held-out set on every replica (not this replica's "
-                "shard), and every replica the same probe, policy and seed")
-        super()._agree(settings, rows)
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
         if self.updates % self.log_steps == 0:
@@ -254,7 +152,6 @@ class AdaptiveOptimizer(TraceOptimizer):
         write_schedule(path, [(row["step"], row["lr"]) for row in self.history])
 
     # --- checkpoints: the trace optimizer's state and the adaptive schedule's ------------------------
-
     def _check_position(self, state: dict) -> None:
         trace, schedule = state["trace"], self.sampler.schedule
         sizes, starts, _ = schedule.checked(state["adaptive"])
@@ -266,3 +163,15 @@ class AdaptiveOptimizer(TraceOptimizer):
     def __repr__(self) -> str:
         return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
 
+
+def _rule(sampler: object, rule: str | None) -> str:
+    """The LR rule of an adaptive run on ``sampler``: ``rule``, by default AdaScale's (or, where a
+    probe policy chooses the LR itself, ``"constant"``, which is then the only one)."""
+    if not isinstance(sampler, AdaptiveSampler):
+        raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
+    probed = isinstance(sampler.controller, ProbeController)  # a probe policy chooses the LR itself (lr_scale)
+    if probed and rule not in (None, "constant"):
+        raise InvalidValue(f"rule={rule!r} scales the LR to each batch, but the sampler's batch_policy chooses the "
+                           "LR with its probes, and the two would multiply (an LR no probe chose): leave rule out "
+                           "(or rule='constant') with a batch_policy, or give the sampler no batch_policy")
+    return ("constant" if probed else "adascale") if rule is None else rule

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Iterator, Sized
+from typing import Any
 
 from aikit.core.adaptive import AdaptiveSchedule
 from aikit.core.critical_batch import PROBED_NOISE_EVERY, ProbeController, ProbePolicy
@@ -75,31 +76,13 @@ class AdaptiveSampler(TraceSampler):
 
     _decides_while_training = True
 
-    def __init__(
-        self,
-        dataset: Sized | int | None = None,
-        *,
-        ref_batch_size: int | None = None,
-        max_batch: int,
-        micro_batch: int | None = None,
-        min_batch: int | None = None,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        seed: int = 42,
-        shuffle: bool = True,
-        threshold: float = 0.05,
-        decay: float = 0.95,
-        lookahead: int = 0,
-        min_estimates: int | None = None,
-        interval: int = 10,
-        dataset_size: int | None = None,
-        max_device_batch: int | None = None,
-        noise_every: int | None = None,
-        max_change: float = 2.0,
-        base_batch: int | None = None,
-        hold_after: int | None = None,
-        batch_policy: ProbePolicy | None = None,
-    ) -> None:
+    def __init__(self, dataset: Sized | int | None = None, *, ref_batch_size: int | None = None, max_batch: int,
+                 micro_batch: int | None = None, min_batch: int | None = None, num_replicas: int | None = None,
+                 rank: int | None = None, seed: int = 42, shuffle: bool = True, threshold: float = 0.05,
+                 decay: float = 0.95, lookahead: int = 0, min_estimates: int | None = None, interval: int = 10,
+                 dataset_size: int | None = None, max_device_batch: int | None = None, noise_every: int | None = None,
+                 max_change: float = 2.0, base_batch: int | None = None, hold_after: int | None = None,
+                 batch_policy: ProbePolicy | None = None) -> None:
         size = dataset_size_of(dataset, dataset_size, "AdaptiveSampler")
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
         rank = distributed.rank() if rank is None else rank
@@ -109,19 +92,9 @@ class AdaptiveSampler(TraceSampler):
         grows = max_device_batch is not None
         per_device = max_device_batch if grows else micro_batch  # with grows a bound, which may exceed the data set
         size, num_replicas, per_device = checked_settings(size, num_replicas, per_device, bound=grows)
-        if noise_every is None:
-            noise_every = NOISE_EVERY if batch_policy is None else PROBED_NOISE_EVERY
-        split = BatchSplit(per_device, num_replicas, grows, positive_int(noise_every, "noise_every") if grows else None)
-        ref, ref_name = either("base_batch", ref_batch_size, base_batch)
-        if ref is None:
-            raise InvalidValue("AdaptiveSampler needs ref_batch_size, the global batch the LR was tuned for (the run "
-                               "starts there)")
-        _check_bounds(split, size, ref_name, ref, max_batch, min_batch)  # ref named as the caller wrote it
-        make = GoodputController if batch_policy is None else functools.partial(ProbeController, batch_policy)
-        controller = make(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch, min_batch=min_batch,
-                          threshold=threshold, decay=decay, max_change=max_change, policy="error",
-                          min_estimates=min_estimates, interval=interval, fixed_micro_batch=not grows,
-                          noise_every=split.noise_every)
+        controller = _controller(size, num_replicas, per_device, grows, noise_every, (ref_batch_size, base_batch),
+                                 max_batch, min_batch, batch_policy, threshold=threshold, decay=decay,
+                                 max_change=max_change, min_estimates=min_estimates, interval=interval)
         self.schedule = AdaptiveSchedule(size, controller, seed, shuffle, lookahead, hold_after)
         self.devices = 1
         self.rank = checked_rank(rank, num_replicas)
@@ -220,6 +193,24 @@ class AdaptiveSampler(TraceSampler):
         if problem:
             raise InvalidValue(problem)
         return s.epoch(epoch)
+
+
+def _controller(size: int, num_replicas: int, per_device: int, grows: bool, noise_every: int | None,
+                refs: tuple[object, object], max_batch: object, min_batch: object, batch_policy: ProbePolicy | None,
+                **settings: Any) -> GoodputController:
+    """The controller an AdaptiveSampler's settings make (a ``ProbeController`` with a
+    ``batch_policy``), its bounds checked against how every update splits over the replicas."""
+    if noise_every is None:
+        noise_every = NOISE_EVERY if batch_policy is None else PROBED_NOISE_EVERY
+    split = BatchSplit(per_device, num_replicas, grows, positive_int(noise_every, "noise_every") if grows else None)
+    ref, ref_name = either("base_batch", *refs)  # ref_batch_size, or aikit 0.1's base_batch
+    if ref is None:
+        raise InvalidValue("AdaptiveSampler needs ref_batch_size, the global batch the LR was tuned for (the run "
+                           "starts there)")
+    _check_bounds(split, size, ref_name, ref, max_batch, min_batch)  # ref named as the caller wrote it
+    make = GoodputController if batch_policy is None else functools.partial(ProbeController, batch_policy)
+    return make(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch, min_batch=min_batch, policy="error",
+                fixed_micro_batch=not grows, noise_every=split.noise_every, **settings)
 
 
 def _check_bounds(split: BatchSplit, dataset_size: int, ref_name: str, ref: object, max_batch: object,

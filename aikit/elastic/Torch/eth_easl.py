@@ -35,15 +35,13 @@ import numpy as np
 import torch
 
 from aikit.core.errors import InvalidType, InvalidValue
-from aikit.core.gradient_noise import gain
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.schedule import EpochSchedule, seed_value
-from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.trace import load_trace, multiple_problems
 from aikit.core.validate import checked_float, index_in, positive_int
+from aikit.elastic.Torch.measures import AdaScaleGains
 from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
-from aikit.elastic.Torch.trace_state import StatePart
 from aikit.runtime.originals import either
 from aikit.runtime.process import remember_sampler, sampler_made_last
 from aikit.runtime.Torch import distributed
@@ -174,43 +172,47 @@ def ref_batch_size_named(ref_batch_size: int | None, ref_batchsize: int | None) 
     return ref, name if ref is not None else "ref_batch_size (eth-easl's ref_batchsize)"
 
 
+def checked_options(log_format: str, lr_decay: object, per_micro_batch: bool, name: str) -> str:
+    """``log_format``, checked, and no ``lr_decay`` where the LR is one micro-batch's."""
+    if log_format not in LOG_FORMATS:
+        raise InvalidValue(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
+    if lr_decay is not None and per_micro_batch:
+        raise InvalidType(f"lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
+                          f"step_decay) for a LinearRule, RootRule, Seesaw or Constant optimizer, got "
+                          f"{lr_decay!r:.60} for {name}")
+    return log_format
+
+
+def check_one_micro_batch(sampler: TraceSampler, name: str) -> None:
+    """An LR of one micro-batch needs the sampler's one micro-batch size."""
+    if sampler.schedule.max_device_batch is not None:
+        raise InvalidValue(
+            f"{name} scales its LR from one micro-batch of micro_batch samples, but this sampler's micro-batch "
+            "varies by step (max_device_batch): build the CustomSampler with micro_batch (eth-easl's "
+            "minibatch_size), or use LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
+
+
 class EthEaslOptimizer:
-    """eth-easl's surface over the one trace optimizer (a base beside ``TraceOptimizer`` of each
-    of eth-easl's classes): its argument order, ``(optimizer, sampler, ref_batch_size,
-    log_steps)``, with its rule (:attr:`rule`, set by each name), eth-easl's ``ref_batchsize=``,
-    the sampler made last when none is given, ``get_lr``, ``set_lr``, ``get_bs``,
-    ``current_lr``, ``adapt_lr`` (which every update runs through: eth-easl's subclasses override
-    it), and eth-easl's log line ``    CustomOptimizer: Step=S, bs=B, lr=(L,)`` at every step
-    ``S`` of an epoch that is a multiple of ``log_steps`` (``log_format="aikit"``: the trace
-    optimizer's line)."""
+    """eth-easl's surface over the one trace optimizer (a base beside ``TraceOptimizer`` of each of
+    its classes), with its rule (:attr:`rule`, set by each name): the surface the module lists,
+    ``adapt_lr`` run by every update, its log line at every step ``S`` of an epoch that is a multiple
+    of ``log_steps`` (``log_format="aikit"``: the trace optimizer's line)."""
 
     rule = "linear"
     per_micro_batch = False  # its LR is a micro-batch's: needs one micro-batch size (no max_device_batch)
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: CustomSampler | None = None,
                  ref_batch_size: int | None = None, log_steps: int | None = None, *, warmup_steps: int = 0,
-                 broadcast: bool = True, max_grad_norm: float | None = None, scaler: Any = None,
                  log_format: str = "eth-easl", lr_decay: Callable[[int], float] | None = None,
-                 ref_batchsize: int | None = None, skip_nonfinite: bool = True,
-                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, **options: Any):
+                 ref_batchsize: int | None = None, **options: Any):  # options: TraceOptimizer's (broadcast=, ...)
         name = type(self).__name__
-        if log_format not in LOG_FORMATS:
-            raise InvalidValue(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
-        self.log_format = log_format
-        if lr_decay is not None and self.per_micro_batch:
-            raise InvalidType(f"lr_decay must be a function of the samples trained (aikit.core.scaling.cosine_decay or "
-                              f"step_decay) for a LinearRule, RootRule, Seesaw or Constant optimizer, got "
-                              f"{lr_decay!r:.60} for {name}")
+        self.log_format = checked_options(log_format, lr_decay, self.per_micro_batch, name)
         ref, ref_name = ref_batch_size_named(ref_batch_size, ref_batchsize)
         policy = LRPolicy(self.rule, ref, warmup_steps, lr_decay, user=name, ref_name=ref_name)
         super().__init__(optimizer, latest_sampler() if sampler is None else sampler, policy=policy,
-                         log_steps=log_steps, broadcast=broadcast, max_grad_norm=max_grad_norm, scaler=scaler,
-                         skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row, **options)
-        if self.per_micro_batch and self.sampler.schedule.max_device_batch is not None:
-            raise InvalidValue(
-                f"{name} scales its LR from one micro-batch of micro_batch samples, but this sampler's micro-batch "
-                "varies by step (max_device_batch): build the CustomSampler with micro_batch (eth-easl's "
-                "minibatch_size), or use LinearRuleOptimizer / RootRuleOptimizer / ConstantOptimizer")
+                         log_steps=log_steps, **options)
+        if self.per_micro_batch:
+            check_one_micro_batch(self.sampler, name)
 
     def get_lr(self) -> tuple[float, ...]:
         """Every param group's LR (the base LR, except during an update)."""
@@ -238,16 +240,14 @@ class EthEaslOptimizer:
         return self._rule_lr(self.get_lr()[0])
 
     def adapt_lr(self) -> None:
-        """Set every group's LR to the rule's for the current step, from the LR it holds now (every
-        update runs through it and puts the base LRs back: eth-easl's subclasses override it)."""
+        """Set every group's LR to the rule's for the current step, from the LR it holds now."""
         self.set_lr(self._rule_lr(lr) for lr in self.get_lr())
 
     def _adapt(self) -> None:
         self.adapt_lr()
 
     def _rule_lr(self, base: float) -> float:
-        """The policy's LR of the current step; past the epoch's steps eth-easl's rules give 0
-        (its ConstantOptimizer the base LR)."""
+        """The policy's LR of the current step; past the epoch's steps 0 (ConstantOptimizer: the base LR)."""
         if self.batch == 0:
             return base * self.policy.rule.factor(0, self.ref_batch_size, None)
         return self._lr_of_update(base)
@@ -256,8 +256,7 @@ class EthEaslOptimizer:
         if self.log_format == "aikit":
             super()._log(step, batch, lr)
         elif step % self.log_steps == 0:
-            for line in self._log_lines(step, batch, lr):
-                print(line, flush=True)
+            print("\n".join(self._log_lines(step, batch, lr)), flush=True)
 
     def _log_lines(self, step: int, batch: int, lr: tuple[float, ...]) -> list[str]:
         return [f"    CustomOptimizer: Step={step}, bs={batch}, lr={lr}"]
@@ -348,17 +347,11 @@ class LinearRuleMomentumOptimizer(EthEaslOptimizer, TraceOptimizer):
 
 
 class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
-    """eth-easl's AdaScale (Johnson et al., 2020) through a batch-size trace: every update's LR is
-    the base LR for one micro-batch, ``lr · micro_batch / ref_batch_size``, times each param
-    group's own gain ``r`` of the step's batch over a micro-batch (as eth-easl's and fairscale's),
-    and :attr:`progress` advances by the whole model's gain (the scale-invariant iteration count:
-    drive an LR schedule with it, e.g. ``LambdaLR(optimizer, lambda _: f(optimizer.progress))``).
-    eth-easl's argument order: ``(optimizer, sampler, log_steps, ref_batch_size)``,
-    ``ref_batch_size`` 32 by default; ``decay`` smooths the noise. aikit's own AdaScale, the gain
-    over ``ref_batch_size`` of the whole model, is ``TraceOptimizer(optimizer, sampler,
-    rule="adascale", ref_batch_size=...)``; both measure the noise with the same
-    :class:`~aikit.runtime.Torch.noise.NoiseMeter`. Call ``step()`` once per micro-batch after its
-    one ``backward()``."""
+    """eth-easl's AdaScale (Johnson et al., 2020), arguments ``(optimizer, sampler, log_steps, ref_batch_size=32)``:
+    every update's LR is the base LR for one micro-batch, ``lr · micro_batch / ref_batch_size``, times each param
+    group's own gain of the step's batch over a micro-batch (as eth-easl's and fairscale's); :attr:`progress`
+    advances by the whole model's gain (an LR schedule's clock, e.g. ``LambdaLR(optimizer, lambda _:
+    f(optimizer.progress))``); ``decay`` smooths the noise (:class:`~aikit.elastic.Torch.measures.AdaScaleGains`)."""
 
     rule = "linear"
     per_micro_batch = True
@@ -372,67 +365,41 @@ class AdaScaleOptimizer(EthEaslOptimizer, TraceOptimizer):
         if ref_batch_size is None and options.get("ref_batchsize") is None:
             ref_batch_size = 32  # eth-easl's default
         super().__init__(optimizer, sampler, ref_batch_size, log_steps, noise_decay=decay, **options)
-        self.progress = self._progress_before = 0.0  # base-batch (micro-batch) steps' worth of progress so far
-        self._gains = (1.0,) * len(self.param_groups)
-        self.last_gain = 1.0
-        # its state: {"adascale": {"trackers", "progress", "gains", "pending"}}, as it always saved
-        self.noise.owner = "AdaScaleOptimizer state['adascale']"
-        self.parts = {"adascale": StatePart(self._saved, self._check_saved, self._load_saved)}
+        self.measures = AdaScaleGains(self, self.noise)
+        self.parts = {"adascale": self.measures}  # its state, as it always saved
 
-    def _observe(self, totals: list[float]) -> None:
-        super()._observe(totals)  # the update's noise, smoothed per group
-        batch = self.batch
-        self._gains = tuple(self._gain(self.noise.smoothed(group), batch) for group in range(len(self.param_groups)))
-        self.last_gain = self._gain(self.noise.smoothed(), batch)  # the whole model's
-        self._progress_before, self.progress = self.progress, self.progress + self.last_gain
+    @property
+    def progress(self) -> float:
+        """Base-batch (micro-batch) steps' worth of progress so far: the sum of the whole model's gains."""
+        return self.measures.progress
 
-    def _updated(self, lr: tuple[float, ...]) -> None:
-        if not self.updated:  # skipped (inf/NaN): no step made, so no progress (restored, not subtracted: exact)
-            self.progress = self._progress_before
-
-    def _gain(self, noise: Any, batch: int) -> float:
-        if noise is None or batch == 0:
-            return 1.0
-        return gain(noise.trace, noise.grad_sq, batch, self.epoch_schedule.micro_batch)
+    @property
+    def last_gain(self) -> float:
+        """The whole model's gain at the last update (1 before the first)."""
+        return self.measures.last_gain
 
     def gain(self) -> tuple[float, ...]:
         """Each param group's gain at the last update (1 before the first)."""
-        return self._gains
+        return self.measures.gains
 
     @property
     def grad_var_avg(self) -> np.ndarray:
         """eth-easl's smoothed variance of a micro-batch's gradient per group, ``tr(Σ) / micro_batch``."""
-        micro = self.epoch_schedule.micro_batch
-        return np.array([t.smoothed.trace / micro if t.updates else 0.0 for t in self.noise.trackers])
+        return self.measures.averages()[0]
 
     @property
     def grad_sqr_avg(self) -> np.ndarray:
         """eth-easl's smoothed ``|G|²`` per group."""
-        return np.array([t.smoothed.grad_sq if t.updates else 1.0 for t in self.noise.trackers])
+        return self.measures.averages()[1]
 
     def adapt_lr(self) -> None:
         self.set_lr(self.current_lr())
 
     def current_lr(self) -> tuple[float, ...]:
-        """Every group's LR for the current step with the last gains (a tuple, as eth-easl's):
-        the policy's LR of one micro-batch times the group's gain."""
+        """Every group's LR for the current step (a tuple, as eth-easl's): one micro-batch's times the group's gain."""
         micro = self.epoch_schedule.micro_batch
-        return tuple(self.policy.lr(lr, micro) * r for lr, r in zip(self.get_lr(), self._gains, strict=True))
+        return tuple(self.policy.lr(lr, micro) * r for lr, r in zip(self.get_lr(), self.gain(), strict=True))
 
     def _log_lines(self, step: int, batch: int, lr: tuple[float, ...]) -> list[str]:
         return [f"    Adascale: Step={step}, gain={self.gain()}, grad_var_avg={self.grad_var_avg}, "
                 f"grad_sqr_avg={self.grad_sqr_avg}", *super()._log_lines(step, batch, lr)]
-
-    def _saved(self) -> dict:
-        return {**self.noise.save(), "progress": self.progress, "gains": list(self._gains)}
-
-    def _check_saved(self, saved: dict) -> None:
-        if not isinstance(saved, dict) or set(saved) != {"trackers", "progress", "gains", "pending"} \
-                or len(saved["gains"]) != len(self.param_groups) or len(saved["trackers"]) != len(self.param_groups):
-            raise InvalidValue(f"AdaScaleOptimizer state['adascale'] needs keys ['gains', 'pending', 'progress', "
-                               f"'trackers'] with one tracker and one gain per param group ({len(self.param_groups)})")
-        self.noise.check(saved)
-
-    def _load_saved(self, saved: dict) -> None:
-        self.noise.load(saved)
-        self.progress, self._gains = float(saved["progress"]), tuple(saved["gains"])

@@ -81,27 +81,13 @@ class TraceSampler(Sampler[list[int]]):
     _decides_while_training = False  # True for AdaptiveSampler: its epochs grow while training
     balanced = False  # every step in equal whole micro-batches on every replica (checked from the current step on)
 
-    def __init__(
-        self,
-        dataset: Sized | int | None = None,
-        trace: Trace | str | list[int] | int | None = None,
-        *,
-        micro_batch: int | None = None,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        seed: int = 42,
-        dataset_size: int | None = None,
-        shuffle: bool = True,
-        permutation: str | Permutation = "numpy",
-        when_exhausted: str | None = None,
-        strict_steps: bool = False,
-        max_device_batch: int | None = None,
-        min_micro_batches: int = 1,
-        noise_every: int | None = None,
-        balanced: bool = False,
-        noise_until: int | None = None,
-        micro_name: str = "micro_batch",
-    ):
+    def __init__(self, dataset: Sized | int | None = None, trace: Trace | str | list[int] | int | None = None, *,
+                 micro_batch: int | None = None, num_replicas: int | None = None, rank: int | None = None,
+                 seed: int = 42, dataset_size: int | None = None, shuffle: bool = True,
+                 permutation: str | Permutation = "numpy", when_exhausted: str | None = None,
+                 strict_steps: bool = False, max_device_batch: int | None = None, min_micro_batches: int = 1,
+                 noise_every: int | None = None, balanced: bool = False, noise_until: int | None = None,
+                 micro_name: str = "micro_batch"):
         size = dataset_size_of(dataset, dataset_size, type(self).__name__)
         self.balanced = checked_bool(balanced, "balanced")
         if trace is None:

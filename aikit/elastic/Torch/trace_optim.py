@@ -31,19 +31,20 @@ rest) are :mod:`aikit.elastic.Torch.eth_easl`'s; what it saves and loads is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from aikit.core.agreement import check_agreement, fingerprint, own_row, rows_of
+from aikit.core.agreement import Agreement, fingerprint
 from aikit.core.errors import InvalidState, InvalidType, InvalidValue
-from aikit.core.gradient_noise import NoiseEstimate
 from aikit.core.lr_policy import LRPolicy
 from aikit.core.scaling import Rule
 from aikit.core.skips import MAX_SKIPS_IN_A_ROW
 from aikit.core.validate import positive_int
 from aikit.elastic.Torch import trace_state
+from aikit.elastic.Torch.loss_terms import LossTerms
+from aikit.elastic.Torch.measures import UpdateNoise
 from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.sharded import dtensor_type
 from aikit.runtime.Torch.accumulator import Accumulator
@@ -57,25 +58,19 @@ from aikit.runtime.Torch.collectives import (
     world,
 )
 from aikit.runtime.Torch.noise import NoiseMeter
-from aikit.runtime.Torch.wrapping import WrappingOptimizer
+from aikit.runtime.Torch.wrapping import WrappingOptimizer, settings_put_back, with_load_hooks, with_state_dict_hooks
 
 
 class TraceOptimizer(WrappingOptimizer):
     """Wraps a torch optimizer to train through ``sampler``'s trace, each update at the LR of ``rule``.
 
-    ``rule``: a name of :data:`aikit.core.scaling.RULES` (``"linear"``, ``"sqrt"``, ``"seesaw"``,
-    ``"constant"``, ``"adascale"``) or a :class:`~aikit.core.scaling.Rule`; ``ref_batch_size``: the
-    global batch the LR was tuned for; ``warmup_steps`` ramps the rule's factor in; ``lr_decay``
-    (e.g. :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by its value at the
-    samples trained before each step (clocked by samples, as Seesaw needs); ``policy`` (an
-    :class:`~aikit.core.lr_policy.LRPolicy`) gives the four at once. With ``"adascale"`` every
-    update measures the gradient noise (:attr:`noise`, smoothed over ``noise_decay``) and its LR
-    is the base LR times AdaScale's gain of its batch over ``ref_batch_size``. ``log_steps`` prints
-    ``aikit trace: epoch E step S batch B lr L`` on rank 0 every that many updates.
-    ``max_grad_norm``, ``scaler`` (a ``torch.amp.GradScaler``), ``skip_nonfinite`` and
-    ``max_skips_in_a_row`` are the GA wrapper's, once per update. Replicas start from rank 0's
-    parameters, broadcast at the first :meth:`set_epoch` or :meth:`join` (``ElasticState.restore()``),
-    unless ``broadcast=False``.
+    ``rule``: a name of :data:`aikit.core.scaling.RULES` or a :class:`~aikit.core.scaling.Rule`; ``ref_batch_size``:
+    the global batch the LR was tuned for; ``warmup_steps`` ramps the rule's factor in; ``lr_decay`` (e.g.
+    :func:`aikit.core.scaling.cosine_decay`) multiplies the base LR by its value at the samples trained before
+    each step; ``policy`` (an :class:`~aikit.core.lr_policy.LRPolicy`) gives the four at once. ``"adascale"``
+    measures the gradient noise (:attr:`noise`, smoothed over ``noise_decay``). ``log_steps`` prints ``aikit
+    trace: epoch E step S batch B lr L`` on rank 0 every that many updates. ``max_grad_norm``, ``scaler``,
+    ``skip_nonfinite``, ``max_skips_in_a_row``: the GA wrapper's. ``broadcast=False``: no rank 0's parameters.
     """
 
     kind = "trace optimizer"
@@ -86,12 +81,11 @@ class TraceOptimizer(WrappingOptimizer):
     _adapted = ("lr",)  # the group settings _adapt() changes for one update, put back after it
 
     def __init__(self, optimizer: torch.optim.Optimizer, sampler: TraceSampler | None = None,
-                 rule: str | Rule = "linear", *,
-                 ref_batch_size: int | None = None, warmup_steps: int = 0,
+                 rule: str | Rule = "linear", *, ref_batch_size: int | None = None, warmup_steps: int = 0,
                  lr_decay: Callable[[int], float] | None = None, policy: LRPolicy | None = None,
                  log_steps: int | None = None, broadcast: bool = True, max_grad_norm: float | None = None,
-                 scaler: Any = None, skip_nonfinite: bool = True,
-                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW, noise_decay: float = 0.99):
+                 scaler: Any = None, skip_nonfinite: bool = True, max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
+                 noise_decay: float = 0.99):
         super().__init__(optimizer)
         name = type(self).__name__
         self.sampler = _checked_sampler(sampler, name, self._decides_while_training)
@@ -100,16 +94,17 @@ class TraceOptimizer(WrappingOptimizer):
         self.log_steps = None if log_steps is None else positive_int(log_steps, "log_steps")
         self.engine = Accumulator(optimizer, max_grad_norm=max_grad_norm, scaler=scaler,
                                   skip_nonfinite=skip_nonfinite, max_skips_in_a_row=max_skips_in_a_row)
-        self._terms: Any = None  # the running update's loss terms over every replica (None: not declared)
+        self.loss_terms = LossTerms(self.engine)
         self.params = _trainable(self.engine.params(), name)
         self.device = self.params[0].device
         replicas, self.rank = _world_of(self.sampler, self.device)
         measured = self._measures_noise or policy.rule.measured  # the noise, where the rule (or the run) reads it
         self.noise = NoiseMeter(self, noise_decay) if measured else None
+        self.measures = UpdateNoise(self, self.noise)  # what each update measures, in its all-reduce
         self.parts: dict[str, Any] = {"noise": self.noise} if measured else {}  # state_dict() beside the trace
         self.takes_weights = self.takes_weights and not measured  # noise is measured from equal micro-batch means
         self._broadcast_pending = broadcast and replicas > 1
-        self._agreement_pending = replicas > 1  # the replicas compare settings in their first collective
+        self.agreement = Agreement(replicas)  # the replicas compare settings in their first collective
         self.updates = 0  # updates applied since training began (skips not counted): drives warmup
         self.updated = False  # whether the last update was applied (not skipped for an inf/NaN gradient)
         self._start(self.sampler.epoch, 0, 0)
@@ -121,30 +116,23 @@ class TraceOptimizer(WrappingOptimizer):
         return int(schedule.batch_sizes[self.step_index]) if self.step_index < len(schedule) else 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` and :meth:`join`; before its first micro-batch (after the constructor, a
-        load or a restore) a call for the same epoch keeps the position."""
+        """Start ``epoch`` and :meth:`join` (the same epoch, before its first micro-batch: the position kept)."""
         if not (self._untouched and epoch == self.epoch):
             self._start(epoch, 0, 0)
         self.join()
 
     def join(self) -> None:
-        """The collectives due before this replica's next micro-batch, on every replica alike: rank 0's
-        parameters to every replica (once), then the updates of the steps it sits out here."""
+        """The collectives due before this replica's next micro-batch: rank 0's parameters (once), then
+        the updates of the steps it sits out here."""
         if self._broadcast_pending:
-            settings = self.settings()
-            with torch.no_grad():
-                rows = broadcast_gathering_(self.params, fingerprint(settings))
-            mark_step(self.device)
-            self._broadcast_pending = False
-            self._agree(settings, rows)
+            _broadcast_agreed(self)
         if not self._joined:
             self._joined = True
             if self.micro_step == 0:
                 self._join_empty_steps()
 
     def settings(self) -> dict[str, object]:
-        """What every replica must share to train one run (compared at the first collective): the
-        samples of every step, the micro-batch, the world, the position, the optimizer, its LR rule."""
+        """What every replica must share to train one run, compared at the first collective."""
         sampler, schedule, kind = self.sampler, self.sampler.schedule, type(self.optimizer).__name__
         identity = {key: value for key, value in sampler.identity().items() if key != "trace_source"}
         return {**identity, "micro_batch": schedule.micro_batch, "max_device_batch": schedule.max_device_batch,
@@ -153,14 +141,8 @@ class TraceOptimizer(WrappingOptimizer):
                 "rule": self.rule, "ref_batch_size": self.ref_batch_size, "lr": self._base_lrs()}
 
     def compare_again(self) -> None:
-        """Compare the replicas' settings again at the next collective, after the world formed anew
-        (Horovod elastic): every replica calls it (``ElasticState.sync()`` does). Local."""
-        self._agreement_pending = self.sampler.num_replicas > 1
-
-    def _agree(self, settings: dict[str, object], rows: list[list[int]]) -> None:
-        """Refuse, on every replica alike, a run whose replicas were given different settings."""
-        self._agreement_pending = False
-        check_agreement(list(settings), rows)
+        """Compare the replicas' settings again at the next collective (every replica calls it). Local."""
+        self.agreement.again(self.sampler.num_replicas)
 
     def _start(self, epoch: int, step: int, micro_step: int) -> None:
         """Position at ``micro_step`` of ``step`` of ``epoch``: local, the joins wait for :meth:`join`."""
@@ -170,52 +152,39 @@ class TraceOptimizer(WrappingOptimizer):
         self.counts = self.epoch_schedule.counts(sampler.rank)
         self.step_index, self.micro_step = step, micro_step
         self._untouched, self._joined = True, False
-        self.engine.terms, self._declared = 0, 0  # a step cut short is retrained: so are its terms
+        self.measures.restart()
+        self.loss_terms.restart()  # a step cut short is retrained: so are its terms
 
     def redeal(self) -> None:
-        """Take this replica's share of the current step again after the sampler was dealt to a new
-        world (``TraceSampler.set_world``), at its rank: a step cut short is retrained, its gradients
-        and norms dropped. Local."""
+        """Take this replica's share of the current step again after ``TraceSampler.set_world``: a step
+        cut short is retrained, its gradients and norms dropped. Local."""
         self.engine.discard()
         self.optimizer.zero_grad()
-        if self.noise is not None:
-            self.noise.norms.clear()
+        self.measures.clear()
         self.rank = self.sampler.rank
         self._start(self.epoch, self.step_index, 0)
 
-    @contextlib.contextmanager
-    def accumulate(self, model: torch.nn.Module, weight: int | torch.Tensor) -> Iterator[None]:
+    def accumulate(self, model: torch.nn.Module, weight: int | torch.Tensor) -> contextlib.AbstractContextManager:
         """Run a micro-batch's forward and backward in here when its loss is a mean over ``weight``
         loss terms (tokens; an int or a 0-d integer tensor): the update is then Σ nᵢ·gᵢ / Σ nᵢ over
-        the step's micro-batches on every replica (the count in its one all-reduce), not the mean of
-        their means. Declare it for every micro-batch of a step or for none."""
-        if not self.takes_weights:
-            raise InvalidValue(
-                f"{type(self).__name__} weighs micro-batches its own way (a sum, or gradient noise measured from "
-                "equal micro-batch means), so it takes no weight=: use a TraceOptimizer whose rule is not measured "
-                "(linear, sqrt, seesaw, constant) for loss terms"
-            )
-        with self.engine.count_terms(model, weight):
-            yield
-        self._declared += 1
+        the step's micro-batches on every replica (:class:`~aikit.elastic.Torch.loss_terms.LossTerms`)."""
+        return self.loss_terms.counted(model, weight, None if self.takes_weights else type(self).__name__)
 
     def unhook(self) -> None:
         """Remove the noise measurement's gradient hooks (to go on with another optimizer)."""
-        if self.noise is not None:
-            self.noise.norms.remove()
+        self.measures.remove()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Does nothing: gradients are zeroed after every update (accumulating needs them kept)."""
 
     def step(self, closure=None) -> bool:
         """Account for one micro-batch; returns True when it completed a global step's update (committed)."""
-        if self.noise is not None:
-            self.noise.norms.close()  # the micro-batch backpropagated since the last step()
         _check_steppable(self, joined=False)
         self.join()
         if closure is not None:
             with torch.enable_grad():
                 closure()
+        self.measures.end_micro_step()
         _check_steppable(self, joined=True)
         self._untouched = False
         self.micro_step += 1
@@ -240,23 +209,18 @@ class TraceOptimizer(WrappingOptimizer):
     def _update(self) -> bool:
         """All-reduce this step's gradients and make its one update at the step's LR (False: not committed)."""
         batch, step, replicas = self.batch, self.step_index, self.sampler.num_replicas
-        terms = [self.engine.take_terms(), float(self._declared)] if self.takes_weights else []  # 0 if undeclared
-        extras, self._declared = [*self._local_statistics(), *terms], 0
-        settings = {**self.settings(), "micro": 0} if self._agreement_pending else {}  # at the step, dealt unevenly
-        table = own_row(settings, self.rank, replicas)
+        extras = [*self.measures.statistics(), *(self.loss_terms.counts() if self.takes_weights else [])]
+        table = self.agreement.table(lambda: {**self.settings(), "micro": 0}, self.rank, replicas)  # dealt unevenly
         committed, summed = reduce_and_commit(self.device, lambda: self.engine.reduce([*table, *extras])
                                               if replicas > 1 or lazy(self.device) else None)
         if not committed:  # TorchFT's quorum did not: nothing applied, the step dealt again after the next
             self.updated = False
             self.redeal()
             return False
-        if summed is not None:
-            table, extras = summed[:len(table)], summed[len(table):]
-        if settings:
-            self._agree(settings, rows_of(table, replicas))
+        extras = self.agreement.compared(summed, table, extras)
         if self.takes_weights:
             *extras, terms, declared = extras
-            self._terms = _declared_terms(self, terms, declared)
+            self.loss_terms.take(terms, declared, int(self.epoch_schedule.micro_batches_per_step[step]), step)
         self._observe(extras)
         try:
             lr = self._step_at_adapted_lr()
@@ -264,24 +228,19 @@ class TraceOptimizer(WrappingOptimizer):
             self.updates += self.updated
             self.step_index, self.micro_step = self.step_index + 1, 0
         mark_step(self.device)
-        self._updated(lr)
+        self.measures.updated(lr)
         if self.log_steps and self.rank == 0:
             self._log(step, batch, lr)
         return True
 
     def _step_at_adapted_lr(self) -> tuple[float, ...]:
-        """The wrapped optimizer's one update at the settings :meth:`_adapt` gives, the base ones put
-        back whatever happens (an LR scheduler on this optimizer composes); every group's LR of it."""
-        saved = [{key: group[key] for key in self._adapted if key in group} for group in self.param_groups]
-        self._adapt()
-        lr = self._base_lrs()
-        self.updated = False
-        try:
+        """The wrapped optimizer's one update at the settings :meth:`_adapt` gives; every group's LR of it."""
+        with settings_put_back(self.param_groups, self._adapted):
+            self._adapt()
+            lr = self._base_lrs()
+            self.updated = False
             stepped = self.engine.update(self._gradient_scale())
             self.updated = self.engine.outcomes.settle() if stepped is None else stepped  # the warmup clock: now
-        finally:
-            for group, values in zip(self.param_groups, saved, strict=True):
-                group.update(values)
         return lr
 
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
@@ -302,7 +261,7 @@ class TraceOptimizer(WrappingOptimizer):
     def _lr_of_update(self, base: float, group: int = 0) -> float:
         """The policy's LR of the current step's update from group ``group``'s base LR."""
         samples = self._samples_trained() if self.policy.decays else 0
-        return self.policy.lr(base, self.batch, self.updates, samples, self._noise())
+        return self.policy.lr(base, self.batch, self.updates, samples, self.measures.smoothed())
 
     def decay(self) -> float:
         """``lr_decay`` at the samples the trace trained before the current step (1 without one)."""
@@ -312,41 +271,25 @@ class TraceOptimizer(WrappingOptimizer):
         """Samples the trace trained before the current step (what an LR decay reads)."""
         return self.sampler.schedule.trace.samples_before(self.epoch_schedule.first_step + self.step_index)
 
-    def _noise(self) -> NoiseEstimate | None:
-        """The smoothed gradient noise a measured rule reads (None where nothing is measured yet)."""
-        return None if self.noise is None else self.noise.smoothed()
-
     # --- what subclasses change -----------------------------------------------------------------
-    def _local_statistics(self) -> list[float]:
-        """What this replica adds to the update's all-reduce: its micro-batches' norms (noise measured)."""
-        return [] if self.noise is None else self.noise.statistics(self.engine.scaler)
-
     def _observe(self, totals: list[float]) -> None:
-        """Take the update's reduced statistics in, before its LR is set: its gradient noise, smoothed."""
-        if self.noise is not None:
-            schedule, step = self.epoch_schedule, self.step_index
-            self.noise.observe(totals, int(schedule.micro_batches_per_step[step]), self.batch,
-                               schedule.micro_size(step), self._gradient_scale(), self.engine.scaler)
-
-    def _updated(self, lr: tuple[float, ...]) -> None:
-        """After the update (the position already on the next step), with its LRs."""
+        """Take the update's reduced statistics in, before its LR is set (its :attr:`measures`')."""
+        self.measures.observe(totals)
 
     def _gradient_scale(self) -> float | torch.Tensor:
         """From the summed micro-batch gradients to their mean over the step's samples (or loss terms)."""
-        if self._terms is not None:
-            return self.engine.terms_scale(self._terms)
+        if self.loss_terms.total is not None:
+            return self.engine.terms_scale(self.loss_terms.total)
         return self.epoch_schedule.share(self.step_index)
 
     # --- checkpoints: trace_state's format --------------------------------------------------------
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state, the position in the trace, and any gradients
-        accumulated in a step not yet finished (so a resume continues to the same bits)."""
-        return self._run_state_dict_hooks(lambda: trace_state.saved(self))
+        """The wrapped optimizer's state, the position in the trace, a step's gradients so far."""
+        return with_state_dict_hooks(self, lambda: trace_state.saved(self))
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state`` and put the sampler where it stood (the next ``set_epoch`` of that epoch
-        continues mid-epoch). Local: checked whole first, no collective (``join`` comes later)."""
-        self._run_load_hooks(state, lambda checked: trace_state.load(self, checked))
+        """Restore ``state`` and put the sampler where it stood; local, checked whole first."""
+        with_load_hooks(self, state, lambda checked: trace_state.load(self, checked))
 
     def check_state(self, state: dict) -> None:
         """Every reason ``state`` cannot be loaded here, before anything is changed."""
@@ -373,6 +316,16 @@ def _policy(policy: LRPolicy | None, rule: str | Rule, ref_batch_size: int | Non
     return policy
 
 
+def _broadcast_agreed(optimizer: TraceOptimizer) -> None:
+    """Rank 0's parameters to every replica, the replicas' settings compared in the same collective."""
+    settings = optimizer.settings()
+    with torch.no_grad():
+        rows = broadcast_gathering_(optimizer.params, fingerprint(settings))
+    mark_step(optimizer.device)
+    optimizer._broadcast_pending = False
+    optimizer.agreement.check(list(settings), rows)
+
+
 def _world_of(sampler: TraceSampler, device: torch.device) -> tuple[int, int]:
     """(replicas, rank) of this run, a local query (no collective), which the sampler must deal to."""
     replicas, rank = world(device)
@@ -395,22 +348,6 @@ def _check_steppable(optimizer: TraceOptimizer, joined: bool) -> None:
     if joined and optimizer.step_index >= steps:
         raise InvalidState(f"epoch {optimizer.epoch} has {steps} steps and all are done: call "
                            f"set_epoch({optimizer.epoch + 1}) on the sampler and this optimizer before the next epoch")
-
-
-def _declared_terms(optimizer: TraceOptimizer, terms: Any, declared: float) -> Any:
-    """The step's loss terms over every replica, None where no micro-batch declared any; a step
-    that declared them for some micro-batches only is refused (on every replica alike)."""
-    expected = int(optimizer.epoch_schedule.micro_batches_per_step[optimizer.step_index])
-    if declared == 0:
-        return None
-    if declared != expected:
-        optimizer.engine.discard()
-        optimizer.optimizer.zero_grad()
-        raise InvalidValue(
-            f"{declared:g} of the {expected} micro-batches of step {optimizer.step_index} declared their loss terms "
-            "with accumulate(model, weight=...): declare them for every micro-batch of a step or for none"
-        )
-    return terms
 
 
 def _checked_sampler(sampler: object, name: str, decides_while_training: bool) -> TraceSampler:

@@ -39,11 +39,10 @@ def saved(optimizer: TraceOptimizer) -> dict:
     """``optimizer``'s state: the wrapped optimizer's, the position, a step's gradients so far."""
     accumulated = [None if p.grad is None else p.grad.detach().clone() for p in optimizer.params] \
         if optimizer.micro_step else None
-    declared = optimizer._declared
     return {"optimizer": optimizer.optimizer.state_dict(),
             "trace": {"epoch": optimizer.epoch, "step": optimizer.step_index, "micro": optimizer.micro_step,
                       "updates": optimizer.updates, "rank": optimizer.sampler.rank, "accumulated": accumulated,
-                      "terms": [int(optimizer.engine.terms), declared] if declared else None},
+                      "terms": optimizer.loss_terms.saved()},
             **{key: part.save() for key, part in optimizer.parts.items()}}
 
 
@@ -84,5 +83,5 @@ def load(optimizer: TraceOptimizer, state: dict) -> None:
         part.load(state[key])
     optimizer.sampler.resume(trace["epoch"], trace["step"], trace["micro"])
     optimizer._start(trace["epoch"], trace["step"], trace["micro"])
-    optimizer.engine.terms, optimizer._declared = trace.get("terms") or (0, 0)
+    optimizer.loss_terms.restart(trace.get("terms"))
     optimizer.updated = False

@@ -67,7 +67,7 @@ from aikit.runtime.Torch.buckets import bucket_bytes
 from aikit.runtime.Torch.collectives import reduce_and_commit
 from aikit.runtime.Torch.distributed import world_size
 from aikit.runtime.Torch.gradient_sync import sync_skipper
-from aikit.runtime.Torch.wrapping import WrappingOptimizer
+from aikit.runtime.Torch.wrapping import WrappingOptimizer, with_load_hooks, with_state_dict_hooks
 
 
 class Optimizer(KeptNames, WrappingOptimizer):
@@ -106,21 +106,10 @@ class Optimizer(KeptNames, WrappingOptimizer):
 
     kind = "GA Optimizer"
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        steps: int,
-        *,
-        global_batch_size: int | None = None,
-        max_grad_norm: float | None = None,
-        scaler: Any = None,
-        reduce: bool = False,
-        reduction: str = "mean",
-        bucket_cap_mb: float | None = 25.0,
-        sync_every_micro_step: bool = False,
-        skip_nonfinite: bool = True,
-        max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW,
-    ) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, steps: int, *, global_batch_size: int | None = None,
+                 max_grad_norm: float | None = None, scaler: Any = None, reduce: bool = False, reduction: str = "mean",
+                 bucket_cap_mb: float | None = 25.0, sync_every_micro_step: bool = False, skip_nonfinite: bool = True,
+                 max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
         if hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize"):
             raise InvalidType(
                 "optimizer is a horovod DistributedOptimizer, which all-reduces from backward hooks while "
@@ -314,7 +303,7 @@ class Optimizer(KeptNames, WrappingOptimizer):
         """The wrapped optimizer's state and the accumulation position, with the gradients
         accumulated so far when saved mid-update, so a resume continues identically (its format:
         ``aikit.ga.Torch.state``)."""
-        return self._run_state_dict_hooks(lambda: {"optimizer": self.optimizer.state_dict(), "ga": self._ga_state()})
+        return with_state_dict_hooks(self, lambda: {"optimizer": self.optimizer.state_dict(), "ga": self._ga_state()})
 
     def _ga_state(self) -> dict[str, Any]:
         terms = None if self.window.declared != "weight" else int(self.engine.terms)  # a checkpoint holds numbers
@@ -327,7 +316,7 @@ class Optimizer(KeptNames, WrappingOptimizer):
         restart on other hardware). Run:AI's AIkit's GA state_dict (its counter in
         ``state['runai']``, a sum) loads too, saved between updates, into ``reduction="sum"``.
         Local: no collective."""
-        self._run_load_hooks(state_dict, self._load)
+        with_load_hooks(self, state_dict, self._load)
 
     def _load(self, state_dict: dict[str, Any]) -> None:
         state_dict = from_runai(state_dict)
@@ -339,7 +328,7 @@ class Optimizer(KeptNames, WrappingOptimizer):
     def _restore(self, ga: dict[str, Any]) -> None:
         """The update ``ga`` (a checked ``state_dict()["ga"]``) saved: its window, and the
         gradients accumulated so far as the plain weighted sum."""
-        params = self._params()
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         for p, grad in zip(params, ga["pending_grads"] if ga["position"] else [None] * len(params), strict=True):
             p.grad = None if grad is None else grad.to(device=p.device, dtype=p.dtype).clone()
         self.engine.carried = 1.0  # the saved gradients are the plain weighted sum

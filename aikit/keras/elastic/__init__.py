@@ -42,16 +42,9 @@ strategy = None  # what init publishes beside the plan: TensorFlow's tf.distribu
 distribution = None  # JAX's keras.distribution (None: one device)
 
 
-def init(
-    global_batch_size: int,
-    max_device_batch: int | None = None,
-    gpus: int | None = None,
-    *,
-    policy: str = "fewer_devices",
-    strategy=None,
-    verbose: bool = True,
-    max_gpu_batch_size: int | None = None,
-) -> Plan:
+def init(global_batch_size: int, max_device_batch: int | None = None, gpus: int | None = None, *,
+         policy: str = "fewer_devices", strategy=None, verbose: bool = True,
+         max_gpu_batch_size: int | None = None) -> Plan:
     """Plan an update of ``global_batch_size`` samples with at most ``max_device_batch`` per device
     (Run:AI's AIkit Elastic's ``max_gpu_batch_size``, accepted by that name too).
 

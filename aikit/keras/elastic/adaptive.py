@@ -55,22 +55,10 @@ def learning_rate(base_lr: float, batch: int, controller: GoodputController, rul
     return adaptive.learning_rate(controller, base_lr, batch, rule)
 
 
-def fit_adaptive(
-    model: Any,
-    x: np.ndarray,
-    y: np.ndarray,
-    controller: GoodputController,
-    *,
-    base_lr: float,
-    rule: str = "adascale",
-    epochs: int = 1,
-    seed: int = 42,
-    shuffle: bool = True,
-    trace_path: str | os.PathLike | None = None,
-    verbose: bool = False,
-    clock: Callable[[], float] = time.perf_counter,
-    hold_after: int | None = None,
-) -> list[dict]:
+def fit_adaptive(model: Any, x: np.ndarray, y: np.ndarray, controller: GoodputController, *, base_lr: float,
+                 rule: str = "adascale", epochs: int = 1, seed: int = 42, shuffle: bool = True,
+                 trace_path: str | os.PathLike | None = None, verbose: bool = False,
+                 clock: Callable[[], float] = time.perf_counter, hold_after: int | None = None) -> list[dict]:
     """Train ``model`` for ``epochs`` epochs at the global batch ``controller`` picks.
 
     ``model`` is a compiled Keras model (or :class:`aikit.keras.elastic.model.Model`) whose

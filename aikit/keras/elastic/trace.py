@@ -26,25 +26,11 @@ from aikit.keras.optimizers import Optimizer
 from aikit.runtime.Keras.training import compiled_for, replicas_of, train_update
 
 
-def fit_trace(
-    model: Any,
-    x: np.ndarray,
-    y: np.ndarray,
-    trace: Trace | str | list[int] | int,
-    *,
-    micro_batch: int | None = None,
-    base_lr: float,
-    ref_batch_size: int,
-    rule: str = "linear",
-    warmup_steps: int = 0,
-    learning_rates: Sequence[float] | None = None,
-    lr_decay: Callable[[int], float] | None = None,
-    epochs: int = 1,
-    initial_epoch: int = 0,
-    seed: int = 42,
-    shuffle: bool = True,
-    verbose: bool = False,
-) -> list[dict]:
+def fit_trace(model: Any, x: np.ndarray, y: np.ndarray, trace: Trace | str | list[int] | int, *,
+              micro_batch: int | None = None, base_lr: float, ref_batch_size: int, rule: str = "linear",
+              warmup_steps: int = 0, learning_rates: Sequence[float] | None = None,
+              lr_decay: Callable[[int], float] | None = None, epochs: int = 1, initial_epoch: int = 0, seed: int = 42,
+              shuffle: bool = True, verbose: bool = False) -> list[dict]:
     """Train ``model`` for ``epochs`` epochs with the global batch of each update from ``trace``.
 
     ``model`` is a compiled Keras model (or :class:`aikit.keras.elastic.model.Model`) whose

@@ -51,18 +51,10 @@ class LRFinder(RangeTestResults):
         finder.reset()
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        criterion,
-        device: str | torch.device | None = None,
-        memory_cache: bool = True,
-        cache_dir: str | None = None,
-        amp_backend: str | None = None,
-        amp_config: dict | None = None,
-        grad_scaler: torch.amp.GradScaler | None = None,
-    ):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, criterion,
+                 device: str | torch.device | None = None, memory_cache: bool = True, cache_dir: str | None = None,
+                 amp_backend: str | None = None, amp_config: dict | None = None,
+                 grad_scaler: torch.amp.GradScaler | None = None):
         if isinstance(optimizer, WrappingOptimizer) and optimizer.follows_trace:
             raise InvalidType(
                 f"optimizer is an aikit {optimizer.kind}, whose updates follow its sampler's batch-size trace, so "
@@ -138,22 +130,10 @@ class LRFinder(RangeTestResults):
             )
         return optimizer.scaler
 
-    def range_test(
-        self,
-        train_loader,
-        val_loader=None,
-        start_lr: float | list[float] | None = None,
-        end_lr: float = 10,
-        num_iter: int = 100,
-        step_mode: str = "exp",
-        smooth_f: float = 0.05,
-        diverge_th: float = 5,
-        accumulation_steps: int = 1,
-        non_blocking_transfer: bool = True,
-        *,
-        progress_bar: bool = True,
-        val_average: str | None = None,
-    ) -> None:
+    def range_test(self, train_loader, val_loader=None, start_lr: float | list[float] | None = None, end_lr: float = 10,
+                   num_iter: int = 100, step_mode: str = "exp", smooth_f: float = 0.05, diverge_th: float = 5,
+                   accumulation_steps: int = 1, non_blocking_transfer: bool = True, *, progress_bar: bool = True,
+                   val_average: str | None = None) -> None:
         """Train ``num_iter`` updates while the LR climbs to ``end_lr``; fill ``self.history``.
 
         Each param group climbs from its own LR (or ``start_lr``, a number or one per group)

@@ -10,8 +10,9 @@ without DDP) and the trace optimizers build on it, with an
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -90,9 +91,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
         self.__dict__["optimizer"] = optimizer
 
     def __getattr__(self, name: str) -> Any:
-        """``train()`` and ``eval()`` of a wrapped optimizer that has them (Schedule-Free's), so
-        the calls its contract asks for (with the model's mode, before saving) reach it through the
-        wrapper; other optimizers have neither, as without the wrapper."""
+        """``train()`` and ``eval()`` of a wrapped optimizer that has them (Schedule-Free's contract)."""
         inner = self.__dict__.get("optimizer")
         if name in ("train", "eval") and hasattr(inner, name):
             return getattr(inner, name)
@@ -117,8 +116,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
 
     @property
     def updated(self) -> bool:
-        """Whether the last ``step()`` call made a real update (not one skipped for inf/NaN; a
-        fused optimizer's skip under AMP is read from the device here, once)."""
+        """Whether the last ``step()`` made a real update (not skipped for inf/NaN; a fused skip read here, once)."""
         return self.engine.outcomes.settle() if self._applied_last is None else self._applied_last
 
     @updated.setter
@@ -127,8 +125,7 @@ class WrappingOptimizer(torch.optim.Optimizer):
 
     @property
     def applied(self) -> int:
-        """Real updates applied by this object (skips not counted): what ``UpdateScheduler`` counts.
-        A fused optimizer's updates under AMP are read from the device here, once."""
+        """Real updates applied by this object (skips not counted): what ``UpdateScheduler`` counts."""
         self.engine.outcomes.settle()
         return self.engine.outcomes.applied
 
@@ -149,22 +146,33 @@ class WrappingOptimizer(torch.optim.Optimizer):
     def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
         return self.optimizer.register_step_post_hook(hook)
 
-    def _params(self) -> list[torch.Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _run_state_dict_hooks(self, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """``build()`` between the hooks registered with ``register_state_dict_pre/post_hook``."""
-        for hook in self._optimizer_state_dict_pre_hooks.values():
-            hook(self)
-        state = build()
-        for hook in self._optimizer_state_dict_post_hooks.values():
-            state = hook(self, state) or state
-        return state
+def with_state_dict_hooks(optimizer: torch.optim.Optimizer, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``build()`` between the hooks registered with ``optimizer.register_state_dict_pre/post_hook``."""
+    for hook in optimizer._optimizer_state_dict_pre_hooks.values():
+        hook(optimizer)
+    state = build()
+    for hook in optimizer._optimizer_state_dict_post_hooks.values():
+        state = hook(optimizer, state) or state
+    return state
 
-    def _run_load_hooks(self, state: dict[str, Any], load: Callable[[dict[str, Any]], None]) -> None:
-        """``load(state)`` between the hooks registered with ``register_load_state_dict_pre/post_hook``."""
-        for hook in self._optimizer_load_state_dict_pre_hooks.values():
-            state = hook(self, state) or state
-        load(state)
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
+
+def with_load_hooks(optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                    load: Callable[[dict[str, Any]], None]) -> None:
+    """``load(state)`` between the hooks registered with ``optimizer.register_load_state_dict_pre/post_hook``."""
+    for hook in optimizer._optimizer_load_state_dict_pre_hooks.values():
+        state = hook(optimizer, state) or state
+    load(state)
+    for hook in optimizer._optimizer_load_state_dict_post_hooks.values():
+        hook(optimizer)
+
+
+@contextlib.contextmanager
+def settings_put_back(param_groups: list[dict[str, Any]], keys: tuple[str, ...]) -> Iterator[None]:
+    """Change the groups' ``keys`` for one update in here: the values they held are put back whatever happens."""
+    saved = [{key: group[key] for key in keys if key in group} for group in param_groups]
+    try:
+        yield
+    finally:
+        for group, values in zip(param_groups, saved, strict=True):
+            group.update(values)
