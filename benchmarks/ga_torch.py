@@ -7,14 +7,17 @@ second run of itself in the same round: the resolution.
 
     python benchmarks/ga_torch.py                 # the CNN, the MLP and the tiny model, 4 GA steps of 64
     python benchmarks/ga_torch.py --model mlp --rounds 30 --threads 2
+    python benchmarks/ga_torch.py --rounds 60 --updates 3 --save benchmarks/results/ga_torch.json  # the docs' figures
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -109,6 +112,7 @@ def main() -> None:
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                         help="cpu: this thread's CPU time, robust to other processes on a shared machine "
                              "(meaningful with --threads 1); wall: elapsed time")
+    parser.add_argument("--save", type=Path, help="write the ratios as JSON (benchmarks/results/ga_torch.json)")
     args = parser.parse_args()
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
@@ -118,13 +122,20 @@ def main() -> None:
     even = [args.micro_batch] * args.steps
     ragged = [*even[:-1], args.micro_batch - 1]  # G - 1 samples: every micro-batch gets a hook weight
     models = {"both": ["cnn", "mlp"], "all": ["cnn", "mlp", "tiny"]}.get(args.model, [args.model])
+    results: dict[str, dict[str, dict[str, float]]] = {}
     for model_name in models:
         for label, sizes in (("even", even), ("ragged", ragged)):
             medians = bench(model_name, sizes, args.rounds, args.updates, clock)
+            results[f"{model_name} {label}"] = {name: {"ratio": ratio, "extra_us": extra}
+                                                for name, (ratio, extra) in medians.items() if name != "hand-written"}
             print(f"{model_name}, {label} micro-batches {sizes}: time per update / the hand-written loop's")
             for name, (ratio, extra) in medians.items():
                 if name != "hand-written":
                     print(f"  {name:<33} {ratio:.3f}   {extra:+7.1f} us per update")
+    if args.save:
+        settings = {key: getattr(args, key) for key in ("rounds", "updates", "steps", "micro_batch", "threads")}
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        args.save.write_text(json.dumps({"settings": settings, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
