@@ -460,17 +460,16 @@ def one_seed(task: Task, seed: int, args) -> dict:
                                                "linear", hold_after=task.budget // 10, min_estimates=5, interval=5)
         runs[f"hold from {base}"] = {**run, "history": optimizer.history}
         print(f"  hold from {base}: batch {sampler.controller.batch} held from update {sampler.schedule.held_from}")
-    if "probe" in args.runs:
-        runs[f"probe from {base}"] = probe_run(task, base, tuned_lr[base], seed, epsilon=args.probe_epsilon,
-                                               updates=args.probe_updates, first=args.probe_first)[0]
-    for text in args.probe_variant:
+    probes = [f"probe from {base}:"] if "probe" in args.runs else []
+    for text in probes + args.probe_variant:
         name, options = parse_variant(text)
         options = {"epsilon": args.probe_epsilon, "updates": args.probe_updates, "first": args.probe_first, **options}
         try:
             runs[name] = probe_run(task, base, tuned_lr[base], seed, **options)[0]
         except ProbeUnresolved as unresolved:  # its first probe could not tell: the run stops there, unreached
             print(f"  {name}: {unresolved}", flush=True)
-            runs[name] = {"curve": [(0, 0, 0.0, 0.0, -math.inf)], "test": math.nan, "samples": 0, "updates": 0}
+            runs[name] = {"curve": [(0, 0, 0.0, 0.0, -math.inf)], "test": math.nan, "samples": 0, "updates": 0,
+                          "sizes": []}
     for text in args.variant:
         name, options = parse_variant(text)
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed, **options)
