@@ -263,6 +263,37 @@ def cmd_trace_make(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_point(text: str) -> tuple[int, float]:
+    """A fixed-batch run as ``BATCH:UPDATES`` (updates to the target; ``BATCH:-``: never reached it)."""
+    batch, _, updates = text.partition(":")
+    if not re.fullmatch(r"[0-9]+", batch, re.ASCII) or not re.fullmatch(r"-|[0-9]+", updates, re.ASCII):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BATCH:UPDATES (e.g. 128:504, or 512:- for a run that "
+                                         "never reached the target)")
+    return int(batch), math.inf if updates == "-" else float(updates)
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    from aikit.core import frontier  # scipy's least squares: loaded by this command only
+
+    if (args.per_update is None) != (args.per_sample is None):
+        raise InvalidValue("give both --per-update and --per-sample (seconds), or neither")
+    runs = sorted(args.runs)
+    fit = frontier.fit_frontier([b for b, _ in runs], [s for _, s in runs])
+    print(f"fixed-batch frontier through {len(runs)} runs: S_min {fit.min_updates:.0f} updates, E_min "
+          f"{fit.min_samples:.0f} samples, critical batch {fit.critical_batch:.0f}")
+    print(" batch  updates   samples  excess")
+    for batch, updates in runs:
+        print(f"{batch:6d} {updates:8.0f} {batch * updates:9.0f} {fit.excess(updates, batch * updates):7.2f}")
+    if args.per_update is not None:
+        cost = frontier.UpdateCost(args.per_update, args.per_sample)
+        best = fit.best_batch(cost)
+        seconds = cost.per_update * fit.updates(best) + cost.per_sample * best * fit.updates(best)
+        print(f"at {cost.per_update * 1e3:.3g} ms an update + {cost.per_sample * 1e6:.3g} us a sample: the "
+              f"time-optimal fixed batch is {best:.0f} ({fit.updates(best):.0f} updates, {seconds:.3g} s on the "
+              "frontier)")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="aikit", description="Elastic batch sizes: plans and traces.")
     top.add_argument("--version", action="version", version=f"aikit {aikit.__version__}")
@@ -275,6 +306,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=whole_number, help="plan for this many devices only (default: table for 1..8)")
     p.add_argument("--policy", choices=plan_module.POLICIES, default="ragged")
     p.set_defaults(run=cmd_plan)
+
+    f = sub.add_parser("frontier", help="the fixed-batch frontier through a grid's runs, and the time-optimal batch")
+    f.add_argument("runs", nargs="+", type=run_point, metavar="BATCH:UPDATES",
+                   help="each fixed batch's updates to the same target at its tuned LR ('-': never reached)")
+    f.add_argument("--per-update", type=float, help="seconds an update costs whatever its batch ...")
+    f.add_argument("--per-sample", type=float, help="... and per sample: the time-optimal fixed batch at that cost")
+    f.set_defaults(run=cmd_frontier)
 
     t = sub.add_parser("trace", help="check, plot or make a step,batchsize trace").add_subparsers(
         dest="action", required=True

@@ -1,5 +1,6 @@
 """The aikit command and the promise that the core loads no framework."""
 
+import math
 import os
 import re
 import subprocess
@@ -258,3 +259,30 @@ def test_trace_check_and_plot_show_a_schedule(tmp_path, capsys):
     trace.write_text("step,batchsize\n0,32\n")
     assert main(["trace", "check", str(trace), *schedule, "--micro-batch", "32", "--dataset-size", "64"]) == 2
     assert "give a trace file or --schedule" in capsys.readouterr().err
+
+
+def test_frontier_fits_the_grid_and_names_the_time_optimal_batch(capsys):
+    # updates to the target of a grid on McCandlish's frontier with S_min 200, E_min 64,000 (B_crit 320)
+    runs = [f"{b}:{200 + 64_000 // b}" for b in (32, 64, 128, 256, 512)]
+    assert main(["frontier", *runs, "1024:-", "--per-update", "4.5e-3", "--per-sample", "13.6e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "S_min 200 updates, E_min 64000 samples, critical batch 320" in out
+    assert "   128      700     89600    1.00" in out  # a fixed batch on the frontier: an excess of 1
+    assert "  1024      inf       inf     inf" in out  # a run that never reached the target: off every frontier
+    assert f"the time-optimal fixed batch is {math.sqrt(4.5e-3 * 320 / 13.6e-6):.0f}" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["32:900", "64:-"], "two or more batch sizes that reached the target, got 1 of 2"),
+    (["32:100", "64:200"], "off McCandlish's model"),
+    (["32:900", "64:500", "--per-update", "1e-3"], "give both --per-update and --per-sample"),
+])
+def test_frontier_bad_runs_are_errors_that_say_why(capsys, args, message):
+    assert main(["frontier", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_frontier_refuses_a_run_that_is_not_batch_colon_updates(capsys):
+    with pytest.raises(SystemExit):
+        main(["frontier", "32=900"])
+    assert "'32=900' is not BATCH:UPDATES" in capsys.readouterr().err
