@@ -25,8 +25,8 @@ import sys
 import numpy as np
 
 import aikit
+from aikit.core import frontier, ramp
 from aikit.core import plan as plan_module
-from aikit.core import ramp
 from aikit.core import trace as trace_module
 from aikit.core.batch_schedule import trace_steps
 from aikit.core.errors import AikitError, InvalidValue
@@ -273,8 +273,6 @@ def run_point(text: str) -> tuple[int, float]:
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
-    from aikit.core import frontier  # scipy's least squares: loaded by this command only
-
     if (args.per_update is None) != (args.per_sample is None):
         raise InvalidValue("give both --per-update and --per-sample (seconds), or neither")
     runs = sorted(args.runs)

@@ -22,12 +22,23 @@ TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 
 @pytest.fixture(autouse=True)
 def _process_state_kept_to_the_test():
-    """What a test's ``init()`` publishes (``aikit.runtime.process``) ends with the test: a ragged
-    plan one test made must not be the plan another test's GA wrapper follows."""
+    """What a test's ``init()`` publishes (``aikit.runtime.process``, and the attributes it sets on
+    a package published before) ends with the test: a ragged plan one test made must not be the
+    plan another test's GA wrapper follows."""
     saved = process.ProcessState(dict(process._state.publishers), dict(process._state.extras_on),
                                  process._state.latest, process._state.sampler_made_last,
                                  process._state.keras_distribution)
+    # a package published before keeps its attributes (the plan init() set on it, which plan_of() reads)
+    published = {module: dict(module.__dict__) for module in saved.publishers.values()}
     yield
+    names = {"plan", *process.PUBLIC, *(extra for state in (saved, process._state)
+                                        for extras in state.extras_on.values() for extra in extras)}
+    for module, before in published.items():
+        for name in names:
+            if name in before:
+                setattr(module, name, before[name])
+            else:
+                module.__dict__.pop(name, None)
     process._state = saved
 
 
