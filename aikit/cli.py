@@ -285,7 +285,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if args.per_update is not None:
         cost = frontier.UpdateCost(args.per_update, args.per_sample)
         best = fit.best_batch(cost)
-        seconds = cost.per_update * fit.updates(best) + cost.per_sample * best * fit.updates(best)
+        seconds = cost.seconds(best) * fit.updates(best)
         print(f"at {cost.per_update * 1e3:.3g} ms an update + {cost.per_sample * 1e6:.3g} us a sample: the "
               f"time-optimal fixed batch is {best:.0f} ({fit.updates(best):.0f} updates, {seconds:.3g} s on the "
               "frontier)")
