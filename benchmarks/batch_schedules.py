@@ -14,9 +14,6 @@ For each task and seed:
 * **adaptive**: aikit's ``AdaptiveSampler``/``AdaptiveOptimizer`` from their defaults at the base
   batch and its tuned LR (``max_batch``, ``max_device_batch``: the task's; the LR rule AdaScale for
   SGD, sqrt for AdamW), and any ``--variants``.
-* **probe**: the critical-batch probe policy from the base batch (``ProbePolicy``: first probe at
-  ``--probe-first`` of the budget), and any ``--probe-variant`` (e.g. ``'late:first=0.1,shrink=1'``:
-  the first probe at 10 %, moving back down where a later probe contradicts a growth).
 * **hold**: the controller as a batch-size warmup: an adaptive run deciding early (5 noise
   estimates, every 5 updates) that holds its batch after the first tenth of the budget
   (``hold_after``: nothing more decided or measured), at the linear rule's LR (sqrt for AdamW).
@@ -57,8 +54,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aikit.core.critical_batch import CriticalBatchProbe, ProbePolicy
-from aikit.core.errors import InvalidValue, ProbeUnresolved
+from aikit.core.errors import InvalidValue
 from aikit.core.frontier import UpdateCost, fit_frontier, fit_update_cost
 from aikit.core.ramp import seesaw_schedule, staged_schedule
 from aikit.core.scaling import cosine_decay
@@ -70,7 +66,6 @@ from aikit.elastic.Torch import (
     CustomSampler,
     RootRuleOptimizer,
     SeesawOptimizer,
-    TorchBranches,
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -119,8 +114,6 @@ class Task:
     below: float  # the target: the best fixed final metric less this
     metric_name: str = "validation accuracy"
     rule: str = "adascale"  # the adaptive run's LR rule (AdaScale's gain is SGD's; Adam takes sqrt)
-    sample_losses: Callable | None = None  # one held-out loss per sample, for the critical-batch probe
-    probe_rules: tuple = ("sqrt",)  # the LR rules the probe tries (sqrt measured best for SGD too: docs/adaptive.md)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -143,8 +136,7 @@ def mnist1d_task(args) -> Task:
                 batches=[32, 64, 128, 256, 512] if args.full else [32, 64, 128],
                 lr_grid=[0.063, 0.089, 0.126] if args.full else [0.126], lr_ref=100,
                 epochs=args.epochs or (30 if args.full else 2 if args.quick else 10), eval_every=700, max_device=1024,
-                max_batch=1024, below=0.02,
-                sample_losses=lambda model, xb, yb: nn.functional.cross_entropy(model(xb), yb, reduction="none"))
+                max_batch=1024, below=0.02)
 
 
 def lm_task(args) -> Task:
@@ -184,10 +176,7 @@ def lm_task(args) -> Task:
                 batches=[8, 16, 32, 64] if args.full else [8, 32, 128],
                 lr_grid=[4e-3, 8e-3] if args.full else [8e-3], lr_ref=32,
                 epochs=args.epochs or (3 if args.full else 1 if args.quick else 2), eval_every=512, max_device=256,
-                max_batch=512, below=0.05, metric_name="negative validation loss (nats per byte)", rule="sqrt",
-                sample_losses=lambda model, xb, yb: nn.functional.cross_entropy(
-                    model(xb).flatten(0, 1), yb.flatten(), reduction="none").view(len(xb), -1).mean(1),
-                )
+                max_batch=512, below=0.05, metric_name="negative validation loss (nats per byte)", rule="sqrt")
 
 
 TASKS = {"mnist1d": mnist1d_task, "lm": lm_task}
@@ -285,29 +274,6 @@ def adaptive_run(task: Task, base: int, lr: float, seed: int, rule: str | None =
     return run, sampler, optimizer
 
 
-def probe_run(task: Task, base: int, lr: float, seed: int, epsilon: float = 0.2, first: float = 0.02,
-              updates: int = 4, shrink: bool = False) -> tuple[dict, AdaptiveSampler, AdaptiveOptimizer]:
-    """aikit's critical-batch probe policy from ``base``: probes from ``first`` of the budget on
-    (geometric, x2), a window of ``updates`` updates at 8x the batch, the held-out set the
-    validation set, moving back down where a later probe says (``shrink``); the probes' CPU time
-    counted in the run's."""
-    torch.manual_seed(seed)
-    model, clock = task.model(), Clock()
-    probe = CriticalBatchProbe(updates * 8 * base, epsilon=epsilon, rules=task.probe_rules)
-    policy = ProbePolicy(probe, first=float(first), budget=task.budget, seed=seed, shrink=bool(shrink))
-    sampler = AdaptiveSampler(len(task.train), ref_batch_size=base, max_batch=task.max_batch,
-                              max_device_batch=task.max_device, seed=seed, batch_policy=policy)
-    optimizer = AdaptiveOptimizer(task.optimizer(model, lr), sampler, clock=clock)
-    sampler.controller.attach(TorchBranches(model, optimizer, task.sample_losses, task.train, task.validation))
-    run = train(task, model, sampler, optimizer, clock, task.budget)
-    run["probes"], run["history"] = policy.rows, optimizer.history
-    print(f"  probe from {base} (first {first}, shrink {bool(shrink)}): " + "; ".join(
-        f"at {r['samples']} batch {r['batch']} -> critical {r['critical_batch']} ({r['rule']}, {r['probe_samples']} "
-        f"samples, {r['probe_seconds']:.2f} s{'' if r['resolved'] else ', unresolved'})" for r in policy.rows),
-        flush=True)
-    return run, sampler, optimizer
-
-
 def to_target(run: dict, target: float) -> tuple[float, float, float]:
     """``(updates, cpu seconds, wall seconds)`` at the first evaluation at or above ``target``."""
     for _, updates, cpu, wall, metric in run["curve"]:
@@ -316,28 +282,15 @@ def to_target(run: dict, target: float) -> tuple[float, float, float]:
     return math.inf, math.inf, math.inf
 
 
-def probed_before(run: dict, samples: float) -> list[dict]:
-    """The probes a run made before ``samples`` samples of its own (none: not a probe run)."""
-    return [row for row in run.get("probes", ()) if row["samples"] <= samples]
-
-
 def samples_to_target(run: dict, target: float) -> float:
-    """Samples trained at the first evaluation at or above ``target`` (inf: never), its probes'
-    branches included."""
-    samples = next((point[0] for point in run["curve"] if point[4] >= target), math.inf)
-    return samples + sum(row["probe_samples"] for row in probed_before(run, samples))
+    """Samples trained at the first evaluation at or above ``target`` (inf: never)."""
+    return next((point[0] for point in run["curve"] if point[4] >= target), math.inf)
 
 
 def model_seconds(run: dict, target: float, cost: UpdateCost) -> float:
-    """The time the run's updates to ``target`` take at ``cost``: the same updates, another machine.
-    A probe's branches count as their samples in updates of the batch the probe started from (the
-    base branch's; the larger branches take fewer: an upper bound)."""
+    """The time the run's updates to ``target`` take at ``cost``: the same updates, another machine."""
     updates = to_target(run, target)[0]
-    if not math.isfinite(updates):
-        return math.inf
-    own = next(point[0] for point in run["curve"] if point[1] >= updates)
-    probes = sum(row["probe_samples"] // row["batch"] * cost.seconds(row["batch"]) for row in probed_before(run, own))
-    return cost.seconds(run["sizes"][:int(updates)]) + probes
+    return cost.seconds(run["sizes"][:int(updates)]) if math.isfinite(updates) else math.inf
 
 
 def costs(task: Task, runs: dict) -> dict[str, UpdateCost]:
@@ -387,27 +340,17 @@ def main() -> None:
     parser.add_argument("--seesaw-max", type=int, default=8, help="Seesaw grows the batch up to this many times")
     parser.add_argument("--plot", help="draw the adaptive run, its predicted and the measured best batch here")
     parser.add_argument("--json", help="write every curve here")
-    parser.add_argument("--probe-rules", nargs="+", help="the LR rules the probe tries (default: the task's)")
-    parser.add_argument("--probe-epsilon", type=float, default=0.2, help="the probe's epsilon (default 0.2)")
-    parser.add_argument("--probe-updates", type=int, default=4,
-                        help="the probe's window in updates at 8x the base batch (default 4)")
-    parser.add_argument("--probe-first", type=float, default=0.02,
-                        help="the first probe at this fraction of the budget (default 0.02)")
-    parser.add_argument("--probe-variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
-                        help="a probe run with other probe_run options, e.g. 'late:first=0.2,shrink=1'")
     parser.add_argument("--quick", action="store_true", help="a smoke test in seconds: seed 0, a tiny grid and budget")
     parser.add_argument("--runs", nargs="+",
-                        default=["fixed", "warmup", "cosine", "seesaw", "adaptive", "hold", "probe"])
+                        default=["fixed", "warmup", "cosine", "seesaw", "adaptive", "hold"])
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="an adaptive run with other AdaptiveSampler options, e.g. 'fast:min_estimates=5'")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", UserWarning)
     if args.quick:
-        args.seeds, args.runs = [0], ["fixed", "probe"]
+        args.seeds, args.runs = [0], ["fixed", "adaptive"]
     task = TASKS[args.task](args)
-    if args.probe_rules:
-        task.probe_rules = tuple(args.probe_rules)
     if args.quick:
         task.batches, task.lr_grid = task.batches[:2], task.lr_grid[-1:]
     results = {}
@@ -460,16 +403,6 @@ def one_seed(task: Task, seed: int, args) -> dict:
                                                "linear", hold_after=task.budget // 10, min_estimates=5, interval=5)
         runs[f"hold from {base}"] = {**run, "history": optimizer.history}
         print(f"  hold from {base}: batch {sampler.controller.batch} held from update {sampler.schedule.held_from}")
-    probes = [f"probe from {base}:"] if "probe" in args.runs else []
-    for text in probes + args.probe_variant:
-        name, options = parse_variant(text)
-        options = {"epsilon": args.probe_epsilon, "updates": args.probe_updates, "first": args.probe_first, **options}
-        try:
-            runs[name] = probe_run(task, base, tuned_lr[base], seed, **options)[0]
-        except ProbeUnresolved as unresolved:  # its first probe could not tell: the run stops there, unreached
-            print(f"  {name}: {unresolved}", flush=True)
-            runs[name] = {"curve": [(0, 0, 0.0, 0.0, -math.inf)], "test": math.nan, "samples": 0, "updates": 0,
-                          "sizes": []}
     for text in args.variant:
         name, options = parse_variant(text)
         run, _, optimizer = adaptive_run(task, base, tuned_lr[base], seed, **options)
@@ -567,17 +500,6 @@ def plot(task: Task, results: dict, args) -> None:
         ax.step(samples, [row["batch_size"] for row in history], where="post", label="adaptive run's batch")
         noise = [row["noise_scale"] for row in history]
         ax.plot(samples, noise, color="tab:orange", alpha=0.6, label="its noise scale tr(Σ)/|G|²")
-    probed = first["runs"].get(f"probe from {min(task.batches)}")
-    if probed is not None:
-        rows = probed["probes"]
-        ax.plot([r["samples"] for r in rows], [r["critical_batch"] for r in rows], "D", color="tab:purple", ms=8,
-                label="probe's critical batch (branching)")
-        history = probed["history"]
-        samples = np.cumsum([row["batch_size"] for row in history])
-        ax.step(samples, [row["batch_size"] for row in history], where="post", color="tab:purple", alpha=0.5,
-                label="probe run's batch")
-        ax.plot(samples, [row["noise_scale"] for row in history], color="tab:brown", alpha=0.5,
-                label="probe run's noise scale (diagnostic)")
     predicted = first["predicted"].get(f"adaptive from {min(task.batches)}", {})
     if predicted and run is not None:
         at = {level: next(c[0] for c in run["curve"] if c[4] >= level) for level in predicted}

@@ -38,10 +38,6 @@ TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
 AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
 ADAPTER_TESTS = "tests/keras/test_autolrs_adapters.py"  # the Keras callback against the torch hook
 ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
-PROBE_TESTS = "tests/core/test_critical_batch.py"
-PROBE_TORCH_TESTS = "tests/adaptive/test_probe_torch.py"
-PROBE_KERAS_TESTS = "tests/keras/test_probe_keras.py"
-PROBE_REPLICA_TESTS = "tests/adaptive/test_probe_replicas.py -k shard"
 RESTORE_TESTS = "tests/resize/test_restore_checks.py"
 ENGINE_TESTS = "tests/torch/test_engines.py"
 RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
@@ -269,38 +265,6 @@ MUTANTS = [
     ("adaptive: a held update's noise is recorded", "aikit/core/adaptive/run.py",
      "            noise = None  # a held update measures nothing", "            pass  # a held update measures nothing",
      ADAPTIVE_TESTS),
-    # the critical-batch probe (issue 36)
-    ("probe: a branch starts where the last one ended (no rollback)", "aikit/core/critical_batch/probe.py",
-     "                    branches.restore(snapshot)\n                    branches.train(indices, k * batch",
-     "                    branches.train(indices, k * batch", PROBE_TESTS),
-    ("probe: larger factors tried after one failed", "aikit/core/critical_batch/probe.py",
-     "                if not recovered:\n                    break", "                if not recovered:\n"
-     "                    continue", PROBE_TESTS),
-    ("probe: the base branch's progress not checked against the held-out error", "aikit/core/critical_batch/probe.py",
-     "if not progress > 0 or self.epsilon * progress < self.z * error:", "if not progress > 0:", PROBE_TESTS),
-    ("probe: the policy grows without the LR the probe chose", "aikit/core/critical_batch/policy.py",
-     "            self.lr_scale *= RULE_FACTORS[rule](result.factor) / RULE_FACTORS[rule](down)\n", "", PROBE_TESTS),
-    ("probe: a shrink keeps the grown batch's LR (not the rule's inverse factor)",
-     "aikit/core/critical_batch/policy.py", "RULE_FACTORS[rule](result.factor) / RULE_FACTORS[rule](down)",
-     "RULE_FACTORS[rule](result.factor)",
-     PROBE_TESTS),
-    ("probe: a probe looking down trains its base branch at the run's LR, not the smaller batch's",
-     "aikit/core/critical_batch/policy.py", "        at = branches if down == 1 else _AtLR(",
-     "        at = branches or _AtLR(", PROBE_TESTS),
-    ("probe: a probed run measures the noise as often as the goodput controller's",
-     "aikit/elastic/Torch/adaptive_sampler.py",
-     "noise_every = NOISE_EVERY if batch_policy is None else PROBED_NOISE_EVERY", "noise_every = NOISE_EVERY",
-     PROBE_TORCH_TESTS),
-    ("probe: replicas that probed on different data train on apart (their decisions not compared)",
-     "aikit/elastic/Torch/measures.py",
-     "        if len(optimizer.controller.decisions()) != probes:\n            optimizer.compare_again()\n", "",
-     PROBE_REPLICA_TESTS),
-    ("probe: Keras' rollback leaves the optimizer's state as the last branch left it", "aikit/keras/elastic/probe.py",
-     "*self.model.metrics_variables, *self.optimizer.variables)", "*self.model.metrics_variables)",
-     PROBE_KERAS_TESTS),
-    ("probe: Keras' probed run trains without the LR the probe chose", "aikit/keras/elastic/adaptive.py",
-     "noise=run.controller.noise.measured) * run.controller.lr_scale()", "noise=run.controller.noise.measured)",
-     PROBE_KERAS_TESTS),
     # an update whose gradient is inf or NaN: skipped as a GradScaler skips one (issue 40)
     ("skip: a non-finite gradient applied (the skip removed)", "aikit/runtime/Torch/accumulator.py",
      "            if self.skip_nonfinite and grads and not self._finite(grads, norm, checked):\n"

@@ -67,26 +67,22 @@ def disagreement(names: list[str], rows: list[list[int]]) -> str | None:
     return ", ".join(differ) if differ else None
 
 
-def check_agreement(names: list[str], rows: list[list[int]],
-                    refusal: Callable[[str], str | None] | None = None) -> None:
+def check_agreement(names: list[str], rows: list[list[int]]) -> None:
     """Refuse, on every replica alike, a run whose replicas were given different settings: they
-    would each train their own run, diverge, and fail much later in a collective. ``refusal``
-    words a difference of its own (None: these words)."""
+    would each train their own run, diverge, and fail much later in a collective."""
     problem = disagreement(names, rows)
     if problem is not None:
-        raise InvalidValue((refusal and refusal(problem)) or (
+        raise InvalidValue(
             f"the replicas were not given the same run; they differ in {problem}: start every worker with the "
-            "same trace, data set, seed and settings (and, resuming, from the same checkpoint)"))
+            "same trace, data set, seed and settings (and, resuming, from the same checkpoint)")
 
 
 class Agreement:
     """When the replicas compare their settings, in the rows a collective gathers anyway: at their
-    first collective, and again after the world formed anew or a decision each replica made alone;
-    ``refusal`` as :func:`check_agreement`'s."""
+    first collective, and again after the world formed anew."""
 
-    def __init__(self, num_replicas: int, refusal: Callable[[str], str | None] | None = None) -> None:
+    def __init__(self, num_replicas: int) -> None:
         self.pending = num_replicas > 1
-        self.refusal = refusal
         self._table: tuple[list[str], int] = ([], 1)  # the settings and replicas of the table :meth:`table` gave
 
     def again(self, num_replicas: int) -> None:
@@ -96,7 +92,7 @@ class Agreement:
     def check(self, names: list[str], rows: list[list[int]]) -> None:
         """Compare the gathered rows now, refused alike on every replica where they differ."""
         self.pending = False
-        check_agreement(names, rows, self.refusal)
+        check_agreement(names, rows)
 
     def table(self, settings: Callable[[], Mapping[str, object]], rank: int, num_replicas: int) -> list[float]:
         """What ``rank`` adds to a sum over the replicas: its :func:`own_row` of ``settings()``

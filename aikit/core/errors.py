@@ -95,15 +95,6 @@ class OutOfMemory(AikitError, MemoryError):
     re-plan; the message says what the allocator tried, the memory there was, and the fix."""
 
 
-class ProbeUnresolved(InvalidValue):
-    """A critical-batch probe whose held-out set cannot tell a recovery from a failure (the base
-    branch's progress, times epsilon, within its standard error); ``samples`` and ``seconds`` are
-    what the probe spent before it could tell."""
-
-    samples: int = 0
-    seconds: float = 0.0
-
-
 def repeats_on_restart(error: BaseException) -> bool:
     """Whether ``error`` is one a restart from the last commit meets again, the same input giving
     the same refusal: bad input or state (:class:`InvalidValue`, :class:`InvalidType`,

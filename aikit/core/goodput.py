@@ -366,20 +366,6 @@ class GoodputController:
         """Why the last change (``changes[-1]``) was made, for its log line."""
         return f"predicted goodput gain {(self.changes[-1][3] - 1) * 100:.1f}%"
 
-    def lr_scale(self) -> float:
-        """The factor a batch policy puts on the LR rule's LR (1: the rule's alone; a
-        :class:`~aikit.core.critical_batch.ProbeController`'s: the LR its probes chose)."""
-        return 1.0
-
-    def decisions(self) -> list[tuple]:
-        """What this replica decided alone, which the replicas compare (none: every decision here
-        is made from all-reduced numbers; a ``ProbeController``'s probes)."""
-        return []
-
-    def refusal(self, problem: str) -> str | None:
-        """The words for replicas whose :meth:`decisions` differ (``problem``), None for any other difference."""
-        return None
-
     def state_dict(self) -> dict:
         return {"batch": self.batch, "batches": list(self.batches), "changes": [list(c) for c in self.changes],
                 "throughput": self.throughput.state_dict(), "noise": self.noise.state_dict()}

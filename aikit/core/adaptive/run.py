@@ -38,11 +38,10 @@ def history_row(epoch: int, step: int, batch: int, ga_steps: int, micro_batch: i
 def learning_rate(controller: GoodputController, base_lr: float, batch: int, rule: str, step: int = 0,
                   warmup_steps: int = 0) -> float:
     """The LR of an update at ``batch``: :func:`aikit.core.scaling.adaptive_lr` over
-    ``controller.ref_batch_size`` with the controller's smoothed noise (None before a first estimate),
-    times the controller's :meth:`~aikit.core.goodput.GoodputController.lr_scale` (a probe policy's LR)."""
+    ``controller.ref_batch_size`` with the controller's smoothed noise (None before a first estimate)."""
     noise = controller.noise
     return adaptive_lr(base_lr, batch, controller.ref_batch_size, rule, noise.smoothed if noise.updates else None,
-                       step, warmup_steps) * controller.lr_scale()
+                       step, warmup_steps)
 
 
 class AdaptiveRun:

@@ -31,7 +31,6 @@ from aikit.elastic.Torch.eth_easl import (  # eth-easl's variable batch size, by
     RootRuleOptimizer,
     SeesawOptimizer,
 )
-from aikit.elastic.Torch.probe import TorchBranches
 from aikit.elastic.Torch.resize import ElasticState
 from aikit.elastic.Torch.sampler import TraceSampler
 from aikit.elastic.Torch.trace_optim import TraceOptimizer
@@ -52,7 +51,6 @@ __all__ = [
     "LinearRuleOptimizer",
     "RootRuleOptimizer",
     "SeesawOptimizer",
-    "TorchBranches",
     "TraceOptimizer",
     "TraceSampler",
     "distributed",

@@ -20,10 +20,7 @@ row and decision (:class:`~aikit.core.adaptive.AdaptiveRun`). This module adds w
   gradients (:meth:`aikit.runtime.Torch.accumulator.Accumulator.reduce`), and
   :func:`aikit.core.gradient_noise.update_estimates` turns them into ``|G|²`` and ``tr(Σ)``.
 * **Every replica decides the same.** The controller sees only all-reduced numbers, so every
-  replica proposes the same batch at the same update. A probe (``batch_policy=``) decides alone
-  on each replica from the same weights and samples; its decision rides, fingerprinted, in the
-  next update's all-reduce, so replicas that probed on different data are refused there, by
-  name, before they train apart.
+  replica proposes the same batch at the same update.
 * **Changes at well-defined updates.** A DataLoader draws indices ahead of training (its
   workers prefetch), so the batch of update ``u`` is fixed ``lookahead`` updates before ``u``
   is trained: a decision after update ``k`` takes effect at update ``k + 1 + lookahead``. The
@@ -43,7 +40,6 @@ import torch
 
 from aikit.core.adaptive import AdaptiveRun, UpdateClock
 from aikit.core.autolrs import write_schedule
-from aikit.core.critical_batch import ProbeController
 from aikit.core.errors import InvalidType, InvalidValue
 from aikit.core.goodput import GoodputController
 from aikit.core.lr_policy import LRPolicy
@@ -62,12 +58,11 @@ class AdaptiveOptimizer(TraceOptimizer):
     gradient noise and letting the sampler's controller pick the next batches.
 
     ``rule`` scales the LR from ``sampler``'s ``ref_batch_size`` to each update's batch:
-    ``"adascale"`` (default, but ``"constant"`` where the sampler has a ``batch_policy``, whose
-    probes choose the LR: :meth:`~aikit.core.goodput.GoodputController.lr_scale`), ``"sqrt"``,
-    ``"linear"`` or ``"constant"``, with the controller's smoothed noise. ``clock`` times the updates
-    (seconds); what it measures: :class:`~aikit.elastic.Torch.measures.AdaptiveMeasures`. Other
-    arguments as :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`. Under torchrun give it
-    the plain model (no DDP): its one all-reduce per update replaces DDP's.
+    ``"adascale"`` (default), ``"sqrt"``, ``"linear"`` or ``"constant"``, with the controller's
+    smoothed noise. ``clock`` times the updates (seconds); what it measures:
+    :class:`~aikit.elastic.Torch.measures.AdaptiveMeasures`. Other arguments as
+    :class:`~aikit.elastic.Torch.trace_optim.TraceOptimizer`. Under torchrun give it the plain
+    model (no DDP): its one all-reduce per update replaces DDP's.
 
     ``history`` holds one row per update (:func:`aikit.core.adaptive.history_row`, as Keras'
     ``fit_adaptive`` returns them): ``epoch``, ``step``, ``batch_size``, ``ga_steps``,
@@ -78,11 +73,12 @@ class AdaptiveOptimizer(TraceOptimizer):
     _decides_while_training = True
     _measures_noise = True  # the controller reads the noise whatever the rule
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sampler: AdaptiveSampler, rule: str | None = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, sampler: AdaptiveSampler, rule: str = "adascale",
                  log_steps: int | None = None, *, warmup_steps: int = 0, broadcast: bool = True,
                  max_grad_norm: float | None = None, scaler: Any = None, clock: Callable[[], float] = time.perf_counter,
                  skip_nonfinite: bool = True, max_skips_in_a_row: int | None = MAX_SKIPS_IN_A_ROW) -> None:
-        rule = _rule(sampler, rule)
+        if not isinstance(sampler, AdaptiveSampler):
+            raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
         self.run = AdaptiveRun(sampler.schedule, rule)
         policy = LRPolicy(rule, sampler.controller.ref_batch_size, warmup_steps, adaptive=True,
                           user="AdaptiveOptimizer")
@@ -91,7 +87,6 @@ class AdaptiveOptimizer(TraceOptimizer):
                          max_skips_in_a_row=max_skips_in_a_row)
         self.clock = UpdateClock(clock)
         self.measures = AdaptiveMeasures(self, self.run, self.clock)
-        self.agreement.refusal = sampler.controller.refusal
         schedule = sampler.schedule
         self.parts = {"adaptive": StatePart(schedule.state_dict, schedule.checked,
                                             lambda saved: schedule.load(*schedule.checked(saved)))}
@@ -127,14 +122,6 @@ class AdaptiveOptimizer(TraceOptimizer):
         self.clock.restart()  # an epoch's first update waits for the DataLoader: untimed
         super().set_epoch(epoch)
 
-    def _lr_of_update(self, base: float, group: int = 0) -> float:
-        """The rule's LR times the controller's LR scale (1, or the LR a probe policy chose)."""
-        return super()._lr_of_update(base, group) * self.controller.lr_scale()
-
-    def settings(self) -> dict[str, object]:
-        probes = self.controller.decisions()  # decided alone on each replica: compared, refused in their own words
-        return {**super().settings(), "probe decisions": probes} if probes else super().settings()
-
     def _log(self, step: int, batch: int, lr: tuple[float, ...]) -> None:
         if self.updates % self.log_steps == 0:
             row = self.history[-1]
@@ -163,15 +150,3 @@ class AdaptiveOptimizer(TraceOptimizer):
     def __repr__(self) -> str:
         return f"AdaptiveOptimizer({self.optimizer!r}, rule={self.rule!r}, ref_batch_size={self.ref_batch_size})"
 
-
-def _rule(sampler: object, rule: str | None) -> str:
-    """The LR rule of an adaptive run on ``sampler``: ``rule``, by default AdaScale's (or, where a
-    probe policy chooses the LR itself, ``"constant"``, which is then the only one)."""
-    if not isinstance(sampler, AdaptiveSampler):
-        raise InvalidType(f"AdaptiveOptimizer needs the AdaptiveSampler that feeds it, got {sampler!r}")
-    probed = isinstance(sampler.controller, ProbeController)  # a probe policy chooses the LR itself (lr_scale)
-    if probed and rule not in (None, "constant"):
-        raise InvalidValue(f"rule={rule!r} scales the LR to each batch, but the sampler's batch_policy chooses the "
-                           "LR with its probes, and the two would multiply (an LR no probe chose): leave rule out "
-                           "(or rule='constant') with a batch_policy, or give the sampler no batch_policy")
-    return ("constant" if probed else "adascale") if rule is None else rule

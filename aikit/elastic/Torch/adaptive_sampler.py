@@ -4,13 +4,11 @@ whose trace a :class:`~aikit.core.goodput.GoodputController` writes while traini
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
 from aikit.core.adaptive import AdaptiveSchedule
-from aikit.core.critical_batch import PROBED_NOISE_EVERY, ProbeController, ProbePolicy
 from aikit.core.errors import InvalidState, InvalidValue
 from aikit.core.goodput import BatchSplit, GoodputController
 from aikit.core.plan import largest_even_batch
@@ -20,7 +18,7 @@ from aikit.elastic.Torch.sampler import TraceSampler, checked_rank, dataset_size
 from aikit.runtime.originals import either
 from aikit.runtime.Torch import distributed
 
-NOISE_EVERY = 4  # the goodput controller's noise: every fourth update of one part measures it
+NOISE_EVERY = 4  # every fourth update of one part measures the noise
 
 
 class AdaptiveSampler(TraceSampler):
@@ -41,8 +39,7 @@ class AdaptiveSampler(TraceSampler):
             runs in two micro-batches or more even where one would hold it: one device measures
             the gradient noise from the two halves of one update there (other updates of one
             part measure none), at the cost of one more micro-step every ``noise_every`` updates.
-            Default 4; with a ``batch_policy`` 64 (:data:`PROBED_NOISE_EVERY`): there the noise
-            only is a logged diagnostic, so it is measured rarely and costs about nothing.
+            Default 4.
         min_batch: the smallest global batch (default ``ref_batch_size``).
         num_replicas, rank: default to the running engine (torch.distributed, Horovod, torch_xla).
         seed, shuffle: each epoch's permutation, as ``TraceSampler``'s.
@@ -61,10 +58,6 @@ class AdaptiveSampler(TraceSampler):
             samples of the run (``schedule.held_from``): no more decisions and no more noise
             measured (nor the extra micro-step that costs on one device), the LR rule's noise kept
             as it was (docs/adaptive.md has what it measured). None: decide throughout (Pollux's).
-        batch_policy: a :class:`~aikit.core.critical_batch.ProbePolicy`: the batch grows where
-            its critical-batch probes say (:class:`~aikit.core.critical_batch.ProbeController`;
-            attach the training they branch from with ``TorchBranches``), not by goodput; the
-            noise is still measured, as a diagnostic.
 
     Batches are whole micro-batches on every replica: with ``micro_batch``, ``ref_batch_size``,
     ``min_batch`` and ``max_batch`` must be multiples of ``micro_batch x num_replicas``; with
@@ -80,9 +73,8 @@ class AdaptiveSampler(TraceSampler):
                  micro_batch: int | None = None, min_batch: int | None = None, num_replicas: int | None = None,
                  rank: int | None = None, seed: int = 42, shuffle: bool = True, threshold: float = 0.05,
                  decay: float = 0.95, lookahead: int = 0, min_estimates: int | None = None, interval: int = 10,
-                 dataset_size: int | None = None, max_device_batch: int | None = None, noise_every: int | None = None,
-                 max_change: float = 2.0, base_batch: int | None = None, hold_after: int | None = None,
-                 batch_policy: ProbePolicy | None = None) -> None:
+                 dataset_size: int | None = None, max_device_batch: int | None = None, noise_every: int = NOISE_EVERY,
+                 max_change: float = 2.0, base_batch: int | None = None, hold_after: int | None = None) -> None:
         size = dataset_size_of(dataset, dataset_size, "AdaptiveSampler")
         num_replicas = distributed.world_size() if num_replicas is None else num_replicas
         rank = distributed.rank() if rank is None else rank
@@ -93,7 +85,7 @@ class AdaptiveSampler(TraceSampler):
         per_device = max_device_batch if grows else micro_batch  # with grows a bound, which may exceed the data set
         size, num_replicas, per_device = checked_settings(size, num_replicas, per_device, bound=grows)
         controller = _controller(size, num_replicas, per_device, grows, noise_every, (ref_batch_size, base_batch),
-                                 max_batch, min_batch, batch_policy, threshold=threshold, decay=decay,
+                                 max_batch, min_batch, threshold=threshold, decay=decay,
                                  max_change=max_change, min_estimates=min_estimates, interval=interval)
         self.schedule = AdaptiveSchedule(size, controller, seed, shuffle, lookahead, hold_after)
         self.devices = 1
@@ -195,22 +187,19 @@ class AdaptiveSampler(TraceSampler):
         return s.epoch(epoch)
 
 
-def _controller(size: int, num_replicas: int, per_device: int, grows: bool, noise_every: int | None,
-                refs: tuple[object, object], max_batch: object, min_batch: object, batch_policy: ProbePolicy | None,
+def _controller(size: int, num_replicas: int, per_device: int, grows: bool, noise_every: int,
+                refs: tuple[object, object], max_batch: object, min_batch: object,
                 **settings: Any) -> GoodputController:
-    """The controller an AdaptiveSampler's settings make (a ``ProbeController`` with a
-    ``batch_policy``), its bounds checked against how every update splits over the replicas."""
-    if noise_every is None:
-        noise_every = NOISE_EVERY if batch_policy is None else PROBED_NOISE_EVERY
+    """The controller an AdaptiveSampler's settings make, its bounds checked against how every
+    update splits over the replicas."""
     split = BatchSplit(per_device, num_replicas, grows, positive_int(noise_every, "noise_every") if grows else None)
     ref, ref_name = either("base_batch", *refs)  # ref_batch_size, or aikit 0.1's base_batch
     if ref is None:
         raise InvalidValue("AdaptiveSampler needs ref_batch_size, the global batch the LR was tuned for (the run "
                            "starts there)")
     _check_bounds(split, size, ref_name, ref, max_batch, min_batch)  # ref named as the caller wrote it
-    make = GoodputController if batch_policy is None else functools.partial(ProbeController, batch_policy)
-    return make(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch, min_batch=min_batch, policy="error",
-                fixed_micro_batch=not grows, noise_every=split.noise_every, **settings)
+    return GoodputController(per_device, num_replicas, ref_batch_size=ref, max_batch=max_batch, min_batch=min_batch,
+                             policy="error", fixed_micro_batch=not grows, noise_every=split.noise_every, **settings)
 
 
 def _check_bounds(split: BatchSplit, dataset_size: int, ref_name: str, ref: object, max_batch: object,

@@ -88,13 +88,9 @@ class AdaptiveMeasures(UpdateNoise):
 
     def updated(self, lr: tuple[float, ...]) -> None:
         """The update's history row, the controller's decision (none after a skipped update) and
-        the next batches decided; after a probe, the replicas compare its decision at the next
-        update's all-reduce."""
+        the next batches decided."""
         optimizer = self.optimizer
-        probes = len(optimizer.controller.decisions())
         self.run.finish(optimizer.epoch, lr[0], log_change=optimizer.sampler.rank == 0, applied=optimizer.updated)
-        if len(optimizer.controller.decisions()) != probes:
-            optimizer.compare_again()
         self.arm()
 
     def arm(self) -> None:

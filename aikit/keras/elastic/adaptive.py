@@ -148,8 +148,7 @@ def _train_one_update(keras_model: Any, optimizer: NoiseOptimizer, x: np.ndarray
     micro-step: the update's own work runs inside the last one."""
     plan = run.schedule.epoch(epoch)
     batch, micro, steps = int(plan.batch_sizes[step]), plan.micro_size(step), int(plan.micro_steps[step])
-    # times a batch policy's factor (a probe's LR rule; 1 for the goodput controller), as PyTorch's
-    lr = policy.lr(base_lr, batch, noise=run.controller.noise.measured) * run.controller.lr_scale()
+    lr = policy.lr(base_lr, batch, noise=run.controller.noise.measured)
     losses = train_update(keras_model, optimizer, x, y, plan, step, lr, update_clock.end_micro_step)
     timing = update_timing(update_clock.measure(timed=micro in compiled))  # a new shape may have compiled
     compiled.add(micro)
