@@ -104,9 +104,13 @@ installed_check() {  # the environment's aikit is the wheel's (the distribution 
         || { echo "the distribution $DIST $VERSION is not installed in $WORK/$1" >&2; exit 1; }
 }
 
-cli() {  # every CLI command
+cli() {  # every CLI command: in core (the plot refused, naming its extra) and torch (plotted); the CLI is
+    # framework-free, so the other environments run one command (their entry point and imports)
     local bin="$WORK/$1/bin"
     quiet "$bin/aikit" plan --global-batch-size 256 --max-device-batch 64
+    if [[ "$1" != core && "$1" != torch ]]; then
+        return
+    fi
     quiet "$bin/aikit" plan --global-batch-size 100 --max-device-batch 30 --gpus 3
     quiet "$bin/aikit" trace make ramp --start 32 --end 256 --steps 50 --multiple-of 32 -o ramp.csv
     quiet "$bin/aikit" trace check ramp.csv --micro-batch 32 --replicas 2 --dataset-size 1000
