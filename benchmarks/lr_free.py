@@ -185,13 +185,21 @@ def steps_to(curve: dict[int, float], target: float) -> float:
     return next((step for step, loss in sorted(curve.items()) if loss <= target), math.inf)
 
 
-def compare(task, seeds: list[int], budget: int, every: int) -> dict[str, dict]:
+def compare(task, seeds: list[int], budget: int, every: int, only: set[str] | None = None) -> dict[str, dict]:
+    """Every method's runs and medians (``only``: those methods alone; ``cosine`` names the grid)."""
     results = {}
     for name, (make, drive) in methods(budget).items():
+        if only is not None and name not in only and not (name.startswith("cosine") and "cosine" in only):
+            continue
         runs = [run(task, seed, budget, make, drive, every) for seed in seeds]
         results[name] = {"runs": runs, "loss": statistics.median(r["loss"] for r in runs),
                          "acc": statistics.median(r["acc"] for r in runs)}
     cosines = [name for name in results if name.startswith("cosine")]
+    if not cosines:  # no ceiling, so no target: steps to it are not counted
+        for result in results.values():
+            result["steps"] = math.nan
+        results["_target"] = math.nan
+        return results
     best = min(cosines, key=lambda name: results[name]["loss"])
     results["cosine grid (ceiling)"] = results.pop(best) | {"peak": best}
     for name in cosines:
@@ -203,15 +211,18 @@ def compare(task, seeds: list[int], budget: int, every: int) -> dict[str, dict]:
     return results
 
 
-def report(task_name: str, budget: int, results: dict) -> bool:
+def report(task_name: str, budget: int, results: dict) -> bool | None:
     target = results.pop("_target")
-    default = results[DEFAULT]["loss"]
+    default = results[DEFAULT]["loss"] if DEFAULT in results else math.nan
     print(f"\n{task_name}, {budget} steps (target: validation loss <= {target:.4f}, the ceiling's + 10 %)")
-    print(f"  {'method':28s} {'val loss':>9s} {'val acc':>8s} {'steps to target':>16s} {'loss / aikit':>13s}")
+    print(f"  {'method':28s} {'val loss':>9s} {'val acc':>8s} {'steps to target':>16s} {'loss / aikit':>13s}  per seed")
     for name, r in results.items():
         label = name if "peak" not in r else f"{name} [{r['peak']}]"
-        print(f"  {label:28s} {r['loss']:9.4f} {r['acc']:8.3f} {r['steps']:16} {r['loss'] / default:13.3f}")
+        seeds = " ".join(f"{run['loss']:.4f}" for run in r["runs"])
+        print(f"  {label:28s} {r['loss']:9.4f} {r['acc']:8.3f} {r['steps']:16} {r['loss'] / default:13.3f}  {seeds}")
     peers = {name: r["loss"] for name, r in results.items() if name in ("SF-AdamW", "SF-SGD", "Prodigy")}
+    if not peers or DEFAULT not in results:  # --methods left them out: no verdict
+        return None
     best_peer = min(peers, key=peers.get)
     wins = default <= peers[best_peer]
     print(f"  {DEFAULT} {default:.4f} vs the better peer with defaults, {best_peer} {peers[best_peer]:.4f}: "
@@ -245,22 +256,28 @@ def main() -> None:
     parser.add_argument("--scales", default="1,3", help="budgets as multiples of the 1x budget")
     parser.add_argument("--quick", action="store_true", help="one seed, MNIST-1D, the 1x budget: about a minute")
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--methods", default=None,
+                        help="only these methods, comma-separated names as printed ('cosine': the ceiling's grid), "
+                             "e.g. 'AutoLRS AdamW'; the verdict needs AutoLRS AdamW and the peers")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.tasks, args.scales = 1, "mnist1d", "1"
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)  # AutoLRS's INFO/WARNING lines: the table is the output
     seeds = list(range(args.seeds))
+    only = None if args.methods is None else {name.strip() for name in args.methods.split(",")}
+    if only is not None and (unknown := only - set(methods(1)) - {"cosine"}):
+        parser.error(f"unknown --methods {sorted(unknown)}; known: {', '.join(methods(1))}, cosine")
     start, verdicts, table = time.time(), {}, {}
     for task_name in args.tasks.split(","):
         task = {"mnist1d": MNIST1D, "lm": LanguageModel}[task_name]()
         base = getattr(args, f"budget_{task_name}")
         for budget in (base * int(scale) for scale in args.scales.split(",")):
-            results = compare(task, seeds, budget, args.every)
+            results = compare(task, seeds, budget, args.every, only)
             table[task_name, budget] = dict(results)
             verdicts[task_name, budget] = report(task_name, budget, results)
     print(f"\n{DEFAULT} at least as good as the better peer (median of {args.seeds} seeds): "
-          + ", ".join(f"{t} {b}: {'yes' if v else 'no'}" for (t, b), v in verdicts.items())
+          + ", ".join(f"{t} {b}: {'-' if v is None else 'yes' if v else 'no'}" for (t, b), v in verdicts.items())
           + f"  ({time.time() - start:.0f} s)")
     if args.plot:
         plot(args.plot, table)
