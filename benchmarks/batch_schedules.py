@@ -18,9 +18,10 @@ For each task and seed:
   estimates, every 5 updates) that holds its batch after the first tenth of the budget
   (``hold_after``: nothing more decided or measured), at the linear rule's LR (sqrt for AdamW).
 
-Tasks: ``mnist1d`` (the small CNN of ``adaptive_mnist1d.py``, SGD with momentum) and ``lm`` (the
-small GPT of ``examples/gpt_stdlib.py`` over the standard library's bytes, 64 tokens a sample,
-AdamW). By default a small grid and budget (under a minute of CPU for ``mnist1d``'s 3 seeds);
+Tasks: ``mnist1d`` (the small CNN of ``adaptive_mnist1d.py``, SGD with momentum), ``mlp`` (MNIST-1D
+with the MNIST-1D paper's MLP and Adam: nothing was tuned on it) and ``lm`` (the small GPT of
+``examples/gpt_stdlib.py`` over the standard library's bytes, 64 tokens a sample, AdamW). By
+default a small grid and budget (under a minute of CPU for ``mnist1d``'s 3 seeds);
 ``--full`` runs the measurement docs/adaptive.md reports.
 
 The target of a seed is the best fixed run's final metric less the task's ``below``. Time is the
@@ -139,6 +140,29 @@ def mnist1d_task(args) -> Task:
                 max_batch=1024, below=0.02)
 
 
+def mlp_task(args) -> Task:
+    """MNIST-1D with the MNIST-1D paper's MLP (40 -> 100 -> 100 -> 10, ReLU) and Adam: a model and
+    optimizer none of aikit's defaults were tuned on, the grid from batch 16."""
+    from autolrs_mnist1d import mnist1d
+
+    x, y, xv, yv, xt, yt = mnist1d()
+
+    def accuracy(model, xs, ys):
+        with torch.no_grad():
+            return (model(xs).argmax(1) == ys).float().mean().item()
+
+    def mlp() -> nn.Module:
+        return nn.Sequential(nn.Linear(40, 100), nn.ReLU(), nn.Linear(100, 100), nn.ReLU(), nn.Linear(100, 10))
+
+    return Task("MNIST-1D MLP", TensorDataset(x, y), (xv, yv), (xt, yt), mlp,
+                lambda model, xb, yb: nn.functional.cross_entropy(model(xb), yb), accuracy,
+                lambda model, lr: torch.optim.Adam(model.parameters(), lr=lr),
+                batches=[16, 32, 64, 128, 256, 512] if args.full else [16, 64, 256],
+                lr_grid=[1e-3, 3e-3, 1e-2] if args.full else [3e-3], lr_ref=100,
+                epochs=args.epochs or (30 if args.full else 2 if args.quick else 10), eval_every=700, max_device=1024,
+                max_batch=1024, below=0.02, rule="sqrt")
+
+
 def lm_task(args) -> Task:
     """The small GPT of ``examples/gpt_stdlib.py`` (pre-norm blocks, causal attention) over bytes
     of the standard library's sources, packed into windows of ``context + 1`` bytes so that every
@@ -179,7 +203,7 @@ def lm_task(args) -> Task:
                 max_batch=512, below=0.05, metric_name="negative validation loss (nats per byte)", rule="sqrt")
 
 
-TASKS = {"mnist1d": mnist1d_task, "lm": lm_task}
+TASKS = {"mnist1d": mnist1d_task, "mlp": mlp_task, "lm": lm_task}
 
 
 def validation_loss(task: Task, model: nn.Module) -> float:
