@@ -122,14 +122,15 @@ class Task:
         return self.epochs * len(self.train)
 
 
+def accuracy(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (model(xs).argmax(1) == ys).float().mean().item()
+
+
 def mnist1d_task(args) -> Task:
     from autolrs_mnist1d import ConvBase, mnist1d
 
     x, y, xv, yv, xt, yt = mnist1d()
-
-    def accuracy(model, xs, ys):
-        with torch.no_grad():
-            return (model(xs).argmax(1) == ys).float().mean().item()
 
     return Task("MNIST-1D CNN", TensorDataset(x, y), (xv, yv), (xt, yt), ConvBase,
                 lambda model, xb, yb: nn.functional.cross_entropy(model(xb), yb), accuracy,
@@ -146,10 +147,6 @@ def mlp_task(args) -> Task:
     from autolrs_mnist1d import mnist1d
 
     x, y, xv, yv, xt, yt = mnist1d()
-
-    def accuracy(model, xs, ys):
-        with torch.no_grad():
-            return (model(xs).argmax(1) == ys).float().mean().item()
 
     def mlp() -> nn.Module:
         return nn.Sequential(nn.Linear(40, 100), nn.ReLU(), nn.Linear(100, 100), nn.ReLU(), nn.Linear(100, 10))
