@@ -38,6 +38,7 @@ TOKEN_ENGINE_TESTS = "tests/lm/test_lm_engines.py -k two_torchrun"
 AUTOLRS_TESTS = "tests/autolrs/test_autolrs_core.py"
 ADAPTER_TESTS = "tests/keras/test_autolrs_adapters.py"  # the Keras callback against the torch hook
 ADAPTIVE_TESTS = "tests/core/test_adaptive_core.py"
+GOODPUT_TESTS = "tests/core/test_goodput.py"
 RESTORE_TESTS = "tests/resize/test_restore_checks.py"
 ENGINE_TESTS = "tests/torch/test_engines.py"
 RAY_STATE_TESTS = "tests/ray/test_ray_state.py"
@@ -330,6 +331,12 @@ MUTANTS = [
     ("torchft: an update retrained on its old deal after a group was lost", "aikit/elastic/Torch/update_loops.py",
      "        if (sampler.num_replicas, sampler.rank) != (num_replicas, rank):\n            sampler.set_world",
      "        if False:\n            sampler.set_world", TORCHFT_GROUPS + " -k middle_of_an_update"),
+    # the adaptive run's hot path (its overhead measured in benchmarks/adaptive_overhead.py)
+    ("goodput: an epoch's last update never split to measure the noise", "aikit/core/goodput.py",
+     "least = 2 if splits_for_noise(update, self.noise_every, self.noise_until) else 1", "least = 1",
+     GOODPUT_TESTS + " -k last_update"),
+    ("goodput: the throughput model keeps every timing of the run", "aikit/core/goodput.py",
+     "    return deque(maxlen=TIMINGS_KEPT)", "    return deque()", GOODPUT_TESTS + " -k latest_timings"),
 ]
 
 

@@ -28,7 +28,7 @@ Framework-free: adapters time their updates, compute the noise estimate
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,13 +38,14 @@ from scipy.optimize import nnls
 from aikit.core.errors import InvalidValue
 from aikit.core.gradient_noise import NoiseEstimate, NoiseTracker, gains
 from aikit.core.plan import Plan, even_micro_batches, even_split_problems, largest_even_batch, make_plan
-from aikit.core.schedule import split_minimums
+from aikit.core.schedule import split_minimums, splits_for_noise
 from aikit.core.validate import checked_bool, checked_float, non_negative_int, positive_int
 
 __all__ = ["BatchSplit", "GoodputController", "ThroughputModel"]
 
 CANDIDATES = 1000  # batches scored at a decision: every one in the bounds, or about this many spread geometrically
 ENUMERATED = 2**20  # bounds holding more multiples of the unit are sampled geometrically, not listed
+TIMINGS_KEPT = 100  # the latest timings of each configuration the throughput model's medians read
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,8 @@ class BatchSplit:
     def largest(self, left: int, update: int) -> int:
         """The largest batch of at most ``left`` samples update ``update`` can run (0: none):
         what an epoch's last update takes of the samples left."""
-        if self.grows:
-            least = int(self.least(update, update + 1)[0])
+        if self.grows:  # one update: no arrays (the adaptive schedule asks twice an update)
+            least = 2 if splits_for_noise(update, self.noise_every, self.noise_until) else 1
             return largest_even_batch(left, self.per_device, self.devices, least)
         return left // self.per_device * self.per_device
 
@@ -125,8 +126,10 @@ class BatchSplit:
 
 class ThroughputModel:
     """Seconds per update as a function of the micro-batch and the GA steps, fitted from
-    measurements. Each configuration's median time is used, so one slow update (a hiccup of a
-    shared machine) does not move the fit.
+    measurements. Each configuration's median time over its latest :data:`TIMINGS_KEPT` updates
+    is used, so one slow update (a hiccup of a shared machine) does not move the fit, the fit
+    follows a machine whose speed drifts, and neither a decision's cost nor the saved state grows
+    with the run's length.
 
     Only what the measurements identify is fitted: one configuration gives time proportional to
     samples; a second adds the per-update cost; the per-micro-step cost needs configurations
@@ -138,7 +141,7 @@ class ThroughputModel:
     """
 
     def __init__(self) -> None:
-        self._times: dict[tuple[int, int], list[float]] = defaultdict(list)
+        self._times: dict[tuple[int, int], deque[float]] = defaultdict(_latest_timings)
         self._fit: tuple[float, float, float] | None = None  # coefficients of the measurements so far
 
     def observe(self, micro_batch: int, micro_steps: int, seconds: float) -> None:
@@ -190,10 +193,14 @@ class ThroughputModel:
     def load_state_dict(self, state: dict) -> None:
         if set(state) != {"times"}:
             raise InvalidValue(f"not a ThroughputModel state: keys {sorted(state)}")
-        times = defaultdict(list)
+        times = defaultdict(_latest_timings)
         for micro, micro_steps, seconds in state["times"]:
-            times[int(micro), int(micro_steps)] = [float(s) for s in seconds]
+            times[int(micro), int(micro_steps)].extend(float(s) for s in seconds)  # a longer list: its latest
         self._times, self._fit = times, None
+
+
+def _latest_timings() -> deque[float]:
+    return deque(maxlen=TIMINGS_KEPT)
 
 
 class GoodputController:

@@ -87,8 +87,18 @@ class EpochSchedule:
         return self.batch_sizes // self.micro_sizes
 
     def counts(self, replica: int) -> np.ndarray:
-        """Micro-batches each step deals to ``replica`` (0 where it only joins the all-reduce)."""
-        return (self.micro_batches_per_step - replica + self.num_replicas - 1) // self.num_replicas
+        """Micro-batches each step deals to ``replica`` (0 where it only joins the all-reduce);
+        read-only, computed once per replica (an adaptive optimizer reads them at every micro-step)."""
+        counts = self._counts.get(replica)
+        if counts is None:
+            counts = (self.micro_batches_per_step - replica + self.num_replicas - 1) // self.num_replicas
+            counts.flags.writeable = False
+            self._counts[replica] = counts
+        return counts
+
+    @cached_property
+    def _counts(self) -> dict[int, np.ndarray]:
+        return {}
 
     @cached_property
     def micro_steps(self) -> np.ndarray:
@@ -137,10 +147,17 @@ def split_minimums(first: int, end: int, min_micro_batches: int, noise_every: in
     steps = np.arange(first, end)
     if not noise_every:
         return np.full(len(steps), min_micro_batches, dtype=np.int64)
-    measured = steps % noise_every == 0
-    if noise_until is not None:
-        measured &= steps < noise_until
-    return np.where(measured, max(min_micro_batches, 2), min_micro_batches)
+    return np.where(splits_for_noise(steps, noise_every, noise_until), max(min_micro_batches, 2), min_micro_batches)
+
+
+def splits_for_noise(step: int | np.ndarray, noise_every: int | None,
+                     noise_until: int | None = None) -> bool | np.ndarray:
+    """Whether ``step`` (an int, or each of an array) is one :func:`split_minimums` splits in two
+    to measure the noise: a multiple of ``noise_every`` before ``noise_until`` (None: all)."""
+    if not noise_every:
+        return False if np.ndim(step) == 0 else np.zeros(len(step), dtype=bool)
+    measured = step % noise_every == 0
+    return measured if noise_until is None else measured & (step < noise_until)
 
 
 def schedule_problems(trace: Trace, dataset_size: int, num_replicas: int, micro_batch: int, balanced: bool = False, *,

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aikit.core.goodput import GoodputController, ThroughputModel
+from aikit.core.goodput import TIMINGS_KEPT, BatchSplit, GoodputController, ThroughputModel
 from aikit.core.gradient_noise import NoiseEstimate
-from aikit.core.plan import make_plan
+from aikit.core.plan import largest_even_batch, make_plan
+from aikit.core.schedule import split_minimums
 
 EVERY_UPDATE = {"min_estimates": 1, "interval": 1}  # decide at every update from the first estimate
 
@@ -42,6 +43,23 @@ def test_one_slow_update_does_not_move_the_fit():
         for seconds in (0.01 * micro + 0.1,) * 4 + (50.0,) * (micro == 16):
             model.observe(micro, 1, seconds)
     assert model.seconds(64, 1) == pytest.approx(0.01 * 64 + 0.1)
+
+
+def test_the_fit_follows_the_latest_timings_and_its_state_stays_bounded():
+    """A machine that slowed down (another job on it) is fitted at its new speed once the latest
+    TIMINGS_KEPT timings of each configuration are the slow ones, and a run of any length saves
+    that many per configuration (a longer saved list loads as its latest)."""
+    model = ThroughputModel()
+    for micro in (8, 16):
+        for seconds in [0.01 * micro + 0.1] * 3 * TIMINGS_KEPT + [0.02 * micro + 0.2] * TIMINGS_KEPT:
+            model.observe(micro, 1, seconds)
+    assert model.seconds(32, 1) == pytest.approx(0.02 * 32 + 0.2)
+    saved = model.state_dict()
+    assert [len(seconds) for _, _, seconds in saved["times"]] == [TIMINGS_KEPT, TIMINGS_KEPT]
+    longer = {"times": [[8, 1, [9.0] * 5 + [0.3] * TIMINGS_KEPT], [16, 1, [0.52] * 3]]}
+    restored = ThroughputModel()
+    restored.load_state_dict(longer)
+    assert [seconds for _, _, seconds in restored.state_dict()["times"]] == [[0.3] * TIMINGS_KEPT, [0.52] * 3]
 
 
 def test_with_few_configurations_the_model_assumes_what_it_can_identify():
@@ -202,3 +220,14 @@ def test_an_untimed_update_or_one_at_another_batch_is_recorded_as_it_ran():
     assert c.throughput.state_dict()["times"] == [[32, 1, [0.5]]]
     with pytest.raises(ValueError, match="batch must be a positive integer, got 0"):
         c.observe(0.5, batch=0)
+
+
+@pytest.mark.parametrize("noise_every, noise_until", [(None, None), (4, None), (3, 7), (1, 0)])
+def test_an_epochs_last_update_takes_what_its_split_can_run(noise_every, noise_until):
+    """``BatchSplit.largest`` (one update, no arrays: asked twice an update) splits every update
+    as the schedule's ``split_minimums`` does: two micro-batches where it measures the noise."""
+    split = BatchSplit(per_device=8, devices=1, grows=True, noise_every=noise_every, noise_until=noise_until)
+    for update in range(12):
+        least = int(split_minimums(update, update + 1, 1, noise_every, noise_until)[0])
+        for left in (1, 2, 3, 15, 16, 17, 31, 33, 40):
+            assert split.largest(left, update) == largest_even_batch(left, 8, 1, least), (update, left)

@@ -59,6 +59,7 @@ class AdaptiveSchedule:
         self.sizes: list[int] = []  # the global batch of every update decided so far
         self.starts = [0]  # the first update of every epoch begun so far
         self._views: dict[int, tuple[int, EpochSchedule, _Columns]] = {}  # epoch: (end, view, its arrays)
+        self._latest: tuple = (None, -1, -1, None)  # (epoch, updates, epochs) decided when it was asked, its view
         self._open_samples = 0  # samples the updates of the last epoch begun take so far
         self._checked_batch = 0  # the controller's batch last found to run
         self.extend(0)
@@ -145,6 +146,9 @@ class AdaptiveSchedule:
 
     def epoch(self, epoch: int) -> EpochSchedule:
         """The updates of ``epoch`` decided so far (``complete`` once its last one is)."""
+        latest = self._latest  # the view asked for last, while nothing was decided since: the hot path
+        if type(epoch) is int and latest[0] == epoch and latest[1] == len(self.sizes) and latest[2] == len(self.starts):
+            return latest[3]
         first, end, complete = self.epoch_bounds(epoch)
         cached = self._views.get(epoch)
         if cached is None or cached[0] != end:
@@ -155,6 +159,7 @@ class AdaptiveSchedule:
             view = EpochSchedule(epoch, first, sizes, order, self.micro_batch, self.num_replicas, complete, micro)
             self._views = {e: v for e, v in self._views.items() if e >= epoch - 1}
             self._views[epoch] = cached = (end, view, columns)
+        self._latest = (epoch, len(self.sizes), len(self.starts), cached[1])
         return cached[1]
 
     # --- checkpoints ------------------------------------------------------------------------------
@@ -200,6 +205,7 @@ class AdaptiveSchedule:
 
     def load(self, sizes: list[int], starts: list[int], controller: GoodputController) -> None:
         self.sizes, self.starts, self.controller, self._views = sizes, starts, controller, {}
+        self._latest = (None, -1, -1, None)
         self._open_samples = sum(sizes[starts[-1]:])
         self._decided_samples = sum(sizes)
         self.held_from, self.split = self.held_split(sizes)

@@ -100,7 +100,7 @@ class AdaptiveMeasures(UpdateNoise):
         optimizer = self.optimizer
         schedule, step, sampler = optimizer.epoch_schedule, optimizer.step_index, optimizer.sampler
         self.noise.norms.active = not sampler.schedule.holds(schedule.first_step + step) and (
-            sampler.num_replicas > 1 or step >= len(schedule) or schedule.counts(0)[step] >= 2)
+            sampler.num_replicas > 1 or step >= len(schedule) or schedule.micro_steps[step] >= 2)
 
     def statistics(self) -> list[float]:
         """This replica's micro-batch norms per param group and its timing of the update."""

@@ -115,8 +115,14 @@ def broadcast_object(obj: Any, what: str = "a broadcast of a Python object", src
 
 
 def mark_step(device: torch.device | str) -> None:
-    """Cut the lazy XLA graph here (a no-op elsewhere), so each step compiles to one cached graph."""
-    engines.current(device).mark_step(torch.device(device))
+    """Cut the lazy XLA graph here (a no-op elsewhere), so each step compiles to one cached graph:
+    only the engine that owns ``device`` has a graph to cut (asked at every micro-step, so no
+    detection of the process's engine)."""
+    device = torch.device(device)
+    for engine in engines.ENGINES:
+        if engine.owns(device):
+            engine.mark_step(device)
+            return
 
 
 def broadcast_gathering_(tensors: list[torch.Tensor], row: list[int], src: int = 0) -> list[list[int]]:
