@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("keras")
@@ -36,12 +37,9 @@ def test_jax_data_parallel_over_two_processes_on_localhost():
     processes' devices (2, rank 0 the master), each process feeds its share of every micro-step,
     and both end on the one-device big batch's weights."""
     import json
-    import socket
 
     pytest.importorskip("jax")
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
     workers = [subprocess.Popen([sys.executable, "tests/keras/jax_process_worker.py", str(port), str(rank)],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -227,7 +227,7 @@ def test_under_multi_worker_mirrored_strategy_every_worker_applies_the_chiefs_de
     import sys
     from pathlib import Path
 
-    from tests.tf.test_multiworker import free_ports
+    from ports import free_ports
 
     worker = Path(__file__).with_name("autolrs_multiworker_worker.py")
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace"))
+from ports import free_port
 from test_xla import xla_python
-from test_xla_replicas import ROOT, free_port, xla_env
+from test_xla_replicas import ROOT, xla_env
 
 WORKER = Path(__file__).with_name("lr_finder_replicas_worker.py")
 ENGINES = ["torchrun", "torchrun_fsdp2", pytest.param("horovodrun", marks=pytest.mark.horovod)]

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from resize_checks import (
     WORKER,
     check_accounting,
     check_final_weights,
     commits,
-    free_port,
     prepare,
     stop,
     tail,

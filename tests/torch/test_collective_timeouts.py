@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ports import free_port, free_ports
 
 from aikit.core.errors import CollectiveError, InvalidValue
 from aikit.runtime.Torch.engines.xla import host_timeout
@@ -22,37 +23,8 @@ TIMEOUT = 2.0  # seconds: the process group's and AIKIT_HOST_TIMEOUT
 SETTING = {"xla_hosts_join": "AIKIT_HOST_TIMEOUT", "xla_hosts_all_reduce": "AIKIT_HOST_TIMEOUT"}
 
 
-def free_pair() -> int:
-    """A port ``p`` with ``p + 1`` free too (the worker's second hosts' group takes ``p + 1``: two
-    ports drawn at random are not neighbours, and another test's process took ``p + 1`` once)."""
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two neighbouring free ports on 127.0.0.1")
-
-
-def free_ports(count: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_a_stuck_peer_ends_every_wait_of_aikit_with_a_named_error_within_the_timeout(torchrun, tmp_path):
-    (store_port,), hosts_port = free_ports(1), free_pair()  # hosts_port + 1 is the second hosts' group
+    store_port, hosts_port = free_port(), free_ports(2, consecutive=True)[0]  # + 1: the second hosts' group
     out = tmp_path / "results.json"
     torchrun(WORKER, out, TIMEOUT, store_port, hosts_port, timeout=180)
     results = json.loads(out.read_text())

@@ -12,13 +12,13 @@ The references are plain torch SGD on each step's whole global batch, on the CPU
 """
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from ports import free_port
 from test_xla import xla_python
 from torch.utils.data import TensorDataset
 from trace_common import MINIBATCH, big_batch_history, dataset, make_model, random_trace
@@ -37,12 +37,6 @@ def xla_env(**variables: str) -> dict[str, str]:
     env.update(PJRT_DEVICE="CPU", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{ROOT}{os.pathsep}{HERE}",
                OMP_NUM_THREADS="1", **variables)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def float32_data() -> TensorDataset:
