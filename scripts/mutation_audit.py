@@ -336,7 +336,8 @@ MUTANTS = [
      "least = 2 if splits_for_noise(update, self.noise_every, self.noise_until) else 1", "least = 1",
      GOODPUT_TESTS + " -k last_update"),
     ("goodput: the throughput model keeps every timing of the run", "aikit/core/goodput.py",
-     "    return deque(maxlen=TIMINGS_KEPT)", "    return deque()", GOODPUT_TESTS + " -k latest_timings"),
+     "    return deque(seconds, maxlen=TIMINGS_KEPT)", "    return deque(seconds)",
+     GOODPUT_TESTS + " -k latest_timings"),
 ]
 
 

@@ -195,12 +195,12 @@ class ThroughputModel:
             raise InvalidValue(f"not a ThroughputModel state: keys {sorted(state)}")
         times = defaultdict(_latest_timings)
         for micro, micro_steps, seconds in state["times"]:
-            times[int(micro), int(micro_steps)].extend(float(s) for s in seconds)  # a longer list: its latest
+            times[int(micro), int(micro_steps)] = _latest_timings(float(s) for s in seconds)  # longer: its latest
         self._times, self._fit = times, None
 
 
-def _latest_timings() -> deque[float]:
-    return deque(maxlen=TIMINGS_KEPT)
+def _latest_timings(seconds: Iterable[float] = ()) -> deque[float]:
+    return deque(seconds, maxlen=TIMINGS_KEPT)
 
 
 class GoodputController:

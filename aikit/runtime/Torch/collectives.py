@@ -118,11 +118,9 @@ def mark_step(device: torch.device | str) -> None:
     """Cut the lazy XLA graph here (a no-op elsewhere), so each step compiles to one cached graph:
     only the engine that owns ``device`` has a graph to cut (asked at every micro-step, so no
     detection of the process's engine)."""
-    device = torch.device(device)
-    for engine in engines.ENGINES:
-        if engine.owns(device):
-            engine.mark_step(device)
-            return
+    engine = engines.owner(device)
+    if engine is not None:
+        engine.mark_step(torch.device(device))
 
 
 def broadcast_gathering_(tensors: list[torch.Tensor], row: list[int], src: int = 0) -> list[list[int]]:

@@ -34,8 +34,8 @@ from aikit.runtime.Torch.engines.torch_distributed import TORCH_DISTRIBUTED
 from aikit.runtime.Torch.engines.torchft import TORCHFT
 from aikit.runtime.Torch.engines.xla import XLA, hosts, spmd_devices
 
-__all__ = ["ENGINES", "Engine", "ReplicaGroups", "Resizing", "current", "horovod_torch", "hosts", "replica_groups",
-           "spmd_devices"]
+__all__ = ["ENGINES", "Engine", "ReplicaGroups", "Resizing", "current", "horovod_torch", "hosts", "owner",
+           "replica_groups", "spmd_devices"]
 
 
 class Resizing(Protocol):
@@ -165,13 +165,18 @@ ENGINES: tuple[Engine, ...] = (  # in the order detection asks them
 replica_groups: ReplicaGroups = TORCHFT  # the engine a ReplicaGroup starts and drives
 
 
+def owner(device: torch.device | str) -> Engine | None:
+    """The engine tensors on ``device`` go through whatever else runs (torch_xla's for an XLA
+    device), or None where the process's engine carries them."""
+    device = torch.device(device)
+    return next((engine for engine in ENGINES if engine.owns(device)), None)
+
+
 def current(device: torch.device | str | None = None) -> Engine:
     """The engine of this process or, for tensors on ``device``, the engine they go through."""
-    if device is not None:
-        device = torch.device(device)
-        for engine in ENGINES:
-            if engine.owns(device):
-                return engine
+    owning = None if device is None else owner(device)
+    if owning is not None:
+        return owning
     for engine in ENGINES:
         if engine.in_use():
             return engine
